@@ -1,0 +1,236 @@
+/*
+ * The multi-rank data loader for llm.c-format token shards (README "Token shards").
+ *
+ * A shard of n tokens holds S = (n - 1) / T samples; sample s is the T + 1 tokens starting at s * T
+ * (inputs are the first T, targets the last T). A global batch is B * world consecutive entries of the
+ * shard's sample order, and rank r reads entries [r * B, (r + 1) * B) of it, so the ranks never overlap
+ * and, in one epoch, every sample of every shard is read once except the < B * world left at the end of
+ * each shard. Every rank derives the number of batches of a shard from the header alone, so all ranks
+ * move to the next shard at the same step. With shuffling on, the shard order of each epoch and the
+ * sample order of each shard are permutations drawn from (seed, epoch, shard), identical on all ranks;
+ * the position is then just (epoch, shard, batch), which is what a checkpoint saves.
+ *
+ * Checks, each a one-line error naming the file: no file matches the glob; wrong magic; unknown version;
+ * token count not matching the file size; a shard with fewer than one global batch; a token id >= the
+ * vocabulary size (with its position in the shard).
+ */
+#pragma once
+
+#include <glob.h>
+#include <stdint.h>
+
+#include "../llama/common.h"
+#include "../llama/rng.h"
+
+#define SHARD_MAGIC 20240520
+#define SHARD_HEADER_INTS 256
+#define SHARD_HEADER_BYTES (SHARD_HEADER_INTS * sizeof(int32_t))
+
+typedef struct {
+    /* what is read */
+    int B, T, rank, world, vocab_size;
+    int shuffle;
+    uint64_t seed;
+    int num_shards;
+    char** paths;
+    size_t* shard_tokens;  /* token count of each shard */
+    int* shard_version;    /* 1 = uint16, 2 = uint32 tokens */
+    /* position: the next batch is batch `batch` of shard shard_order[shard] in epoch `epoch` */
+    int epoch, shard, batch;
+    int* shard_order;      /* (num_shards) this epoch's shard order */
+    int* sample_order;     /* (samples of the current shard) */
+    int loaded_shard;      /* shard whose sample order is in sample_order, -1 if none */
+    FILE* file;            /* the shard file_shard, open */
+    int file_shard;
+    /* the batch */
+    int* inputs;           /* (B, T) */
+    int* targets;          /* (B, T) */
+    uint8_t* buffer;       /* raw tokens of one sample, (T + 1) * 4 bytes */
+} DataLoader;
+
+/* Number of samples of T + 1 tokens in a shard of n tokens. */
+static inline size_t shard_samples(size_t n, int T) { return n > 0 ? (n - 1) / (size_t)T : 0; }
+
+/* Number of global batches a shard yields. */
+static inline int dataloader_shard_batches(const DataLoader* d, int shard) {
+    return (int)(shard_samples(d->shard_tokens[shard], d->T) / ((size_t)d->B * d->world));
+}
+
+/* Reads and validates a shard header; returns the token count and stores the version. */
+static inline size_t shard_read_header(const char* path, int* version) {
+    FILE* f = fopenCheck(path, "rb");
+    int32_t header[SHARD_HEADER_INTS];
+    size_t bytes = file_size(f, path);
+    if (bytes < SHARD_HEADER_BYTES) die("%s: not a token shard: %zu bytes, shorter than the 1024-byte header", path, bytes);
+    freadCheck(header, sizeof(int32_t), SHARD_HEADER_INTS, f, path);
+    fcloseCheck(f, path);
+    if (header[0] != SHARD_MAGIC) die("%s: bad magic %d in shard header (expected %d)", path, header[0], SHARD_MAGIC);
+    if (header[1] != 1 && header[1] != 2) die("%s: unsupported shard version %d (expected 1 = uint16 or 2 = uint32 tokens)", path, header[1]);
+    if (header[2] < 0) die("%s: negative token count %d in shard header", path, header[2]);
+    size_t elem = header[1] == 1 ? 2 : 4;
+    size_t expected = SHARD_HEADER_BYTES + (size_t)(uint32_t)header[2] * elem;
+    if (bytes != expected)
+        die("%s: header says %d tokens (%zu bytes) but the file has %zu bytes", path, header[2], expected, bytes);
+    *version = header[1];
+    return (size_t)(uint32_t)header[2];
+}
+
+static inline void dataloader_prepare_epoch(DataLoader* d) {
+    if (d->shuffle) {
+        rng_permutation(d->shard_order, d->num_shards, d->seed ^ (0x5eedull << 32) ^ (uint64_t)d->epoch);
+    } else {
+        for (int i = 0; i < d->num_shards; i++) d->shard_order[i] = i;
+    }
+    d->loaded_shard = -1;
+}
+
+/* Opens the current shard and draws its sample order (for this epoch). */
+static inline void dataloader_load_shard(DataLoader* d) {
+    int s = d->shard_order[d->shard];
+    if (d->loaded_shard == s) return;
+    if (d->file == NULL || d->file_shard != s) {
+        if (d->file) fcloseCheck(d->file, d->paths[d->file_shard]);
+        d->file = fopenCheck(d->paths[s], "rb");
+        d->file_shard = s;
+    }
+    int n = (int)shard_samples(d->shard_tokens[s], d->T);
+    free(d->sample_order);
+    d->sample_order = (int*)mallocCheck((size_t)n * sizeof(int));
+    if (d->shuffle) {
+        rng_permutation(d->sample_order, n, d->seed ^ ((uint64_t)d->epoch << 32) ^ (uint64_t)(s + 1) * 0x9e3779b97f4a7c15ull);
+    } else {
+        for (int i = 0; i < n; i++) d->sample_order[i] = i;
+    }
+    d->loaded_shard = s;
+}
+
+/*
+ * Opens every shard matching `pattern` (sorted) and checks their headers. B, T: micro-batch and
+ * sequence length; rank/world: this process's place among the data-parallel ranks; vocab_size: tokens
+ * must be below it; shuffle/seed: see the banner.
+ */
+static inline void dataloader_init(DataLoader* d, const char* pattern, int B, int T, int rank, int world,
+                                   int vocab_size, int shuffle, uint64_t seed) {
+    memset(d, 0, sizeof(*d));
+    d->B = B;
+    d->T = T;
+    d->rank = rank;
+    d->world = world;
+    d->vocab_size = vocab_size;
+    d->shuffle = shuffle;
+    d->seed = seed;
+    glob_t g;
+    int rc = glob(pattern, 0, NULL, &g);
+    if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0)) die("%s: no file matches this data pattern", pattern);
+    if (rc != 0) die("%s: glob failed (code %d)", pattern, rc);
+    d->num_shards = (int)g.gl_pathc;
+    d->paths = (char**)mallocCheck(g.gl_pathc * sizeof(char*));
+    d->shard_tokens = (size_t*)mallocCheck(g.gl_pathc * sizeof(size_t));
+    d->shard_version = (int*)mallocCheck(g.gl_pathc * sizeof(int));
+    d->shard_order = (int*)mallocCheck(g.gl_pathc * sizeof(int));
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        d->paths[i] = strdup(g.gl_pathv[i]);
+        d->shard_tokens[i] = shard_read_header(d->paths[i], &d->shard_version[i]);
+        if (dataloader_shard_batches(d, (int)i) < 1)
+            die("%s: %zu tokens is less than one global batch of B*T*world = %d*%d*%d (+1) tokens", d->paths[i],
+                d->shard_tokens[i], B, T, world);
+    }
+    globfree(&g);
+    d->inputs = (int*)mallocCheck((size_t)B * T * sizeof(int));
+    d->targets = (int*)mallocCheck((size_t)B * T * sizeof(int));
+    d->buffer = (uint8_t*)mallocCheck(((size_t)T + 1) * sizeof(uint32_t));
+    d->loaded_shard = -1;
+    dataloader_prepare_epoch(d);
+}
+
+static inline size_t dataloader_total_tokens(const DataLoader* d) {
+    size_t n = 0;
+    for (int i = 0; i < d->num_shards; i++) n += d->shard_tokens[i];
+    return n;
+}
+
+/* Global batches in one epoch (all shards). */
+static inline long long dataloader_epoch_batches(const DataLoader* d) {
+    long long n = 0;
+    for (int i = 0; i < d->num_shards; i++) n += dataloader_shard_batches(d, i);
+    return n;
+}
+
+/* Reads this rank's part of the next global batch into d->inputs / d->targets, (B, T) each. */
+static inline void dataloader_next_batch(DataLoader* d) {
+    while (d->batch >= dataloader_shard_batches(d, d->shard_order[d->shard])) {
+        d->batch = 0;
+        if (++d->shard == d->num_shards) {
+            d->shard = 0;
+            d->epoch++;
+            dataloader_prepare_epoch(d);
+        }
+    }
+    dataloader_load_shard(d);
+    int s = d->shard_order[d->shard];
+    const char* path = d->paths[s];
+    size_t elem = d->shard_version[s] == 1 ? 2 : 4;
+    size_t first = (size_t)d->batch * d->B * d->world + (size_t)d->rank * d->B;
+    for (int b = 0; b < d->B; b++) {
+        size_t start = (size_t)d->sample_order[first + b] * d->T; /* token index in the shard */
+        fseekCheck(d->file, (long)(SHARD_HEADER_BYTES + start * elem), SEEK_SET, path);
+        freadCheck(d->buffer, elem, (size_t)d->T + 1, d->file, path);
+        for (int t = 0; t <= d->T; t++) {
+            uint32_t tok;
+            if (elem == 2) {
+                uint16_t v;
+                memcpy(&v, d->buffer + (size_t)t * 2, 2);
+                tok = v;
+            } else {
+                memcpy(&tok, d->buffer + (size_t)t * 4, 4);
+            }
+            if (tok >= (uint32_t)d->vocab_size)
+                die("%s: token %u at position %zu is >= the vocabulary size %d", path, tok, start + t, d->vocab_size);
+            if (t < d->T) d->inputs[b * d->T + t] = (int)tok;
+            if (t > 0) d->targets[b * d->T + t - 1] = (int)tok;
+        }
+    }
+    d->batch++;
+}
+
+/* Back to the first batch of epoch 0 (the eval loader does this before each evaluation). */
+static inline void dataloader_reset(DataLoader* d) {
+    d->epoch = 0;
+    d->shard = 0;
+    d->batch = 0;
+    dataloader_prepare_epoch(d);
+}
+
+/* The position a checkpoint saves; restoring it makes the next batch the one that would have come next. */
+typedef struct {
+    int32_t epoch, shard, batch;
+} DataLoaderPosition;
+
+static inline DataLoaderPosition dataloader_position(const DataLoader* d) {
+    DataLoaderPosition p = {d->epoch, d->shard, d->batch};
+    return p;
+}
+
+static inline void dataloader_restore(DataLoader* d, DataLoaderPosition p) {
+    if (p.shard < 0 || p.shard >= d->num_shards || p.epoch < 0 || p.batch < 0)
+        die("training state: data position (epoch %d, shard %d, batch %d) does not fit the %d shard(s) of this run",
+            p.epoch, p.shard, p.batch, d->num_shards);
+    d->epoch = p.epoch;
+    dataloader_prepare_epoch(d);
+    d->shard = p.shard;
+    d->batch = p.batch;
+}
+
+static inline void dataloader_free(DataLoader* d) {
+    if (d->file) fclose(d->file);
+    for (int i = 0; i < d->num_shards; i++) free(d->paths[i]);
+    free(d->paths);
+    free(d->shard_tokens);
+    free(d->shard_version);
+    free(d->shard_order);
+    free(d->sample_order);
+    free(d->inputs);
+    free(d->targets);
+    free(d->buffer);
+    memset(d, 0, sizeof(*d));
+}

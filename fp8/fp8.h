@@ -1,0 +1,153 @@
+/*
+ * FP8 formats and the per-tensor current-scaling recipe, shared by the CPU reference and the CUDA build
+ * (every function is host + device). This file is the single definition of:
+ *   - the two OCP FP8 formats (E4M3 "fn": no infinities, max 448; E5M2: IEEE-like, max 57344),
+ *   - the scaling policy amax -> scale (Transformer Engine's Float8CurrentScaling semantics),
+ *   - the cast: y = x * scale in FP32, then round-to-nearest-even with saturation to +-max
+ *     (cuda_fp8.h's __nv_cvt_float_to_fp8 with __NV_SATFINITE, the conversion the GPU uses, bit for bit),
+ *   - BF16 round-to-nearest-even, which the CPU build applies wherever the GPU stores BF16.
+ * Vocabulary: `scale` multiplies before the cast, `scale_inv` = 1 / scale is what the GEMM receives.
+ * References: OCP 8-bit Floating Point Specification (OFP8) rev 1.0; Micikevicius et al., "FP8 Formats
+ * for Deep Learning" (2022); Transformer Engine docs, "Using FP8 with Transformer Engine".
+ */
+#pragma once
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cuda_fp8.h>
+
+#include "../llama/common.h"
+
+typedef enum { FP8_E4M3 = 0, FP8_E5M2 = 1 } Fp8Format;
+
+#define E4M3_MAX 448.0f
+#define E4M3_MIN_NORMAL 0x1p-6f
+#define E4M3_MIN_SUBNORMAL 0x1p-9f
+#define E5M2_MAX 57344.0f
+#define E5M2_MIN_NORMAL 0x1p-14f
+#define E5M2_MIN_SUBNORMAL 0x1p-16f
+
+/* Largest finite magnitude of a format. */
+LLM8_HD static inline float fp8_max(Fp8Format f) { return f == FP8_E4M3 ? E4M3_MAX : E5M2_MAX; }
+
+static inline const char* fp8_format_name(Fp8Format f) { return f == FP8_E4M3 ? "E4M3" : "E5M2"; }
+
+LLM8_HD static inline uint32_t float_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof(u));
+    return u;
+}
+
+LLM8_HD static inline float bits_float(uint32_t u) {
+    float x;
+    memcpy(&x, &u, sizeof(x));
+    return x;
+}
+
+/* Rounds a float to the nearest BF16 value (ties to even); NaN stays NaN (quieted), +-Inf stays. */
+LLM8_HD static inline float bf16_round(float x) {
+    uint32_t u = float_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return bits_float((u | 0x00400000u) & 0xffff0000u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return bits_float(u & 0xffff0000u);
+}
+
+/* FP32 -> FP8 code: round to nearest even, saturating finite values and +-Inf to +-max; NaN -> a NaN code. */
+LLM8_HD static inline uint8_t fp8_from_float(float x, Fp8Format f) {
+    return (uint8_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, f == FP8_E4M3 ? __NV_E4M3 : __NV_E5M2);
+}
+
+/* IEEE binary16 bits -> float (exact for every half value, subnormals included). */
+LLM8_HD static inline float half_bits_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    if (exp == 0x1f) return bits_float(sign | 0x7f800000u | (man << 13));
+    if (exp != 0) return bits_float(sign | ((exp + 112u) << 23) | (man << 13));
+    /* subnormal half: man * 2^-24, exact in float */
+    float v = (float)man * 0x1p-24f;
+    return sign ? -v : v;
+}
+
+/* FP8 code -> float; exact (every FP8 value is a binary16 value, and cuda_fp8.h converts exactly). */
+LLM8_HD static inline float fp8_to_float(uint8_t code, Fp8Format f) {
+    __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)code, f == FP8_E4M3 ? __NV_E4M3 : __NV_E5M2);
+    return half_bits_to_float(h.x);
+}
+
+/*
+ * The cast every FP8 operand goes through: code = fp8(x * scale). NaN inputs become +0 so that no NaN
+ * byte ever reaches a GEMM; a NaN (or Inf) in a tensor is reported through its amax instead (see
+ * fp8_amax_is_finite), and the step is not applied. Inf saturates to +-max like any large value.
+ */
+LLM8_HD static inline uint8_t fp8_quantize(float x, float scale, Fp8Format f) {
+    float y = x * scale;
+    if (y != y) y = 0.0f;
+    return fp8_from_float(y, f);
+}
+
+/* True when code is +-0. */
+LLM8_HD static inline int fp8_is_zero(uint8_t code) { return (code & 0x7f) == 0; }
+
+/* True when code is +-max of its format (E4M3 0x7e, E5M2 0x7b, either sign). */
+LLM8_HD static inline int fp8_is_max(uint8_t code, Fp8Format f) {
+    return (code & 0x7f) == (f == FP8_E4M3 ? 0x7e : 0x7b);
+}
+
+/* Combines two amax values; unlike fmaxf, NaN wins, so a NaN anywhere makes the tensor's amax NaN. */
+LLM8_HD static inline float amax_combine(float a, float b) {
+    if (a != a || b != b) return NAN;
+    return a > b ? a : b;
+}
+
+LLM8_HD static inline int fp8_amax_is_finite(float amax) { return amax == amax && amax <= FLT_MAX; }
+
+/*
+ * The current-scaling policy (Transformer Engine Float8CurrentScaling, margin 0):
+ *   amax finite and > 0:  scale = fp8_max / amax, an overflow to Inf (amax tiny, e.g. subnormal) clamps
+ *                         to FLT_MAX; with pow2, scale is rounded down to a power of two (exactly,
+ *                         through the float's exponent) so that amax * scale never exceeds fp8_max.
+ *   amax == 0:            scale = 1 (an all-zero tensor casts to zeros).
+ *   amax NaN or Inf:      scale = 1; the caller flags the step (fp8_amax_is_finite) and does not apply it.
+ */
+LLM8_HD static inline float fp8_compute_scale(float amax, Fp8Format f, int pow2) {
+    if (!fp8_amax_is_finite(amax) || amax == 0.0f) return 1.0f;
+    float scale = fp8_max(f) / amax;
+    if (scale > FLT_MAX) scale = FLT_MAX;
+    if (pow2) {
+        int e;
+        frexpf(scale, &e); /* scale = m * 2^e, m in [0.5, 1) */
+        scale = ldexpf(1.0f, e - 1);
+    }
+    return scale;
+}
+
+/* Per-tensor FP8 scaling state, one per GEMM operand. Lives in device memory on the GPU. */
+typedef struct {
+    float amax;      /* max |x| of the tensor as cast (NaN if any element is NaN) */
+    float scale;     /* multiplies x before the cast */
+    float scale_inv; /* 1 / scale: what the GEMM multiplies the product by */
+    float pad;       /* keeps the struct 16 bytes for aligned device loads */
+} Fp8Scale;
+
+/* Fills scale and scale_inv from amax. */
+LLM8_HD static inline void fp8_scale_set(Fp8Scale* s, float amax, Fp8Format f, int pow2) {
+    s->amax = amax;
+    s->scale = fp8_compute_scale(amax, f, pow2);
+    s->scale_inv = 1.0f / s->scale;
+}
+
+/*
+ * Cast statistics of one operand, gathered on steps where statistics are due (--fp8-stats N):
+ * `saturated` counts elements whose code is +-max, `underflow` counts non-zero inputs whose code is
+ * +-0, `nonzero` counts non-zero inputs, `count` all elements.
+ */
+typedef struct {
+    unsigned long long saturated;
+    unsigned long long underflow;
+    unsigned long long nonzero;
+    unsigned long long count;
+} Fp8Counts;

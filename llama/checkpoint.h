@@ -1,0 +1,243 @@
+/*
+ * Model checkpoints and training state, read and written by both builds (README "File formats").
+ *
+ * A model checkpoint is a 256-word header (magic, version, every config field, dtype) followed by the
+ * float32 parameters in params.h's order. The training state of a rank holds what exact resume needs
+ * beyond the weights: step, data position, sampling RNG, skip counter, AdamW moments and this rank's
+ * FP32 master weights, plus the run settings that must not change across a resume (compared field by
+ * field, so a mismatch names the setting) and a hash of them.
+ *
+ * Every file is written to "<name>.tmp", fsynced and renamed; the step's DONE_<step> marker is written
+ * the same way only after the model and every state file exist, and resume picks the newest marker, so
+ * a crash mid-write never leaves a half checkpoint that resume would read.
+ */
+#pragma once
+
+#include <dirent.h>
+
+#include "config.h"
+#include "params.h"
+#include "rng.h"
+#include "../dataloader/dataloader.h"
+
+#define MODEL_MAGIC 20251129
+#define MODEL_VERSION 1
+#define STATE_MAGIC 20251130
+#define STATE_VERSION 1
+#define HEADER_INTS 256
+#define DTYPE_FLOAT32 0
+
+static inline int32_t f32_word(float x) {
+    int32_t w;
+    memcpy(&w, &x, 4);
+    return w;
+}
+
+static inline float word_f32(int32_t w) {
+    float x;
+    memcpy(&x, &w, 4);
+    return x;
+}
+
+static inline void config_to_header(const LlamaConfig* c, int32_t* h) {
+    h[2] = c->dim;
+    h[3] = c->n_layers;
+    h[4] = c->n_heads;
+    h[5] = c->n_kv_heads;
+    h[6] = c->ffn_dim;
+    h[7] = c->vocab_size;
+    h[8] = c->max_seq_len;
+    h[9] = f32_word(c->norm_eps);
+    h[10] = f32_word(c->rope_theta);
+    h[11] = DTYPE_FLOAT32;
+}
+
+/*
+ * Opens a model checkpoint, checks magic, version, dtype and that the file size matches the header,
+ * and returns the file positioned at the parameters. Stops with one line naming the file otherwise.
+ */
+static inline FILE* checkpoint_open(const char* path, LlamaConfig* cfg) {
+    FILE* f = fopenCheck(path, "rb");
+    size_t bytes = file_size(f, path);
+    if (bytes < HEADER_INTS * sizeof(int32_t)) die("%s: truncated model checkpoint: %zu bytes, shorter than its header", path, bytes);
+    int32_t h[HEADER_INTS];
+    freadCheck(h, sizeof(int32_t), HEADER_INTS, f, path);
+    if (h[0] != MODEL_MAGIC) die("%s: bad magic %d in model checkpoint (expected %d)", path, h[0], MODEL_MAGIC);
+    if (h[1] != MODEL_VERSION) die("%s: unsupported model checkpoint version %d (expected %d)", path, h[1], MODEL_VERSION);
+    if (h[11] != DTYPE_FLOAT32) die("%s: unsupported parameter dtype %d (expected 0 = float32)", path, h[11]);
+    cfg->dim = h[2];
+    cfg->n_layers = h[3];
+    cfg->n_heads = h[4];
+    cfg->n_kv_heads = h[5];
+    cfg->ffn_dim = h[6];
+    cfg->vocab_size = h[7];
+    cfg->max_seq_len = h[8];
+    cfg->norm_eps = word_f32(h[9]);
+    cfg->rope_theta = word_f32(h[10]);
+    if (cfg->dim <= 0 || cfg->n_layers <= 0 || cfg->n_heads <= 0 || cfg->n_kv_heads <= 0 || cfg->ffn_dim <= 0 || cfg->vocab_size <= 0)
+        die("%s: model checkpoint header has a non-positive dimension", path);
+    size_t expected = HEADER_INTS * sizeof(int32_t) + param_count(cfg) * sizeof(float);
+    if (bytes != expected)
+        die("%s: truncated or oversized model checkpoint: expected %zu bytes for this config, found %zu", path, expected, bytes);
+    return f;
+}
+
+/* Reads the config of a checkpoint (validating the file). */
+static inline void checkpoint_read_config(const char* path, LlamaConfig* cfg) {
+    FILE* f = checkpoint_open(path, cfg);
+    fcloseCheck(f, path);
+}
+
+/* Reads the parameters (float32, param_count(cfg) elements) of a checkpoint whose config is *cfg. */
+static inline void checkpoint_read_params(const char* path, const LlamaConfig* cfg, float* params) {
+    LlamaConfig file_cfg;
+    FILE* f = checkpoint_open(path, &file_cfg);
+    if (memcmp(&file_cfg, cfg, sizeof(LlamaConfig)) != 0) die("%s: model config differs from the run's", path);
+    freadCheck(params, sizeof(float), param_count(cfg), f, path);
+    fcloseCheck(f, path);
+}
+
+/* Writes a model checkpoint atomically. params: float32, param_count(cfg) elements. */
+static inline void checkpoint_write(const char* path, const LlamaConfig* cfg, const float* params) {
+    int32_t h[HEADER_INTS];
+    memset(h, 0, sizeof(h));
+    h[0] = MODEL_MAGIC;
+    h[1] = MODEL_VERSION;
+    config_to_header(cfg, h);
+    char tmp[TMP_PATH_LEN];
+    FILE* f = atomic_open(path, tmp, sizeof(tmp));
+    fwriteCheck(h, sizeof(int32_t), HEADER_INTS, f, tmp);
+    fwriteCheck(params, sizeof(float), param_count(cfg), f, tmp);
+    atomic_commit(f, tmp, path);
+}
+
+/*
+ * Settings a resume must keep: changing any of them would change the run's batches or numerics.
+ * Build it from a zeroed struct so that its bytes (hashed) are defined.
+ */
+typedef struct {
+    LlamaConfig cfg;
+    int32_t B, T, world, zero_stage, precision, shuffle, pow2_scales, recompute;
+    int32_t reserved; /* explicit padding (0) so that the hashed bytes are all defined */
+    int64_t total_batch, seed;
+} RunIdentity;
+
+static const char* const RUN_IDENTITY_FIELDS[] = {
+    "model config (-e)", "-b", "-t", "number of ranks", "-z", "-p", "--shuffle", "--pow2-scales", "-r", "-d", "--seed",
+};
+
+/* FNV-1a hash of the run identity (the "config hash" of the training state). */
+static inline uint32_t run_identity_hash(const RunIdentity* id) {
+    const unsigned char* p = (const unsigned char*)id;
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < sizeof(*id); i++) h = (h ^ p[i]) * 16777619u;
+    return h;
+}
+
+/* Returns the name of the first setting that differs, or NULL when they agree. */
+static inline const char* run_identity_diff(const RunIdentity* a, const RunIdentity* b) {
+    if (memcmp(&a->cfg, &b->cfg, sizeof(a->cfg)) != 0) return RUN_IDENTITY_FIELDS[0];
+    const int32_t* x = &a->B;
+    const int32_t* y = &b->B;
+    for (int i = 0; i < 8; i++) {
+        if (x[i] != y[i]) return RUN_IDENTITY_FIELDS[1 + i];
+    }
+    if (a->total_batch != b->total_batch) return RUN_IDENTITY_FIELDS[9];
+    if (a->seed != b->seed) return RUN_IDENTITY_FIELDS[10];
+    return NULL;
+}
+
+/* Everything but the big arrays of a rank's training state. */
+typedef struct {
+    int32_t step;                 /* optimizer steps done */
+    int32_t rank;
+    int32_t consecutive_skips;
+    int32_t total_skips;          /* skipped steps so far (AdamW's step count excludes them) */
+    DataLoaderPosition data;
+    int32_t reserved;             /* explicit padding (0) */
+    Rng sample_rng;
+    RunIdentity id;
+    uint64_t shard_begin, shard_count; /* this rank's slice of the flat parameter vector */
+} TrainState;
+
+static inline void state_path(char* out, size_t len, const char* dir, int step, int rank) {
+    snprintf(out, len, "%s/state_%08d_%05d.bin", dir, step, rank);
+}
+
+static inline void model_path(char* out, size_t len, const char* dir, int step) {
+    snprintf(out, len, "%s/model_%08d.bin", dir, step);
+}
+
+/*
+ * Writes a rank's training state: header, then m, v and master weights of its slice (float32,
+ * s->shard_count elements each).
+ */
+static inline void state_write(const char* path, const TrainState* s, const float* m, const float* v, const float* master) {
+    int32_t h[HEADER_INTS];
+    memset(h, 0, sizeof(h));
+    h[0] = STATE_MAGIC;
+    h[1] = STATE_VERSION;
+    h[2] = (int32_t)run_identity_hash(&s->id);
+    h[3] = (int32_t)sizeof(TrainState);
+    char tmp[TMP_PATH_LEN];
+    FILE* f = atomic_open(path, tmp, sizeof(tmp));
+    fwriteCheck(h, sizeof(int32_t), HEADER_INTS, f, tmp);
+    fwriteCheck(s, sizeof(TrainState), 1, f, tmp);
+    fwriteCheck(m, sizeof(float), s->shard_count, f, tmp);
+    fwriteCheck(v, sizeof(float), s->shard_count, f, tmp);
+    fwriteCheck(master, sizeof(float), s->shard_count, f, tmp);
+    atomic_commit(f, tmp, path);
+}
+
+/*
+ * Reads a rank's training state written for the run `expect` (its settings and slice). Stops naming the
+ * file and the first setting that differs, or the size problem, on mismatch.
+ */
+static inline void state_read(const char* path, TrainState* s, const RunIdentity* expect, uint64_t shard_begin,
+                              uint64_t shard_count, float* m, float* v, float* master) {
+    FILE* f = fopenCheck(path, "rb");
+    size_t bytes = file_size(f, path);
+    size_t expected = HEADER_INTS * sizeof(int32_t) + sizeof(TrainState) + 3 * shard_count * sizeof(float);
+    if (bytes < HEADER_INTS * sizeof(int32_t)) die("%s: truncated training state (%zu bytes)", path, bytes);
+    int32_t h[HEADER_INTS];
+    freadCheck(h, sizeof(int32_t), HEADER_INTS, f, path);
+    if (h[0] != STATE_MAGIC) die("%s: bad magic %d in training state (expected %d)", path, h[0], STATE_MAGIC);
+    if (h[1] != STATE_VERSION) die("%s: unsupported training state version %d (expected %d)", path, h[1], STATE_VERSION);
+    if (h[3] != (int32_t)sizeof(TrainState)) die("%s: training state written by an incompatible build", path);
+    if (bytes != expected) die("%s: truncated or oversized training state: expected %zu bytes, found %zu", path, expected, bytes);
+    freadCheck(s, sizeof(TrainState), 1, f, path);
+    const char* diff = run_identity_diff(&s->id, expect);
+    if (diff != NULL) die("%s: the checkpointed run used a different %s; resume with the same settings", path, diff);
+    if ((uint32_t)h[2] != run_identity_hash(&s->id)) die("%s: config hash does not match its settings (corrupt file)", path);
+    if (s->shard_begin != shard_begin || s->shard_count != shard_count)
+        die("%s: parameter slice [%llu, +%llu) differs from this rank's [%llu, +%llu)", path,
+            (unsigned long long)s->shard_begin, (unsigned long long)s->shard_count, (unsigned long long)shard_begin,
+            (unsigned long long)shard_count);
+    freadCheck(m, sizeof(float), shard_count, f, path);
+    freadCheck(v, sizeof(float), shard_count, f, path);
+    freadCheck(master, sizeof(float), shard_count, f, path);
+    fcloseCheck(f, path);
+}
+
+/* Writes the empty DONE_<step> marker (atomically): the step's checkpoint is complete. */
+static inline void checkpoint_mark_done(const char* dir, int step) {
+    char path[PATH_LEN], tmp[TMP_PATH_LEN];
+    snprintf(path, sizeof(path), "%s/DONE_%08d", dir, step);
+    FILE* f = atomic_open(path, tmp, sizeof(tmp));
+    atomic_commit(f, tmp, path);
+}
+
+/* The newest step with a DONE marker in `dir`, or -1 when there is none. */
+static inline int checkpoint_latest_step(const char* dir) {
+    DIR* d = opendir(dir);
+    if (d == NULL) return -1;
+    int best = -1;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        int step;
+        char extra;
+        if (sscanf(e->d_name, "DONE_%d%c", &step, &extra) == 1 && step > best) best = step;
+    }
+    closedir(d);
+    return best;
+}

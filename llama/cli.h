@@ -1,0 +1,229 @@
+/*
+ * Command-line arguments of the trainers, shared by train_llama (GPU) and train_llama_cpu. llm.c's
+ * single-letter flags where llm.c has one (DESIGN.md section 5), long flags for the rest. Every flag
+ * takes exactly one value; an unknown flag, a missing value or a malformed number stops with one line
+ * naming the flag. The table below is both the parser and the --help text.
+ */
+#pragma once
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+
+#include "config.h"
+
+typedef struct {
+    const char* train_pattern;  /* -i */
+    const char* val_pattern;    /* -j */
+    const char* output_dir;     /* -o, NULL: no logs or checkpoints */
+    const char* model;          /* -e: preset name or checkpoint path */
+    const char* tokenizer_path; /* --tokenizer, NULL: tokenizer.bin beside the train shards */
+    int B;                      /* -b micro-batch size (sequences per rank) */
+    int T;                      /* -t sequence length */
+    long long total_batch;      /* -d tokens per optimizer step over all ranks; -1: B*T*world */
+    float lr;                   /* -l peak learning rate */
+    int warmup;                 /* -u warmup steps */
+    float final_lr_frac;        /* -q final LR as a fraction of -l */
+    const char* schedule;       /* -k cosine | linear | constant */
+    float weight_decay;         /* -c */
+    float grad_clip;            /* --clip, max global L2 norm; 0: off */
+    int steps;                  /* -x optimizer steps; -1: one epoch */
+    int val_every;              /* -v */
+    int val_batches;            /* -m; -1: the whole validation set */
+    int sample_every;           /* -s; 0: never */
+    int sample_tokens;          /* -g */
+    int ckpt_every;             /* -n; 0: only at the end (when -o is given) */
+    int resume;                 /* -y */
+    int zero_stage;             /* -z */
+    int recompute;              /* -r */
+    int precision;              /* -p (Precision) */
+    int overfit;                /* -a: train on the first batch only */
+    int shuffle;                /* --shuffle */
+    long long seed;             /* --seed */
+    int fp8_stats_every;        /* --fp8-stats */
+    int pow2_scales;            /* --pow2-scales */
+    int max_skips;              /* --max-skips */
+    int n_layers;               /* --n-layers, overrides the preset's layer count; 0: keep */
+} TrainArgs;
+
+typedef enum { ARG_STR, ARG_INT, ARG_I64, ARG_FLOAT, ARG_PRECISION } ArgType;
+
+typedef struct {
+    const char* flag;
+    ArgType type;
+    size_t offset;
+    const char* help;
+} ArgSpec;
+
+#define ARG(flag, type, field, help) {flag, type, offsetof(TrainArgs, field), help}
+
+static const ArgSpec TRAIN_ARG_SPECS[] = {
+    ARG("-i", ARG_STR, train_pattern, "train shard glob"),
+    ARG("-j", ARG_STR, val_pattern, "validation shard glob"),
+    ARG("-o", ARG_STR, output_dir, "output dir for main.log, metrics, checkpoints (default: none)"),
+    ARG("-e", ARG_STR, model, "model: a preset name (see below) or a model checkpoint .bin"),
+    ARG("--tokenizer", ARG_STR, tokenizer_path, "tokenizer.bin for samples (default: beside the train shards)"),
+    ARG("-b", ARG_INT, B, "micro-batch size, sequences per rank"),
+    ARG("-t", ARG_INT, T, "sequence length"),
+    ARG("-d", ARG_I64, total_batch, "total batch in tokens per optimizer step, all ranks (-1: B*T*ranks)"),
+    ARG("-l", ARG_FLOAT, lr, "peak learning rate"),
+    ARG("-u", ARG_INT, warmup, "learning-rate warmup steps"),
+    ARG("-q", ARG_FLOAT, final_lr_frac, "final learning rate as a fraction of -l"),
+    ARG("-k", ARG_STR, schedule, "learning-rate schedule: cosine | linear | constant"),
+    ARG("-c", ARG_FLOAT, weight_decay, "AdamW weight decay (2-D weights only)"),
+    ARG("--clip", ARG_FLOAT, grad_clip, "gradient clipping: max global L2 norm (0: off)"),
+    ARG("-x", ARG_INT, steps, "optimizer steps (-1: one epoch of the train data)"),
+    ARG("-v", ARG_INT, val_every, "validation loss every N steps (0: only at the end)"),
+    ARG("-m", ARG_INT, val_batches, "validation batches per evaluation (-1: all)"),
+    ARG("-s", ARG_INT, sample_every, "print a sample every N steps (0: never)"),
+    ARG("-g", ARG_INT, sample_tokens, "tokens per sample"),
+    ARG("-n", ARG_INT, ckpt_every, "checkpoint every N steps (0: only at the end; needs -o)"),
+    ARG("-y", ARG_INT, resume, "1: resume from the latest checkpoint in -o"),
+    ARG("-z", ARG_INT, zero_stage, "ZeRO stage (0 only in this build: one rank)"),
+    ARG("-r", ARG_INT, recompute, "1: recompute norm and SwiGLU outputs in backward (bf16/fp32 modes)"),
+    ARG("-p", ARG_PRECISION, precision, "precision recipe: fp8 | bf16 | fp32"),
+    ARG("-a", ARG_INT, overfit, "1: overfit the first batch (debugging)"),
+    ARG("--shuffle", ARG_INT, shuffle, "1: shuffle shards and samples each epoch"),
+    ARG("--seed", ARG_I64, seed, "seed for init, shuffling and sampling"),
+    ARG("--fp8-stats", ARG_INT, fp8_stats_every, "log FP8 amax/scale/saturation/underflow every N steps (0: off)"),
+    ARG("--pow2-scales", ARG_INT, pow2_scales, "1: round FP8 scales down to powers of two"),
+    ARG("--max-skips", ARG_INT, max_skips, "stop after this many consecutive non-finite steps"),
+    ARG("--n-layers", ARG_INT, n_layers, "override the preset's layer count (benchmarks)"),
+};
+#define NUM_TRAIN_ARGS (sizeof(TRAIN_ARG_SPECS) / sizeof(TRAIN_ARG_SPECS[0]))
+
+/* The defaults: a small model on tiny-shakespeare (what `make train` runs). */
+static inline TrainArgs train_args_default(void) {
+    TrainArgs a;
+    memset(&a, 0, sizeof(a));
+    a.train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train.bin";
+    a.val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val.bin";
+    a.output_dir = NULL;
+    a.model = "tiny";
+    a.tokenizer_path = NULL;
+    a.B = 8;
+    a.T = 256;
+    a.total_batch = -1;
+    a.lr = 1e-3f;
+    a.warmup = 20;
+    a.final_lr_frac = 0.1f;
+    a.schedule = "cosine";
+    a.weight_decay = 0.1f;
+    a.grad_clip = 1.0f;
+    a.steps = -1;
+    a.val_every = 25;
+    a.val_batches = 20;
+    a.sample_every = 0;
+    a.sample_tokens = 64;
+    a.ckpt_every = 0;
+    a.resume = 0;
+    a.zero_stage = 0;
+    a.recompute = 0;
+    a.precision = PRECISION_FP8;
+    a.overfit = 0;
+    a.shuffle = 1;
+    a.seed = 1337;
+    a.fp8_stats_every = 0;
+    a.pow2_scales = 0;
+    a.max_skips = 5;
+    a.n_layers = 0;
+    return a;
+}
+
+static inline void train_args_usage(const char* prog, const TrainArgs* defaults) {
+    printf("usage: %s [flags]   (every flag takes one value)\n\n", prog);
+    for (size_t i = 0; i < NUM_TRAIN_ARGS; i++) {
+        const ArgSpec* s = &TRAIN_ARG_SPECS[i];
+        const char* field = (const char*)defaults + s->offset;
+        char def[128];
+        switch (s->type) {
+            case ARG_STR: snprintf(def, sizeof(def), "%s", *(const char* const*)field ? *(const char* const*)field : "none"); break;
+            case ARG_INT: snprintf(def, sizeof(def), "%d", *(const int*)field); break;
+            case ARG_I64: snprintf(def, sizeof(def), "%lld", *(const long long*)field); break;
+            case ARG_FLOAT: snprintf(def, sizeof(def), "%g", *(const float*)field); break;
+            case ARG_PRECISION: snprintf(def, sizeof(def), "%s", precision_name((Precision)*(const int*)field)); break;
+        }
+        printf("  %-13s %s (default %s)\n", s->flag, s->help, def);
+    }
+    printf("\nmodel presets for -e:\n");
+    for (size_t i = 0; i < NUM_LLAMA_PRESETS; i++) {
+        const LlamaConfig* c = &LLAMA_PRESETS[i].cfg;
+        printf("  %-12s dim %d, layers %d, heads %d/%d kv, ffn %d, max seq %d  (%s)\n", LLAMA_PRESETS[i].name, c->dim,
+               c->n_layers, c->n_heads, c->n_kv_heads, c->ffn_dim, c->max_seq_len, LLAMA_PRESETS[i].note);
+    }
+}
+
+static inline long long parse_integer(const char* flag, const char* value, long long lo, long long hi) {
+    char* end;
+    errno = 0;
+    long long v = strtoll(value, &end, 10);
+    if (errno != 0 || end == value || *end != '\0') die("flag %s: '%s' is not an integer", flag, value);
+    if (v < lo || v > hi) die("flag %s: %lld is out of range [%lld, %lld]", flag, v, lo, hi);
+    return v;
+}
+
+/*
+ * Parses argv into *a (which holds the defaults on entry). Returns 1 when --help / -h was given (the
+ * caller prints usage and exits 0); stops with one line on any error.
+ */
+static inline int train_args_parse(TrainArgs* a, int argc, char** argv) {
+    for (int i = 1; i < argc; i++) {
+        const char* flag = argv[i];
+        if (strcmp(flag, "--help") == 0 || strcmp(flag, "-h") == 0) return 1;
+        const ArgSpec* spec = NULL;
+        for (size_t k = 0; k < NUM_TRAIN_ARGS; k++) {
+            if (strcmp(TRAIN_ARG_SPECS[k].flag, flag) == 0) spec = &TRAIN_ARG_SPECS[k];
+        }
+        if (spec == NULL) die("unknown flag '%s' (see --help)", flag);
+        if (i + 1 >= argc) die("flag %s needs a value (see --help)", flag);
+        const char* value = argv[++i];
+        char* field = (char*)a + spec->offset;
+        switch (spec->type) {
+            case ARG_STR: *(const char**)field = value; break;
+            case ARG_INT: *(int*)field = (int)parse_integer(flag, value, INT_MIN, INT_MAX); break;
+            case ARG_I64: *(long long*)field = parse_integer(flag, value, LLONG_MIN, LLONG_MAX); break;
+            case ARG_FLOAT: {
+                char* end;
+                errno = 0;
+                float v = strtof(value, &end);
+                if (errno != 0 || end == value || *end != '\0' || !isfinite(v)) die("flag %s: '%s' is not a finite number", flag, value);
+                *(float*)field = v;
+                break;
+            }
+            case ARG_PRECISION: {
+                int p = precision_parse(value);
+                if (p < 0) die("flag %s: '%s' is not a precision (fp8 | bf16 | fp32)", flag, value);
+                *(int*)field = p;
+                break;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Range checks that need no model; stops naming the flag. */
+static inline void train_args_check(const TrainArgs* a) {
+    if (a->B <= 0) die("flag -b: micro-batch size must be positive, got %d", a->B);
+    if (a->T <= 0) die("flag -t: sequence length must be positive, got %d", a->T);
+    if (!(a->lr >= 0.0f)) die("flag -l: learning rate must be >= 0");
+    if (a->warmup < 0) die("flag -u: warmup steps must be >= 0");
+    if (a->final_lr_frac < 0.0f || a->final_lr_frac > 1.0f) die("flag -q: final LR fraction must be in [0, 1]");
+    if (strcmp(a->schedule, "cosine") != 0 && strcmp(a->schedule, "linear") != 0 && strcmp(a->schedule, "constant") != 0)
+        die("flag -k: unknown schedule '%s' (cosine | linear | constant)", a->schedule);
+    if (a->weight_decay < 0.0f) die("flag -c: weight decay must be >= 0");
+    if (a->grad_clip < 0.0f) die("flag --clip: must be >= 0");
+    if (a->steps < -1 || a->steps == 0) die("flag -x: steps must be positive or -1 (one epoch)");
+    if (a->val_every < 0 || a->sample_every < 0 || a->ckpt_every < 0 || a->fp8_stats_every < 0)
+        die("flags -v, -s, -n, --fp8-stats must be >= 0");
+    if (a->val_batches < -1 || a->val_batches == 0) die("flag -m: validation batches must be positive or -1 (all)");
+    if (a->sample_tokens <= 0) die("flag -g: sample tokens must be positive");
+    if (a->resume != 0 && a->resume != 1) die("flag -y: must be 0 or 1");
+    if (a->resume && a->output_dir == NULL) die("flag -y 1 needs -o (the directory to resume from)");
+    if (a->zero_stage != 0) die("flag -z %d: ZeRO sharding needs the multi-rank build, which this version does not have; use -z 0", a->zero_stage);
+    if (a->recompute != 0 && a->recompute != 1) die("flag -r: must be 0 or 1");
+    if (a->overfit != 0 && a->overfit != 1) die("flag -a: must be 0 or 1");
+    if (a->shuffle != 0 && a->shuffle != 1) die("flag --shuffle: must be 0 or 1");
+    if (a->pow2_scales != 0 && a->pow2_scales != 1) die("flag --pow2-scales: must be 0 or 1");
+    if (a->max_skips < 1) die("flag --max-skips: must be >= 1");
+    if (a->n_layers < 0) die("flag --n-layers: must be >= 0");
+}

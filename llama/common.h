@@ -1,0 +1,132 @@
+/*
+ * Common helpers for every llm8 translation unit: the host/device qualifier, the error-stopping
+ * wrappers around stdio and malloc, and a one-line fatal error. Compiled as C11 by gcc and as C++17
+ * by nvcc, so it uses only the intersection of both languages.
+ *
+ * Errors stop loudly at the call: each wrapper prints "error: <what>: <why> (<file>:<line>)" on one
+ * line and exits with status 1. Nothing here returns an error code.
+ */
+#pragma once
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#ifdef __CUDACC__
+#define LLM8_HD __host__ __device__
+#else
+#define LLM8_HD
+#endif
+
+#ifdef __cplusplus
+#define LLM8_NORETURN [[noreturn]]
+#else
+#define LLM8_NORETURN _Noreturn
+#endif
+
+/* Prints "error: " + the formatted message on one line to stderr and exits with status 1. */
+LLM8_NORETURN static inline void die(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fflush(stdout);
+    fputs("error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(EXIT_FAILURE);
+}
+
+static inline FILE* fopen_check(const char* path, const char* mode, const char* file, int line) {
+    FILE* f = fopen(path, mode);
+    if (f == NULL) die("%s: cannot open (%s) (%s:%d)", path, strerror(errno), file, line);
+    return f;
+}
+#define fopenCheck(path, mode) fopen_check(path, mode, __FILE__, __LINE__)
+
+/* Reads exactly `count` items or stops naming `what` (usually the file path). */
+static inline void fread_check(void* ptr, size_t size, size_t count, FILE* f, const char* what,
+                               const char* file, int line) {
+    size_t got = fread(ptr, size, count, f);
+    if (got != count) {
+        if (feof(f)) die("%s: truncated: wanted %zu items of %zu bytes, got %zu (%s:%d)", what, count, size, got, file, line);
+        die("%s: read failed (%s) (%s:%d)", what, strerror(errno), file, line);
+    }
+}
+#define freadCheck(ptr, size, count, f, what) fread_check(ptr, size, count, f, what, __FILE__, __LINE__)
+
+static inline void fwrite_check(const void* ptr, size_t size, size_t count, FILE* f, const char* what,
+                                const char* file, int line) {
+    if (fwrite(ptr, size, count, f) != count) die("%s: write failed (%s) (%s:%d)", what, strerror(errno), file, line);
+}
+#define fwriteCheck(ptr, size, count, f, what) fwrite_check(ptr, size, count, f, what, __FILE__, __LINE__)
+
+static inline void fseek_check(FILE* f, long offset, int whence, const char* what, const char* file, int line) {
+    if (fseek(f, offset, whence) != 0) die("%s: seek failed (%s) (%s:%d)", what, strerror(errno), file, line);
+}
+#define fseekCheck(f, offset, whence, what) fseek_check(f, offset, whence, what, __FILE__, __LINE__)
+
+static inline void fclose_check(FILE* f, const char* what, const char* file, int line) {
+    if (fclose(f) != 0) die("%s: close failed (%s) (%s:%d)", what, strerror(errno), file, line);
+}
+#define fcloseCheck(f, what) fclose_check(f, what, __FILE__, __LINE__)
+
+static inline void* malloc_check(size_t size, const char* file, int line) {
+    void* p = malloc(size > 0 ? size : 1);
+    if (p == NULL) die("out of host memory allocating %zu bytes (%s:%d)", size, file, line);
+    return p;
+}
+#define mallocCheck(size) malloc_check(size, __FILE__, __LINE__)
+
+static inline void* calloc_check(size_t count, size_t size, const char* file, int line) {
+    void* p = calloc(count > 0 ? count : 1, size > 0 ? size : 1);
+    if (p == NULL) die("out of host memory allocating %zu x %zu bytes (%s:%d)", count, size, file, line);
+    return p;
+}
+#define callocCheck(count, size) calloc_check(count, size, __FILE__, __LINE__)
+
+/* Size of an open file in bytes. */
+static inline size_t file_size(FILE* f, const char* what) {
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) die("%s: stat failed (%s)", what, strerror(errno));
+    return (size_t)st.st_size;
+}
+
+/* Creates `dir` if it does not exist (one level, like `mkdir`). */
+static inline void make_dir(const char* dir) {
+    struct stat st;
+    if (stat(dir, &st) == 0) {
+        if (!S_ISDIR(st.st_mode)) die("%s: exists and is not a directory", dir);
+        return;
+    }
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) die("%s: cannot create directory (%s)", dir, strerror(errno));
+}
+
+/*
+ * Writes go to "<path>.tmp"; atomic_commit() flushes, fsyncs and renames it over <path>, so a crash
+ * leaves either the old file or the complete new one, never half of one.
+ */
+#define PATH_LEN 1024
+#define TMP_PATH_LEN (PATH_LEN + 8)
+
+static inline FILE* atomic_open(const char* path, char* tmp_path, size_t tmp_len) {
+    if ((size_t)snprintf(tmp_path, tmp_len, "%s.tmp", path) >= tmp_len) die("%s: path too long", path);
+    return fopenCheck(tmp_path, "wb");
+}
+
+static inline void atomic_commit(FILE* f, const char* tmp_path, const char* path) {
+    if (fflush(f) != 0) die("%s: flush failed (%s)", tmp_path, strerror(errno));
+    if (fsync(fileno(f)) != 0) die("%s: fsync failed (%s)", tmp_path, strerror(errno));
+    fcloseCheck(f, tmp_path);
+    if (rename(tmp_path, path) != 0) die("%s: rename to %s failed (%s)", tmp_path, path, strerror(errno));
+}
+
+static inline double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
+
+/* Integer ceiling division for sizes. */
+static inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }

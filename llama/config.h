@@ -1,0 +1,113 @@
+/*
+ * Llama-2 model configuration: the hyper-parameters, the named presets (-e NAME), the precision
+ * recipes (-p), and the start-up checks every build runs before allocating anything.
+ * Dimensions follow Meta's Llama-2 release and HF `LlamaConfig` (hidden_size = dim, intermediate_size =
+ * ffn_dim, num_key_value_heads = n_kv_heads).
+ */
+#pragma once
+
+#include <string.h>
+
+#include "common.h"
+
+typedef struct {
+    int dim;          /* C, model width */
+    int n_layers;     /* L */
+    int n_heads;      /* NH, query heads */
+    int n_kv_heads;   /* NKV, key/value heads (grouped-query attention when < NH) */
+    int ffn_dim;      /* F, SwiGLU hidden size */
+    int vocab_size;   /* V */
+    int max_seq_len;  /* longest T the RoPE tables cover */
+    float norm_eps;   /* RMSNorm epsilon */
+    float rope_theta; /* RoPE base */
+} LlamaConfig;
+
+#define LLAMA_VOCAB_SIZE 32000
+#define LLAMA_NORM_EPS 1e-5f
+#define LLAMA_ROPE_THETA 10000.0f
+#define LLAMA_BOS 1
+#define LLAMA_EOS 2
+
+typedef struct {
+    const char* name;
+    LlamaConfig cfg;
+    const char* note;
+} LlamaPreset;
+
+/* llama2-* are Meta's shapes; stories* are llama2.c's TinyStories shapes; tiny is the CI/demo model. */
+static const LlamaPreset LLAMA_PRESETS[] = {
+    {"llama2-7b", {4096, 32, 32, 32, 11008, LLAMA_VOCAB_SIZE, 4096, LLAMA_NORM_EPS, LLAMA_ROPE_THETA}, "Llama-2 7B"},
+    {"llama2-13b", {5120, 40, 40, 40, 13824, LLAMA_VOCAB_SIZE, 4096, LLAMA_NORM_EPS, LLAMA_ROPE_THETA}, "Llama-2 13B"},
+    {"llama2-70b", {8192, 80, 64, 8, 28672, LLAMA_VOCAB_SIZE, 4096, LLAMA_NORM_EPS, LLAMA_ROPE_THETA}, "Llama-2 70B (GQA)"},
+    {"stories110m", {768, 12, 12, 12, 2048, LLAMA_VOCAB_SIZE, 1024, LLAMA_NORM_EPS, LLAMA_ROPE_THETA}, "llama2.c 110M"},
+    {"stories42m", {512, 8, 8, 8, 1376, LLAMA_VOCAB_SIZE, 1024, LLAMA_NORM_EPS, LLAMA_ROPE_THETA}, "llama2.c 42M"},
+    {"stories15m", {288, 6, 6, 6, 768, LLAMA_VOCAB_SIZE, 256, LLAMA_NORM_EPS, LLAMA_ROPE_THETA}, "llama2.c 15M"},
+    {"tiny", {128, 4, 4, 2, 384, LLAMA_VOCAB_SIZE, 256, LLAMA_NORM_EPS, LLAMA_ROPE_THETA}, "demo/CI model, GQA"},
+};
+#define NUM_LLAMA_PRESETS (sizeof(LLAMA_PRESETS) / sizeof(LLAMA_PRESETS[0]))
+
+/* Returns the preset called `name`, or NULL. */
+static inline const LlamaConfig* llama_preset(const char* name) {
+    for (size_t i = 0; i < NUM_LLAMA_PRESETS; i++) {
+        if (strcmp(LLAMA_PRESETS[i].name, name) == 0) return &LLAMA_PRESETS[i].cfg;
+    }
+    return NULL;
+}
+
+static inline int llama_head_dim(const LlamaConfig* c) { return c->dim / c->n_heads; }
+static inline int llama_kv_dim(const LlamaConfig* c) { return c->n_kv_heads * llama_head_dim(c); }
+/* Output width of the fused q/k/v projection: C + 2 * KVC. */
+static inline int llama_qkv_dim(const LlamaConfig* c) { return c->dim + 2 * llama_kv_dim(c); }
+
+/* -p: which numeric recipe the run uses (DESIGN.md section 3). */
+typedef enum { PRECISION_FP32 = 0, PRECISION_BF16 = 1, PRECISION_FP8 = 2 } Precision;
+
+static inline const char* precision_name(Precision p) {
+    return p == PRECISION_FP8 ? "fp8" : p == PRECISION_BF16 ? "bf16" : "fp32";
+}
+
+/* Parses "fp8" | "bf16" | "fp32"; returns -1 for anything else. */
+static inline int precision_parse(const char* s) {
+    if (strcmp(s, "fp8") == 0) return PRECISION_FP8;
+    if (strcmp(s, "bf16") == 0) return PRECISION_BF16;
+    if (strcmp(s, "fp32") == 0) return PRECISION_FP32;
+    return -1;
+}
+
+/* FP8 GEMMs (cuBLASLt, Hopper) need every dimension to be a multiple of this. */
+#define FP8_DIM_MULTIPLE 16
+
+/*
+ * Checks a configuration against the model's invariants and, for -p fp8, against the FP8 GEMM's shape
+ * rule; stops with one line naming the first offending dimension. B, T: micro-batch and sequence length.
+ */
+static inline void llama_config_validate(const LlamaConfig* c, int B, int T, Precision p) {
+    if (c->dim <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 || c->ffn_dim <= 0 ||
+        c->vocab_size <= 0 || c->max_seq_len <= 0)
+        die("model config: every dimension must be positive (dim %d, n_layers %d, n_heads %d, n_kv_heads %d, ffn_dim %d, vocab_size %d, max_seq_len %d)",
+            c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab_size, c->max_seq_len);
+    if (c->dim % c->n_heads != 0) die("model config: dim %d is not a multiple of n_heads %d", c->dim, c->n_heads);
+    if (c->n_heads % c->n_kv_heads != 0)
+        die("model config: n_heads %d is not a multiple of n_kv_heads %d", c->n_heads, c->n_kv_heads);
+    if (llama_head_dim(c) % 2 != 0) die("model config: head dim %d must be even for RoPE", llama_head_dim(c));
+    if (!(c->norm_eps > 0.0f) || !(c->rope_theta > 0.0f)) die("model config: norm_eps and rope_theta must be positive");
+    if (B <= 0 || T <= 0) die("micro-batch size -b %d and sequence length -t %d must be positive", B, T);
+    if (T > c->max_seq_len) die("sequence length -t %d exceeds the model's max_seq_len %d", T, c->max_seq_len);
+    if (p != PRECISION_FP8) return;
+    struct { const char* what; long long value; } dims[] = {
+        {"dim (C)", c->dim},
+        {"q/k/v output width C + 2*KVC", llama_qkv_dim(c)},
+        {"ffn_dim (F)", c->ffn_dim},
+        {"micro-batch tokens B*T (-b * -t)", (long long)B * T},
+    };
+    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++) {
+        if (dims[i].value % FP8_DIM_MULTIPLE != 0)
+            die("-p fp8: %s = %lld is not a multiple of %d (FP8 GEMMs need every dimension to be)", dims[i].what,
+                dims[i].value, FP8_DIM_MULTIPLE);
+    }
+}
+
+static inline void llama_config_print(const LlamaConfig* c) {
+    printf("| model: dim %d, layers %d, heads %d, kv heads %d, head dim %d, ffn %d, vocab %d, max seq %d\n", c->dim,
+           c->n_layers, c->n_heads, c->n_kv_heads, llama_head_dim(c), c->ffn_dim, c->vocab_size, c->max_seq_len);
+}

@@ -1,0 +1,126 @@
+/*
+ * The parameter layout: nine tensors packed back to back in one buffer, in the order the checkpoint
+ * stores them (README "Model checkpoint"). q/k/v are fused row-wise into wqkv = [wq; wk; wv] and the
+ * SwiGLU gate/up projections into w13 = [w1; w3], as Megatron-LM does, so each block runs four linear
+ * layers (four FP8 GEMMs per pass) whose weights each get one FP8 scale.
+ * Shared by both builds; also the Llama-style initialisation, which runs on the host so that the CPU
+ * and GPU builds start from identical weights.
+ */
+#pragma once
+
+#include <math.h>
+
+#include "config.h"
+#include "rng.h"
+
+enum {
+    P_TOK_EMBEDDINGS, /* (V, C) */
+    P_ATTN_NORM,      /* (L, C) */
+    P_WQKV,           /* (L, C + 2*KVC, C) */
+    P_WO,             /* (L, C, C) */
+    P_FFN_NORM,       /* (L, C) */
+    P_W13,            /* (L, 2*F, C) */
+    P_W2,             /* (L, C, F) */
+    P_NORM,           /* (C) */
+    P_OUTPUT,         /* (V, C) */
+    NUM_PARAM_TENSORS
+};
+
+static const char* const PARAM_NAMES[NUM_PARAM_TENSORS] = {
+    "tok_embeddings", "attn_norm", "wqkv", "wo", "ffn_norm", "w13", "w2", "norm", "output",
+};
+
+/* Pointers to the nine tensors inside one buffer of element type T (same field order as the enum). */
+#define PARAM_TENSORS_STRUCT(T) \
+    struct {                    \
+        T* tok_embeddings;      \
+        T* attn_norm;           \
+        T* wqkv;                \
+        T* wo;                  \
+        T* ffn_norm;            \
+        T* w13;                 \
+        T* w2;                  \
+        T* norm;                \
+        T* output;              \
+    }
+
+/* Element counts of the nine tensors. */
+static inline void param_sizes(const LlamaConfig* c, size_t sizes[NUM_PARAM_TENSORS]) {
+    size_t C = (size_t)c->dim, L = (size_t)c->n_layers, V = (size_t)c->vocab_size, F = (size_t)c->ffn_dim;
+    size_t QKV = (size_t)llama_qkv_dim(c);
+    sizes[P_TOK_EMBEDDINGS] = V * C;
+    sizes[P_ATTN_NORM] = L * C;
+    sizes[P_WQKV] = L * QKV * C;
+    sizes[P_WO] = L * C * C;
+    sizes[P_FFN_NORM] = L * C;
+    sizes[P_W13] = L * 2 * F * C;
+    sizes[P_W2] = L * C * F;
+    sizes[P_NORM] = C;
+    sizes[P_OUTPUT] = V * C;
+}
+
+static inline size_t param_count(const LlamaConfig* c) {
+    size_t sizes[NUM_PARAM_TENSORS], total = 0;
+    param_sizes(c, sizes);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) total += sizes[i];
+    return total;
+}
+
+/* Element offset of each tensor in the packed buffer. */
+static inline void param_offsets(const LlamaConfig* c, size_t offsets[NUM_PARAM_TENSORS]) {
+    size_t sizes[NUM_PARAM_TENSORS], off = 0;
+    param_sizes(c, sizes);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        offsets[i] = off;
+        off += sizes[i];
+    }
+}
+
+/*
+ * Points the nine fields of a PARAM_TENSORS_STRUCT at `base` (element size `elem`). The struct is nine
+ * pointers of one type, so it is addressed as an array of pointers.
+ */
+static inline void param_pointers(const LlamaConfig* c, void* tensors, void* base, size_t elem) {
+    size_t offsets[NUM_PARAM_TENSORS];
+    param_offsets(c, offsets);
+    char** fields = (char**)tensors;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) fields[i] = (char*)base + offsets[i] * elem;
+}
+
+/* 2-D weight matrices get weight decay; the 1-D norm weights do not (Megatron-LM, llm.c convention). */
+static inline int param_is_decayed(int tensor) {
+    return tensor != P_ATTN_NORM && tensor != P_FFN_NORM && tensor != P_NORM;
+}
+
+#define INIT_STD 0.02f
+#define INIT_CHUNK ((size_t)1 << 20)
+
+/*
+ * Llama-style random init into `params` (float32, param_count(c) elements): every weight matrix
+ * N(0, 0.02), the residual output projections wo and w2 N(0, 0.02 / sqrt(2 L)) (GPT-2 / Megatron-LM's
+ * scaled init), norm weights 1. Each 2^20-element chunk draws from its own stream seeded by (seed,
+ * chunk), so the result does not depend on the thread count.
+ */
+static inline void llama_init_params(const LlamaConfig* c, float* params, uint64_t seed) {
+    size_t sizes[NUM_PARAM_TENSORS], offsets[NUM_PARAM_TENSORS];
+    param_sizes(c, sizes);
+    param_offsets(c, offsets);
+    float residual_std = INIT_STD / sqrtf(2.0f * (float)c->n_layers);
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        float* p = params + offsets[t];
+        if (!param_is_decayed(t)) {
+            for (size_t i = 0; i < sizes[t]; i++) p[i] = 1.0f;
+            continue;
+        }
+        float std = (t == P_WO || t == P_W2) ? residual_std : INIT_STD;
+        long long nchunks = (long long)ceil_div(sizes[t], INIT_CHUNK);
+#pragma omp parallel for schedule(static)
+        for (long long k = 0; k < nchunks; k++) {
+            Rng rng;
+            rng_seed(&rng, seed ^ ((uint64_t)(t + 1) << 56) ^ (uint64_t)k);
+            size_t begin = (size_t)k * INIT_CHUNK;
+            size_t end = begin + INIT_CHUNK < sizes[t] ? begin + INIT_CHUNK : sizes[t];
+            for (size_t i = begin; i < end; i++) p[i] = std * rng_normal(&rng);
+        }
+    }
+}

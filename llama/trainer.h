@@ -1,0 +1,355 @@
+/*
+ * The training program both builds run: arguments, model and data set-up, the step loop (validation,
+ * samples, checkpoints, gradient accumulation, clipping, AdamW, skip of non-finite steps), logging and
+ * exact resume. Included after a backend and llama/model.h; train_llama.c and train_llama.cu are this
+ * file plus a backend.
+ *
+ * Step k (0-based) of -x K: validation when k % -v == 0 or k == K; at k == K also the final checkpoint;
+ * then, for k < K, grad_accum_steps micro-steps of forward + backward, the global gradient norm, and
+ * the update. A step whose loss, gradient norm or FP8 amax is not finite is skipped (DESIGN.md 7).
+ */
+#pragma once
+
+#include <time.h>
+
+#include "checkpoint.h"
+#include "cli.h"
+#include "logger.h"
+#include "model.h"
+#include "../dataloader/dataloader.h"
+#include "../dataloader/tokenizer.h"
+
+typedef struct {
+    TrainArgs args;
+    LlamaConfig cfg;
+    int from_checkpoint;
+    int rank, world;
+    int grad_accum_steps;
+    int steps;
+    DataLoader train, val;
+    Llama model;
+    Tokenizer tokenizer;
+    Logger logger;
+    Rng sample_rng;
+    int step;               /* next step to run */
+    int consecutive_skips;
+    int total_skips;
+    int overfit_loaded;     /* -a 1: the one batch is in tr->train */
+} Trainer;
+
+static inline double wall_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* llm.c / PaLM (Chowdhery et al. 2022, appendix B) FLOPs per token of a training step: 6 N + 12 L C T. */
+static inline double flops_per_token(const LlamaConfig* c, int T) {
+    double n = (double)param_count(c) - (double)c->vocab_size * c->dim; /* the embedding lookup costs no FLOPs */
+    return 6.0 * n + 12.0 * c->n_layers * c->dim * (double)T;
+}
+
+static inline RunIdentity trainer_identity(const Trainer* tr) {
+    RunIdentity id;
+    memset(&id, 0, sizeof(id));
+    id.cfg = tr->cfg;
+    id.B = tr->args.B;
+    id.T = tr->args.T;
+    id.world = tr->world;
+    id.zero_stage = tr->args.zero_stage;
+    id.precision = tr->args.precision;
+    id.shuffle = tr->args.shuffle;
+    id.pow2_scales = tr->args.pow2_scales;
+    id.recompute = tr->args.recompute;
+    id.total_batch = (int64_t)tr->grad_accum_steps * tr->args.B * tr->args.T * tr->world;
+    id.seed = tr->args.seed;
+    return id;
+}
+
+/* Writes model_<step>.bin (rank 0), this rank's state_<step>_<rank>.bin, then DONE_<step>. */
+static inline void trainer_save(Trainer* tr) {
+    const char* dir = tr->args.output_dir;
+    Llama* m = &tr->model;
+    size_t P = m->num_params;
+    char path[PATH_LEN];
+    float* master = (float*)mallocCheck(P * sizeof(float));
+    float* am = (float*)mallocCheck(P * sizeof(float));
+    float* av = (float*)mallocCheck(P * sizeof(float));
+    llama_get_params(m, master);
+    dev_download(am, m->adam_m, P * sizeof(float));
+    dev_download(av, m->adam_v, P * sizeof(float));
+    if (tr->rank == 0) {
+        model_path(path, sizeof(path), dir, tr->step);
+        checkpoint_write(path, &tr->cfg, master);
+    }
+    TrainState s;
+    memset(&s, 0, sizeof(s));
+    s.step = tr->step;
+    s.rank = tr->rank;
+    s.consecutive_skips = tr->consecutive_skips;
+    s.total_skips = tr->total_skips;
+    s.data = dataloader_position(&tr->train);
+    s.sample_rng = tr->sample_rng;
+    s.id = trainer_identity(tr);
+    s.shard_begin = 0;
+    s.shard_count = P;
+    state_path(path, sizeof(path), dir, tr->step, tr->rank);
+    state_write(path, &s, am, av, master);
+    if (tr->rank == 0) checkpoint_mark_done(dir, tr->step);
+    printf("| checkpoint: step %d written to %s\n", tr->step, dir);
+    free(master);
+    free(am);
+    free(av);
+}
+
+/* Restores the newest complete checkpoint of -o (DONE marker) into the trainer. */
+static inline void trainer_resume(Trainer* tr) {
+    const char* dir = tr->args.output_dir;
+    int step = checkpoint_latest_step(dir);
+    if (step < 0) die("%s: no complete checkpoint (DONE_<step> marker) to resume from", dir);
+    Llama* m = &tr->model;
+    size_t P = m->num_params;
+    char path[PATH_LEN];
+    float* master = (float*)mallocCheck(P * sizeof(float));
+    float* am = (float*)mallocCheck(P * sizeof(float));
+    float* av = (float*)mallocCheck(P * sizeof(float));
+    TrainState s;
+    RunIdentity id = trainer_identity(tr);
+    state_path(path, sizeof(path), dir, step, tr->rank);
+    state_read(path, &s, &id, 0, P, am, av, master);
+    if (s.step != step || s.rank != tr->rank) die("%s: holds step %d rank %d, expected step %d rank %d", path, s.step, s.rank, step, tr->rank);
+    llama_set_params(m, master);
+    dev_upload(m->adam_m, am, P * sizeof(float));
+    dev_upload(m->adam_v, av, P * sizeof(float));
+    dataloader_restore(&tr->train, s.data);
+    tr->sample_rng = s.sample_rng;
+    tr->step = s.step;
+    tr->consecutive_skips = s.consecutive_skips;
+    tr->total_skips = s.total_skips;
+    printf("| resumed from %s at step %d\n", path, step);
+    free(master);
+    free(am);
+    free(av);
+}
+
+/* Mean loss over -m validation batches (all of them with -m -1). */
+static inline float trainer_val_loss(Trainer* tr) {
+    DataLoader* d = &tr->val;
+    long long available = dataloader_epoch_batches(d);
+    long long n = tr->args.val_batches < 0 || tr->args.val_batches > available ? available : tr->args.val_batches;
+    dataloader_reset(d);
+    double sum = 0.0;
+    for (long long i = 0; i < n; i++) {
+        dataloader_next_batch(d);
+        sum += llama_forward(&tr->model, d->inputs, d->targets, d->B, d->T, 0.0f);
+    }
+    return (float)(sum / (double)n);
+}
+
+/*
+ * Prints -g tokens sampled from the model after BOS (temperature 1), one forward of (1, T) per token;
+ * positions after the current one hold EOS and, attention being causal, do not affect it.
+ */
+static inline void trainer_sample(Trainer* tr) {
+    Llama* m = &tr->model;
+    int T = m->T, V = tr->cfg.vocab_size;
+    int* tokens = (int*)mallocCheck((size_t)T * sizeof(int));
+    float* logits = (float*)mallocCheck((size_t)V * sizeof(float));
+    for (int t = 0; t < T; t++) tokens[t] = LLAMA_EOS;
+    tokens[0] = LLAMA_BOS;
+    int n = tr->args.sample_tokens < T - 1 ? tr->args.sample_tokens : T - 1;
+    printf("| sample: ");
+    for (int t = 1; t <= n; t++) {
+        llama_forward(m, tokens, NULL, 1, T, 0.0f);
+        llama_logits_row(m, (size_t)t - 1, logits);
+        float maxv = -INFINITY;
+        for (int v = 0; v < V; v++) maxv = logits[v] > maxv ? logits[v] : maxv;
+        double sum = 0.0;
+        for (int v = 0; v < V; v++) sum += exp((double)(logits[v] - maxv));
+        double coin = (double)rng_uniform(&tr->sample_rng) * sum, cdf = 0.0;
+        int next = V - 1;
+        for (int v = 0; v < V; v++) {
+            cdf += exp((double)(logits[v] - maxv));
+            if (coin < cdf) {
+                next = v;
+                break;
+            }
+        }
+        tokens[t] = next;
+        tokenizer_print(&tr->tokenizer, tokens[t - 1], next);
+        fflush(stdout);
+    }
+    printf("\n");
+    free(tokens);
+    free(logits);
+}
+
+static void trainer_emit_fp8(void* ctx, int layer, const char* gemm, const char* operand, const char* format, float amax,
+                             float scale, double sat, double under) {
+    Trainer* tr = (Trainer*)ctx;
+    logger_fp8(&tr->logger, tr->step, layer, gemm, operand, format, amax, scale, sat, under);
+}
+
+/* Path of tokenizer.bin: --tokenizer, else beside the first train shard. */
+static inline void trainer_tokenizer_path(const Trainer* tr, char* out, size_t len) {
+    if (tr->args.tokenizer_path) {
+        snprintf(out, len, "%s", tr->args.tokenizer_path);
+        return;
+    }
+    const char* first = tr->train.paths[0];
+    const char* slash = strrchr(first, '/');
+    if (slash == NULL) snprintf(out, len, "tokenizer.bin");
+    else snprintf(out, len, "%.*s/tokenizer.bin", (int)(slash - first), first);
+}
+
+/* Parses arguments, loads the model and data, and prepares (or resumes) the run. */
+static inline void trainer_init(Trainer* tr, int argc, char** argv) {
+    memset(tr, 0, sizeof(*tr));
+    TrainArgs defaults = train_args_default();
+    tr->args = defaults;
+    if (train_args_parse(&tr->args, argc, argv)) {
+        train_args_usage(argv[0], &defaults);
+        exit(EXIT_SUCCESS);
+    }
+    TrainArgs* a = &tr->args;
+    train_args_check(a);
+    backend_init((Precision)a->precision);
+    tr->rank = 0;
+    tr->world = 1;
+
+    const LlamaConfig* preset = llama_preset(a->model);
+    if (preset != NULL) {
+        tr->cfg = *preset;
+    } else {
+        if (access(a->model, F_OK) != 0) die("flag -e: '%s' is neither a model preset (see --help) nor an existing checkpoint file", a->model);
+        checkpoint_read_config(a->model, &tr->cfg);
+        tr->from_checkpoint = 1;
+    }
+    if (a->n_layers > 0) {
+        if (tr->from_checkpoint) die("flag --n-layers: only applies to presets, not to the checkpoint %s", a->model);
+        tr->cfg.n_layers = a->n_layers;
+    }
+    llama_config_validate(&tr->cfg, a->B, a->T, (Precision)a->precision);
+
+    long long micro_tokens = (long long)a->B * a->T * tr->world;
+    long long total = a->total_batch < 0 ? micro_tokens : a->total_batch;
+    if (total <= 0 || total % micro_tokens != 0)
+        die("flag -d: total batch %lld tokens is not a positive multiple of B*T*ranks = %d*%d*%d = %lld", total, a->B, a->T,
+            tr->world, micro_tokens);
+    tr->grad_accum_steps = (int)(total / micro_tokens);
+
+    dataloader_init(&tr->train, a->train_pattern, a->B, a->T, tr->rank, tr->world, tr->cfg.vocab_size, a->shuffle, (uint64_t)a->seed);
+    dataloader_init(&tr->val, a->val_pattern, a->B, a->T, tr->rank, tr->world, tr->cfg.vocab_size, 0, (uint64_t)a->seed);
+    long long epoch_steps = dataloader_epoch_batches(&tr->train) / tr->grad_accum_steps;
+    tr->steps = a->steps > 0 ? a->steps : (int)(epoch_steps > 0 ? epoch_steps : 1);
+
+    printf("+-----------------------------------------------------------------------\n");
+    printf("| llm8 train_llama (%s build), precision %s\n", backend_name(), precision_name((Precision)a->precision));
+    llama_config_print(&tr->cfg);
+    printf("| model from: %s\n", a->model);
+    printf("| train: %s (%d shard(s), %zu tokens); val: %s (%zu tokens)\n", a->train_pattern, tr->train.num_shards,
+           dataloader_total_tokens(&tr->train), a->val_pattern, dataloader_total_tokens(&tr->val));
+    printf("| micro-batch %d x %d, %d rank(s), grad accumulation %d -> %lld tokens per step, %d steps\n", a->B, a->T,
+           tr->world, tr->grad_accum_steps, total, tr->steps);
+    printf("| lr %g (%s, warmup %d, final x%g), weight decay %g, clip %g, seed %lld\n", a->lr, a->schedule, a->warmup,
+           a->final_lr_frac, a->weight_decay, a->grad_clip, a->seed);
+
+    llama_build(&tr->model, &tr->cfg, (Precision)a->precision, a->B, a->T, a->pow2_scales, a->recompute);
+    float* params = (float*)mallocCheck(tr->model.num_params * sizeof(float));
+    if (tr->from_checkpoint) checkpoint_read_params(a->model, &tr->cfg, params);
+    else llama_init_params(&tr->cfg, params, (uint64_t)a->seed);
+    llama_set_params(&tr->model, params);
+    free(params);
+    printf("+-----------------------------------------------------------------------\n");
+
+    rng_seed(&tr->sample_rng, (uint64_t)a->seed ^ 0x73616d706c65ull);
+    if (a->resume) trainer_resume(tr);
+    if (tr->rank == 0) logger_init(&tr->logger, a->output_dir, a->resume);
+    char tok_path[PATH_LEN];
+    trainer_tokenizer_path(tr, tok_path, sizeof(tok_path));
+    if (a->sample_every > 0) tokenizer_init(&tr->tokenizer, tok_path);
+}
+
+/* One optimizer step (grad_accum_steps micro-steps and the update); prints and logs it. */
+static inline void trainer_step(Trainer* tr) {
+    TrainArgs* a = &tr->args;
+    Llama* m = &tr->model;
+    int stats_due = a->fp8_stats_every > 0 && tr->step % a->fp8_stats_every == 0;
+    if (stats_due) llama_fp8_stats_begin(m);
+    double t0 = wall_seconds();
+    llama_zero_grads(m);
+    float dloss = 1.0f / ((float)a->B * a->T * tr->grad_accum_steps);
+    double loss = 0.0;
+    for (int micro = 0; micro < tr->grad_accum_steps; micro++) {
+        if (!a->overfit || !tr->overfit_loaded) {
+            if (a->overfit) dataloader_reset(&tr->train);
+            dataloader_next_batch(&tr->train);
+            tr->overfit_loaded = 1;
+        }
+        loss += llama_forward(m, tr->train.inputs, tr->train.targets, a->B, a->T, dloss);
+        llama_backward(m);
+    }
+    loss /= tr->grad_accum_steps;
+    int bad;
+    float norm = llama_grad_norm(m, &bad);
+    char fp8_bad[128];
+    int fp8_nonfinite = llama_fp8_nonfinite(m, fp8_bad, sizeof(fp8_bad));
+    float lr = lr_at_step(a->schedule, a->lr, a->warmup, a->final_lr_frac, tr->step, tr->steps);
+    int skip = !isfinite(loss) || !isfinite(norm) || fp8_nonfinite;
+    if (!skip) {
+        llama_update(m, lr, a->weight_decay, tr->step - tr->total_skips, clip_factor(norm, a->grad_clip));
+        tr->consecutive_skips = 0;
+    } else {
+        tr->consecutive_skips++;
+        tr->total_skips++;
+        char name[128] = "none";
+        if (bad >= 0) llama_segment_name(m, bad, name, sizeof(name));
+        printf("step %d skipped: loss %f, grad norm %f, first non-finite gradient: %s, first non-finite FP8 operand: %s (%d in a row)\n",
+               tr->step + 1, (float)loss, norm, name, fp8_nonfinite ? fp8_bad : "none", tr->consecutive_skips);
+        if (tr->consecutive_skips >= a->max_skips)
+            die("%d consecutive steps with a non-finite loss, gradient or FP8 amax (--max-skips %d): stopping", tr->consecutive_skips, a->max_skips);
+    }
+    backend_synchronize();
+    double ms = (wall_seconds() - t0) * 1e3;
+    double tokens = (double)tr->grad_accum_steps * a->B * a->T * tr->world;
+    double tok_s = tokens / (ms / 1e3);
+    double peak = backend_peak_flops((Precision)a->precision);
+    double mfu = peak > 0.0 ? flops_per_token(&tr->cfg, a->T) * tok_s / (peak * tr->world) : 0.0;
+    if (stats_due) {
+        llama_fp8_stats_end(m, trainer_emit_fp8, tr);
+        logger_flush(&tr->logger);
+    }
+    printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s", tr->step + 1, tr->steps, (float)loss, lr,
+           norm, ms, tok_s);
+    if (mfu > 0.0) printf(" | MFU %.1f%%", 100.0 * mfu);
+    printf("\n");
+    logger_train(&tr->logger, tr->step, (float)loss, lr, norm, ms, tok_s, mfu, backend_memory_mib(), skip);
+    tr->step++;
+}
+
+/* The whole run. Returns the process exit status. */
+static inline int train_main(int argc, char** argv) {
+    Trainer* tr = (Trainer*)callocCheck(1, sizeof(Trainer));
+    trainer_init(tr, argc, argv);
+    TrainArgs* a = &tr->args;
+    int start = tr->step;
+    for (;;) {
+        int last = tr->step == tr->steps;
+        if (last || (a->val_every > 0 && tr->step % a->val_every == 0)) {
+            float val = trainer_val_loss(tr);
+            printf("val loss %.6f (step %d)\n", val, tr->step);
+            logger_val(&tr->logger, tr->step, val);
+        }
+        if (a->output_dir && tr->step > start && (last || (a->ckpt_every > 0 && tr->step % a->ckpt_every == 0))) trainer_save(tr);
+        if (a->sample_every > 0 && (last || tr->step % a->sample_every == 0)) trainer_sample(tr);
+        if (last) break;
+        trainer_step(tr);
+    }
+    logger_free(&tr->logger);
+    llama_free(&tr->model);
+    tokenizer_free(&tr->tokenizer);
+    dataloader_free(&tr->train);
+    dataloader_free(&tr->val);
+    free(tr);
+    return EXIT_SUCCESS;
+}

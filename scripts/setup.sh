@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs what llm8 needs and is missing, and says what it installs:
+#   Debian: OpenBLAS (CPU GEMMs, OpenMP build), OpenMPI (multi-rank launch), a C/C++ toolchain;
+#   PyPI:   numpy, sentencepiece (tokenizing), ml_dtypes (FP8 test reference), matplotlib (loss plots),
+#           safetensors (HF checkpoint interop), pytest, nvidia-cudnn-frontend (header-only cuDNN graph API).
+# The CUDA toolkit (nvcc, cuBLASLt, cuDNN, NCCL) is not installed here: the GPU build is skipped without
+# nvcc. Runs as root or through sudo. Set PYTHON to choose the interpreter (default python3).
+set -euo pipefail
+PYTHON=${PYTHON:-python3}
+
+if [ "$(id -u)" -eq 0 ]; then SUDO=""; elif command -v sudo >/dev/null; then SUDO="sudo"; else
+    echo "error: setup needs root or sudo to install Debian packages" >&2; exit 1; fi
+
+missing_apt=()
+have_header() { echo "#include <$1>" | ${CC:-gcc} -E -x c - >/dev/null 2>&1; }
+command -v gcc >/dev/null || missing_apt+=(build-essential)
+command -v g++ >/dev/null || missing_apt+=(g++)
+have_header cblas.h && ldconfig -p | grep -q libopenblas || missing_apt+=(libopenblas-openmp-dev)
+command -v mpirun >/dev/null || missing_apt+=(openmpi-bin libopenmpi-dev)
+if [ ${#missing_apt[@]} -gt 0 ]; then
+    if ! command -v apt-get >/dev/null; then
+        echo "error: missing ${missing_apt[*]} and no apt-get to install them; install them by hand" >&2; exit 1
+    fi
+    echo "setup: installing Debian packages: ${missing_apt[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing_apt[@]}"
+fi
+
+command -v "$PYTHON" >/dev/null || { echo "error: $PYTHON not found (install python3 and python3-pip)" >&2; exit 1; }
+missing_pip=()
+for spec in numpy:numpy sentencepiece:sentencepiece ml_dtypes:ml_dtypes matplotlib:matplotlib \
+            safetensors:safetensors pytest:pytest cudnn:nvidia-cudnn-frontend; do
+    module=${spec%%:*}; package=${spec#*:}
+    "$PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$module') is None)" 2>/dev/null ||
+        missing_pip+=("$package")
+done
+if [ ${#missing_pip[@]} -gt 0 ]; then
+    echo "setup: installing PyPI packages: ${missing_pip[*]}"
+    if ! "$PYTHON" -m pip --version >/dev/null 2>&1; then
+        echo "error: $PYTHON has no pip (apt-get install python3-pip)" >&2; exit 1
+    fi
+    # Debian's system Python refuses pip installs (PEP 668) unless told otherwise.
+    "$PYTHON" -m pip install -q "${missing_pip[@]}" 2>/dev/null ||
+        "$PYTHON" -m pip install -q --break-system-packages "${missing_pip[@]}"
+fi
+echo "setup: all dependencies present"
