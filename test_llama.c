@@ -1,22 +1,33 @@
 /*
  * test_llama_cpu: checks of the CPU reference build. It includes the trainer under TESTING and drives the
  * same model, optimizer, data and checkpoint code against independent references: HF transformers'
- * float64 run (dev/reference/), float64 GEMMs, and the FP8 format rules written out from the OCP spec.
- * `./test_llama_cpu --list` names the checks, `--only NAME` runs one; the FP8 codec is compared with
- * ml_dtypes by dev/test/test_fp8_codec.py through the --fp8-* tool modes below.
+ * float64 run (dev/reference/), float64 GEMMs, error bounds derived from the FP8 formats, and rules
+ * written out from the OCP FP8 spec. `./test_llama_cpu --list` names the checks, `--only NAME` runs one.
+ * Tool modes (--fp8-decode, --fp8-encode, --bf16-round, --fp8-scale) expose the codec and the scaling
+ * policy to dev/test/test_fp8_codec.py, which compares them with ml_dtypes.
+ * Random inputs are drawn from a fresh seed each run (printed; set LLM8_TEST_SEED to replay one).
  */
 #define TESTING
 #include "train_llama.c"
 #include "llama/reference_check.h"
 #include "llama/testing.h"
 
+static uint64_t g_seed;
+
+/* A generator for one check, seeded from the run's seed and the check's own salt. */
+static Rng test_rng(uint64_t salt) {
+    Rng r;
+    rng_seed(&r, g_seed ^ (salt * 0x9e3779b97f4a7c15ull));
+    return r;
+}
+
 /* ------------------------------------------------------------ HF reference */
 
 /*
  * Tolerances. fp32: our FP32 math against HF's float64, so errors are FP32 rounding (~1e-7 relative,
- * grown by sums over C and T). bf16: every stored activation is rounded to 8 mantissa bits (2^-9
+ * grown by sums over C and T). bf16: every stored activation is rounded to 8 significant bits (2^-9
  * relative), so logits and gradients carry ~1% error. fp8: the block's GEMM operands are rounded to
- * 3 (E4M3) / 2 (E5M2) mantissa bits (2^-4 / 2^-3 relative per element), so gradients carry ~10%.
+ * 4 (E4M3) / 3 (E5M2) significant bits (2^-4 / 2^-3 relative per element), so gradients carry ~10-20%.
  */
 static int check_reference_fp32(void) {
     RefTolerance tol = {1e-5, 1e-5, 1e-5, 1e-5};
@@ -33,10 +44,658 @@ static int check_reference_fp8(void) {
     return reference_check(PRECISION_FP8, tol);
 }
 
+/* ------------------------------------------------------------ FP8 scaling policy */
+
+static int has_nan_code(const uint8_t* codes, size_t n, Fp8Format f) {
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = codes[i] & 0x7f;
+        if (f == FP8_E4M3 ? c == 0x7f : c > 0x7c) return 1;
+    }
+    return 0;
+}
+
+/* Casts x (rows, cols) with the policy; returns the codes (malloc'd) and fills *s. */
+static uint8_t* policy_cast(const float* x, size_t rows, size_t cols, Fp8Format f, int pow2, Fp8Scale* s) {
+    uint8_t* codes = (uint8_t*)mallocCheck(rows * cols);
+    memset(codes, 0x7f, rows * cols); /* poison: a NaN code in both formats */
+    op_amax(s, x, rows * cols);
+    op_cast_transpose(codes, NULL, x, rows, cols, f, s, pow2, NULL);
+    return codes;
+}
+
+static int check_fp8_scale_policy(void) {
+    int failures = 0;
+    enum { R = 4, K = 32 };
+    float x[R * K];
+    Rng rng = test_rng(1);
+    for (int fmt = 0; fmt < 2; fmt++) {
+        Fp8Format f = (Fp8Format)fmt;
+        float fmax = f == FP8_E4M3 ? 448.0f : 57344.0f;
+        Fp8Scale s;
+        /* all zeros: scale 1, zero codes, not flagged */
+        memset(x, 0, sizeof(x));
+        uint8_t* c = policy_cast(x, R, K, f, 0, &s);
+        if (s.scale != 1.0f || s.scale_inv != 1.0f || !fp8_amax_is_finite(s.amax)) failures += fail("%s all-zero: scale %g", fp8_format_name(f), s.scale);
+        for (int i = 0; i < R * K; i++) if (!fp8_is_zero(c[i])) { failures += fail("%s all-zero: non-zero code", fp8_format_name(f)); break; }
+        free(c);
+        /* one zero row: scale = fmax / amax, the largest element lands exactly on +-max, zeros stay 0 */
+        for (int i = 0; i < R * K; i++) x[i] = (rng_uniform(&rng) * 2.0f - 1.0f) * 3.0f;
+        for (int j = 0; j < K; j++) x[2 * K + j] = 0.0f;
+        float amax = 0.0f;
+        int arg = 0;
+        for (int i = 0; i < R * K; i++) if (fabsf(x[i]) > amax) { amax = fabsf(x[i]); arg = i; }
+        c = policy_cast(x, R, K, f, 0, &s);
+        if (s.amax != amax || s.scale != fmax / amax) failures += fail("%s zero row: amax %g scale %g, want %g %g", fp8_format_name(f), s.amax, s.scale, amax, fmax / amax);
+        if (!fp8_is_max(c[arg], f)) failures += fail("%s zero row: largest element code 0x%02x is not +-max", fp8_format_name(f), c[arg]);
+        for (int j = 0; j < K; j++) if (!fp8_is_zero(c[2 * K + j])) { failures += fail("%s zero row: zero row not cast to 0", fp8_format_name(f)); break; }
+        if (has_nan_code(c, R * K, f)) failures += fail("%s zero row: NaN code", fp8_format_name(f));
+        free(c);
+        /* pow2: a power of two in (fmax / amax / 2, fmax / amax] */
+        c = policy_cast(x, R, K, f, 1, &s);
+        int e;
+        float m = frexpf(s.scale, &e);
+        if (m != 0.5f || s.scale > fmax / amax || 2.0f * s.scale <= fmax / amax) failures += fail("%s pow2: scale %g for fmax/amax %g", fp8_format_name(f), s.scale, fmax / amax);
+        free(c);
+        /* only a subnormal float32 non-zero: fmax / amax overflows, the scale clamps to FLT_MAX (finite) */
+        memset(x, 0, sizeof(x));
+        x[5] = 1e-40f;
+        c = policy_cast(x, R, K, f, 0, &s);
+        if (s.scale != FLT_MAX || !isfinite(s.scale_inv)) failures += fail("%s subnormal: scale %g (want FLT_MAX)", fp8_format_name(f), s.scale);
+        if (fp8_is_zero(c[5]) || has_nan_code(c, R * K, f)) failures += fail("%s subnormal: code 0x%02x", fp8_format_name(f), c[5]);
+        free(c);
+        /* NaN and Inf: amax not finite (flagged), no NaN code reaches the GEMM */
+        for (int i = 0; i < R * K; i++) x[i] = rng_uniform(&rng) - 0.5f;
+        x[7] = NAN;
+        c = policy_cast(x, R, K, f, 0, &s);
+        if (fp8_amax_is_finite(s.amax)) failures += fail("%s NaN: amax %g not flagged", fp8_format_name(f), s.amax);
+        if (has_nan_code(c, R * K, f)) failures += fail("%s NaN: a NaN code reached the GEMM operand", fp8_format_name(f));
+        free(c);
+        x[7] = -INFINITY;
+        c = policy_cast(x, R, K, f, 0, &s);
+        if (fp8_amax_is_finite(s.amax)) failures += fail("%s Inf: amax %g not flagged", fp8_format_name(f), s.amax);
+        if (has_nan_code(c, R * K, f) || !fp8_is_max(c[7], f) || !(c[7] & 0x80)) failures += fail("%s Inf: code 0x%02x, want -max", fp8_format_name(f), c[7]);
+        free(c);
+    }
+    return failures != 0;
+}
+
+/* A NaN weight is invisible to the FP8 GEMM (cast to 0) but must be flagged through its amax. */
+static int check_fp8_nonfinite_flagged(void) {
+    LlamaConfig cfg;
+    checkpoint_read_config(REF_MODEL_PATH, &cfg);
+    RefState r;
+    ref_state_read(&r, REF_STATE_PATH, &cfg);
+    backend_init(PRECISION_FP8);
+    Llama m;
+    llama_build(&m, &cfg, PRECISION_FP8, r.B, r.T, 0, 0);
+    float* params = (float*)mallocCheck(m.num_params * sizeof(float));
+    checkpoint_read_params(REF_MODEL_PATH, &cfg, params);
+    size_t offsets[NUM_PARAM_TENSORS];
+    param_offsets(&cfg, offsets);
+    params[offsets[P_WO] + (size_t)cfg.dim * cfg.dim + 17] = NAN; /* wo of layer 1 */
+    llama_set_params(&m, params);
+    float loss = llama_forward(&m, r.inputs, r.targets, r.B, r.T, 1.0f / (r.B * r.T));
+    char what[128];
+    int failures = 0;
+    if (!llama_fp8_nonfinite(&m, what, sizeof(what))) failures += fail("NaN in wo[layer 1] not flagged (loss %f)", loss);
+    else if (strcmp(what, "wo[layer 1] W") != 0) failures += fail("flagged '%s', want 'wo[layer 1] W'", what);
+    else printf("    loss %f stays finite; flagged operand: %s\n", loss, what);
+    /* and a NaN gradient is named by its tensor and layer */
+    llama_zero_grads(&m);
+    float nan = NAN;
+    size_t at = offsets[P_W13] + (size_t)2 * cfg.ffn_dim * cfg.dim + 3; /* w13 of layer 1 */
+    dev_upload(m.grads_memory + at, &nan, sizeof(float));
+    int bad;
+    float norm = llama_grad_norm(&m, &bad);
+    char name[64] = "none";
+    if (bad >= 0) llama_segment_name(&m, bad, name, sizeof(name));
+    if (isfinite(norm) || strcmp(name, "w13[layer 1]") != 0) failures += fail("NaN gradient: norm %f, named '%s', want w13[layer 1]", norm, name);
+    free(params);
+    llama_free(&m);
+    ref_state_free(&r);
+    return failures != 0;
+}
+
+/* ------------------------------------------------------------ FP8 GEMM */
+
+/* Quantization error bound of one value: half an ULP at its binade, at least half the smallest subnormal. */
+static double fp8_error_bound(double v, double scale, Fp8Format f) {
+    double u = f == FP8_E4M3 ? 0x1p-4 : 0x1p-3;          /* half ULP relative: 2^-(mantissa bits + 1) */
+    double h = (f == FP8_E4M3 ? 0x1p-9 : 0x1p-16) / 2.0; /* half the smallest subnormal */
+    double e = fabs(v) * u;
+    return (e > h / scale ? e : h / scale);
+}
+
+/*
+ * The emulated FP8 GEMM (TN, FP32 out) against a float64 GEMM of the dequantized operands: equal to FP32
+ * accumulation error. And against the float64 GEMM of the unquantized inputs: within the bound the two
+ * formats' precision implies, sum_k (e_a |b| + |a| e_b + e_a e_b) (+ the FP32 term).
+ */
+static int gemm_case(Fp8Format fb, int m, int n, int k, Rng* rng) {
+    float* a = (float*)mallocCheck((size_t)m * k * sizeof(float));
+    float* b = (float*)mallocCheck((size_t)n * k * sizeof(float));
+    for (size_t i = 0; i < (size_t)m * k; i++) a[i] = rng_normal(rng) * 0.05f;
+    for (size_t i = 0; i < (size_t)n * k; i++) b[i] = rng_normal(rng) * (fb == FP8_E5M2 ? 1e-4f : 2.0f);
+    a[3] = 0.0f;
+    b[5] = 3e-9f; /* a value that underflows: the subnormal term of the bound must cover it */
+    Fp8Scale sa, sb;
+    uint8_t* qa = policy_cast(a, (size_t)m, (size_t)k, FP8_E4M3, 0, &sa);
+    uint8_t* qb = policy_cast(b, (size_t)n, (size_t)k, fb, 0, &sb);
+    float* d = (float*)mallocCheck((size_t)m * n * sizeof(float));
+    for (size_t i = 0; i < (size_t)m * n; i++) d[i] = NAN;
+    op_gemm(d, DT_F32, qa, DT_E4M3, 1, qb, fb == FP8_E4M3 ? DT_E4M3 : DT_E5M2, 0, m, n, k, &sa.scale_inv, &sb.scale_inv, 0, 1);
+    int failures = 0;
+    double worst_deq = 0.0, worst_q = 0.0, max_q_err = 0.0;
+    for (int i = 0; i < m; i++) {
+        for (int j = 0; j < n; j++) {
+            double ref = 0.0, abs_sum = 0.0, exact = 0.0, bound = 0.0;
+            for (int p = 0; p < k; p++) {
+                double av = fp8_to_float(qa[(size_t)i * k + p], FP8_E4M3) * (double)sa.scale_inv;
+                double bv = fp8_to_float(qb[(size_t)j * k + p], fb) * (double)sb.scale_inv;
+                double ar = a[(size_t)i * k + p], br = b[(size_t)j * k + p];
+                ref += av * bv;
+                abs_sum += fabs(av * bv);
+                exact += ar * br;
+                double ea = fp8_error_bound(ar, sa.scale, FP8_E4M3), eb = fp8_error_bound(br, sb.scale, fb);
+                bound += ea * fabs(br) + fabs(ar) * eb + ea * eb;
+            }
+            double got = d[(size_t)j * m + i]; /* D is column-major (m, n) */
+            double fp32_bound = (k + 2) * 0x1p-24 * abs_sum;
+            double deq_err = fabs(got - ref);
+            if (!(deq_err <= fp32_bound) && failures < 3) failures += fail("D[%d,%d] = %.9g vs float64 %.9g of the dequantized operands (bound %.3g)", i, j, got, ref, fp32_bound);
+            double q_err = fabs(got - exact);
+            if (!(q_err <= bound + fp32_bound) && failures < 3) failures += fail("D[%d,%d]: error %.3g vs the unquantized GEMM exceeds the FP8 bound %.3g", i, j, q_err, bound + fp32_bound);
+            if (fp32_bound > 0 && deq_err / fp32_bound > worst_deq) worst_deq = deq_err / fp32_bound;
+            if (bound > 0 && q_err / bound > worst_q) worst_q = q_err / bound;
+            if (q_err > max_q_err) max_q_err = q_err;
+        }
+    }
+    printf("    E4M3 x %s (m %d, n %d, k %d): error vs dequantized float64 <= %.2f of the FP32 bound; vs unquantized <= %.2f of the FP8 bound (max %.3g)\n",
+           fp8_format_name(fb), m, n, k, worst_deq, worst_q, max_q_err);
+    if (max_q_err == 0.0) failures += fail("quantization changed nothing: the inputs do not exercise FP8 rounding");
+    free(a);
+    free(b);
+    free(qa);
+    free(qb);
+    free(d);
+    return failures;
+}
+
+static int check_fp8_gemm(void) {
+    backend_init(PRECISION_FP32);
+    Rng rng = test_rng(2);
+    int failures = 0;
+    failures += gemm_case(FP8_E4M3, 48, 32, 96, &rng);
+    failures += gemm_case(FP8_E5M2, 32, 64, 160, &rng);
+    /* the shape and layout rules cuBLASLt imposes are rejected, naming what is wrong */
+    char why[256];
+    struct { DType a; int ta; DType b; int tb; int m, n, k; const char* expect; } bad[] = {
+        {DT_E4M3, 1, DT_E4M3, 0, 100, 32, 32, "m = 100"},
+        {DT_E4M3, 1, DT_E4M3, 0, 32, 40, 32, "n = 40"},
+        {DT_E4M3, 1, DT_E5M2, 0, 32, 32, 8, "k = 8"},
+        {DT_E4M3, 0, DT_E4M3, 0, 32, 32, 32, "TN layout"},
+        {DT_E5M2, 1, DT_E5M2, 0, 32, 32, 32, "E5M2 x E5M2"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        if (!gemm_check(bad[i].a, bad[i].ta, bad[i].b, bad[i].tb, bad[i].m, bad[i].n, bad[i].k, why, sizeof(why)) || strstr(why, bad[i].expect) == NULL)
+            failures += fail("bad GEMM %zu not rejected with '%s' (got '%s')", i, bad[i].expect, why);
+    }
+    if (gemm_check(DT_E4M3, 1, DT_E5M2, 0, 32, 48, 64, why, sizeof(why))) failures += fail("valid FP8 GEMM rejected: %s", why);
+    return failures != 0;
+}
+
+/* The cast-transpose writes both layouts of the same codes, and its statistics count them right. */
+static int check_cast_transpose(void) {
+    backend_init(PRECISION_FP32);
+    Rng rng = test_rng(3);
+    size_t rows = 48, cols = 80;
+    float* x = (float*)mallocCheck(rows * cols * sizeof(float));
+    for (size_t i = 0; i < rows * cols; i++) x[i] = rng_normal(&rng) * (i % 7 == 0 ? 1e-7f : 1.0f);
+    x[11] = 0.0f;
+    int failures = 0;
+    for (int fmt = 0; fmt < 2; fmt++) {
+        Fp8Format f = (Fp8Format)fmt;
+        uint8_t* out = (uint8_t*)mallocCheck(rows * cols);
+        uint8_t* out_t = (uint8_t*)mallocCheck(rows * cols);
+        memset(out, 0x7f, rows * cols);
+        memset(out_t, 0x7f, rows * cols);
+        Fp8Scale s;
+        Fp8Counts k = {0, 0, 0, 0};
+        op_amax(&s, x, rows * cols);
+        op_cast_transpose(out, out_t, x, rows, cols, f, &s, 0, &k);
+        unsigned long long sat = 0, under = 0, nonzero = 0;
+        for (size_t i = 0; i < rows; i++) {
+            for (size_t j = 0; j < cols; j++) {
+                float v = x[i * cols + j];
+                uint8_t want = fp8_from_float(v * s.scale, f);
+                if (out[i * cols + j] != want || out_t[j * rows + i] != want) {
+                    failures += fail("%s code (%zu, %zu): 0x%02x / 0x%02x, want 0x%02x", fp8_format_name(f), i, j, out[i * cols + j], out_t[j * rows + i], want);
+                    i = rows;
+                    break;
+                }
+                sat += fp8_is_max(want, f);
+                nonzero += v != 0.0f;
+                under += v != 0.0f && fp8_is_zero(want);
+            }
+        }
+        if (k.saturated != sat || k.underflow != under || k.nonzero != nonzero || k.count != rows * cols)
+            failures += fail("%s counts %llu/%llu/%llu/%llu, want %llu/%llu/%llu/%zu", fp8_format_name(f), k.saturated, k.underflow, k.nonzero, k.count, sat, under, nonzero, rows * cols);
+        if (f == FP8_E4M3 && under == 0) failures += fail("the input has no underflow to count");
+        printf("    %s: saturated %llu, underflow %llu of %llu non-zero\n", fp8_format_name(f), sat, under, nonzero);
+        free(out);
+        free(out_t);
+    }
+    free(x);
+    return failures != 0;
+}
+
+/* BF16 rounding cases written out from IEEE 754 round-to-nearest-even on 8 significant bits. */
+static int check_bf16_round(void) {
+    struct { float in, want; } cases[] = {
+        {1.0f, 1.0f},
+        {1.0f + 0x1p-8f, 1.0f},                     /* tie, even is 1.0 */
+        {1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-6f},       /* tie, rounds up to even */
+        {1.0f + 0x1p-8f + 0x1p-20f, 1.0f + 0x1p-7f}, /* above the tie */
+        {-2.5f, -2.5f},
+        {FLT_MAX, INFINITY},                         /* rounds past the largest BF16 */
+        {0x1p-130f, 0x1p-130f},                      /* subnormal, exactly representable */
+        {INFINITY, INFINITY},
+    };
+    int failures = 0;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        float got = bf16_round(cases[i].in);
+        if (got != cases[i].want) failures += fail("bf16_round(%a) = %a, want %a", cases[i].in, got, cases[i].want);
+    }
+    if (!isnan(bf16_round(NAN))) failures += fail("bf16_round(NaN) is not NaN");
+    return failures != 0;
+}
+
+/* ------------------------------------------------------------ model-level checks */
+
+/* Builds the reference model in precision p with micro-batch (B, T) and returns its gradient after
+   accumulating `micro` micro-batches that split the reference batch by rows. */
+static float* reference_gradient(Precision p, int micro, int recompute) {
+    LlamaConfig cfg;
+    checkpoint_read_config(REF_MODEL_PATH, &cfg);
+    RefState r;
+    ref_state_read(&r, REF_STATE_PATH, &cfg);
+    backend_init(p);
+    Llama m;
+    int Bm = r.B / micro;
+    llama_build(&m, &cfg, p, Bm, r.T, 0, recompute);
+    float* params = (float*)mallocCheck(m.num_params * sizeof(float));
+    checkpoint_read_params(REF_MODEL_PATH, &cfg, params);
+    llama_set_params(&m, params);
+    llama_zero_grads(&m);
+    for (int k = 0; k < micro; k++) {
+        size_t off = (size_t)k * Bm * r.T;
+        llama_forward(&m, r.inputs + off, r.targets + off, Bm, r.T, 1.0f / (float)(r.B * r.T));
+        llama_backward(&m);
+    }
+    dev_download(params, m.grads_memory, m.num_params * sizeof(float));
+    llama_free(&m);
+    ref_state_free(&r);
+    return params;
+}
+
+/* Two micro-batches of B/2 accumulate the gradient of one batch of B (fp32: to FP32 rounding). */
+static int check_grad_accumulation(void) {
+    float* one = reference_gradient(PRECISION_FP32, 1, 0);
+    float* two = reference_gradient(PRECISION_FP32, 2, 0);
+    LlamaConfig cfg;
+    checkpoint_read_config(REF_MODEL_PATH, &cfg);
+    ErrorStats e = error_stats(two, one, param_count(&cfg));
+    printf("    accumulated vs single batch: relative L2 %.3e, max abs %.3e\n", e.rel_l2, e.max_abs);
+    free(one);
+    free(two);
+    return e.nonfinite || e.rel_l2 > 1e-6 ? fail("accumulated gradient differs: relative L2 %.3e", e.rel_l2) : 0;
+}
+
+/* -r 1 rebuilds the norm and SwiGLU outputs with the same ops: the gradient is bit-identical. */
+static int check_recompute_identical(void) {
+    float* kept = reference_gradient(PRECISION_BF16, 1, 0);
+    float* recomputed = reference_gradient(PRECISION_BF16, 1, 1);
+    LlamaConfig cfg;
+    checkpoint_read_config(REF_MODEL_PATH, &cfg);
+    int same = memcmp(kept, recomputed, param_count(&cfg) * sizeof(float)) == 0;
+    free(kept);
+    free(recomputed);
+    return same ? 0 : fail("bf16 gradient with -r 1 differs from -r 0");
+}
+
+/*
+ * Save -> load -> continue: 3 AdamW steps, a checkpoint and training state written with the trainer's
+ * functions, 3 more steps; then a fresh model restored from the files runs the same 3 steps. Losses and
+ * final weights must be bit-identical (fp8 mode: the FP8 copies and scales are rebuilt from the master
+ * weights, current scaling has no history).
+ */
+static int check_resume_bit_identical(void) {
+    LlamaConfig cfg;
+    checkpoint_read_config(REF_MODEL_PATH, &cfg);
+    RefState r;
+    ref_state_read(&r, REF_STATE_PATH, &cfg);
+    backend_init(PRECISION_FP8);
+    size_t P = param_count(&cfg), N = (size_t)r.B * r.T;
+    float* params = (float*)mallocCheck(P * sizeof(float));
+    float* am = (float*)mallocCheck(P * sizeof(float));
+    float* av = (float*)mallocCheck(P * sizeof(float));
+    checkpoint_read_params(REF_MODEL_PATH, &cfg, params);
+    char dir[] = "/tmp/llm8_resume_XXXXXX";
+    if (mkdtemp(dir) == NULL) die("mkdtemp failed");
+    char model_file[PATH_LEN], state_file[PATH_LEN];
+    model_path(model_file, sizeof(model_file), dir, 3);
+    state_path(state_file, sizeof(state_file), dir, 3, 0);
+    RunIdentity id;
+    memset(&id, 0, sizeof(id));
+    id.cfg = cfg;
+    id.B = r.B;
+    id.T = r.T;
+    id.precision = PRECISION_FP8;
+    float losses[2][3];
+    float* final_weights[2];
+    for (int run = 0; run < 2; run++) {
+        Llama m;
+        llama_build(&m, &cfg, PRECISION_FP8, r.B, r.T, 0, 0);
+        llama_set_params(&m, params);
+        int start = 0;
+        if (run == 1) {
+            LlamaConfig c2;
+            checkpoint_read_config(model_file, &c2);
+            float* master = (float*)mallocCheck(P * sizeof(float));
+            TrainState s;
+            state_read(state_file, &s, &id, 0, P, am, av, master);
+            llama_set_params(&m, master);
+            dev_upload(m.adam_m, am, P * sizeof(float));
+            dev_upload(m.adam_v, av, P * sizeof(float));
+            start = s.step;
+            free(master);
+        }
+        for (int step = start; step < 6; step++) {
+            llama_zero_grads(&m);
+            float l = llama_forward(&m, r.inputs, r.targets, r.B, r.T, 1.0f / (float)N);
+            llama_backward(&m);
+            int bad;
+            float norm = llama_grad_norm(&m, &bad);
+            llama_update(&m, r.lr, r.weight_decay, step, clip_factor(norm, r.clip));
+            if (step >= 3) losses[run][step - 3] = l;
+            if (run == 0 && step == 2) {
+                TrainState s;
+                memset(&s, 0, sizeof(s));
+                s.step = 3;
+                s.id = id;
+                s.shard_count = P;
+                float* master = (float*)mallocCheck(P * sizeof(float));
+                llama_get_params(&m, master);
+                dev_download(am, m.adam_m, P * sizeof(float));
+                dev_download(av, m.adam_v, P * sizeof(float));
+                checkpoint_write(model_file, &cfg, master);
+                state_write(state_file, &s, am, av, master);
+                free(master);
+            }
+        }
+        final_weights[run] = (float*)mallocCheck(P * sizeof(float));
+        llama_get_params(&m, final_weights[run]);
+        llama_free(&m);
+    }
+    int failures = 0;
+    for (int i = 0; i < 3; i++) {
+        printf("    step %d: uninterrupted %.9g, resumed %.9g\n", i + 3, losses[0][i], losses[1][i]);
+        if (memcmp(&losses[0][i], &losses[1][i], sizeof(float)) != 0) failures += fail("step %d loss differs after resume", i + 3);
+    }
+    if (memcmp(final_weights[0], final_weights[1], P * sizeof(float)) != 0) failures += fail("final weights differ after resume");
+    remove(model_file);
+    remove(state_file);
+    rmdir(dir);
+    free(final_weights[0]);
+    free(final_weights[1]);
+    free(params);
+    free(am);
+    free(av);
+    ref_state_free(&r);
+    return failures != 0;
+}
+
+/* Checkpoint write -> read gives the same config and bit-identical parameters. */
+static int check_checkpoint_roundtrip(void) {
+    const LlamaConfig* cfg = llama_preset("tiny");
+    size_t P = param_count(cfg);
+    float* a = (float*)mallocCheck(P * sizeof(float));
+    float* b = (float*)mallocCheck(P * sizeof(float));
+    Rng rng = test_rng(4);
+    for (size_t i = 0; i < P; i++) a[i] = rng_normal(&rng);
+    char path[] = "/tmp/llm8_ckpt_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) die("mkstemp failed");
+    close(fd);
+    checkpoint_write(path, cfg, a);
+    LlamaConfig got;
+    checkpoint_read_config(path, &got);
+    for (size_t i = 0; i < P; i++) b[i] = NAN;
+    checkpoint_read_params(path, &got, b);
+    int failures = 0;
+    if (memcmp(&got, cfg, sizeof(got)) != 0) failures += fail("config differs after round trip");
+    if (memcmp(a, b, P * sizeof(float)) != 0) failures += fail("parameters differ after round trip");
+    remove(path);
+    free(a);
+    free(b);
+    return failures != 0;
+}
+
+/* ------------------------------------------------------------ data */
+
+/* Writes a version-1 shard whose token at position i is `base + i` (so a token names its position). */
+static void write_position_shard(const char* path, int n, int base) {
+    FILE* f = fopenCheck(path, "wb");
+    int32_t h[SHARD_HEADER_INTS];
+    memset(h, 0, sizeof(h));
+    h[0] = SHARD_MAGIC;
+    h[1] = 1;
+    h[2] = n;
+    fwriteCheck(h, sizeof(int32_t), SHARD_HEADER_INTS, f, path);
+    for (int i = 0; i < n; i++) {
+        uint16_t t = (uint16_t)(base + i);
+        fwriteCheck(&t, 2, 1, f, path);
+    }
+    fcloseCheck(f, path);
+}
+
+/*
+ * Three ranks read one epoch of three shards of different sizes, shuffled or not: no sample is read
+ * twice, no two ranks read the same sample, every sample but the < B*world left at a shard's end is
+ * read, all ranks switch shards at the same step, and targets are inputs shifted by one.
+ */
+static int check_dataloader_ranks(void) {
+    enum { WORLD = 3, B = 2, T = 8 };
+    int sizes[3] = {1000, 433, 200};
+    int base[3] = {0, 10000, 20000};
+    char dir[] = "/tmp/llm8_data_XXXXXX";
+    if (mkdtemp(dir) == NULL) die("mkdtemp failed");
+    char path[PATH_LEN], pattern[PATH_LEN];
+    for (int s = 0; s < 3; s++) {
+        snprintf(path, sizeof(path), "%s/shard_%d.bin", dir, s);
+        write_position_shard(path, sizes[s], base[s]);
+    }
+    snprintf(pattern, sizeof(pattern), "%s/shard_*.bin", dir);
+    int failures = 0;
+    for (int shuffle = 0; shuffle < 2; shuffle++) {
+        DataLoader d[WORLD];
+        for (int r = 0; r < WORLD; r++) dataloader_init(&d[r], pattern, B, T, r, WORLD, 65535, shuffle, g_seed);
+        long long steps = dataloader_epoch_batches(&d[0]);
+        long long expected_samples = 0;
+        for (int s = 0; s < 3; s++) expected_samples += (long long)((sizes[s] - 1) / T / (B * WORLD)) * B * WORLD;
+        char* seen = (char*)callocCheck(30000, 1);
+        long long samples = 0;
+        for (long long step = 0; step < steps; step++) {
+            int shard0 = -1;
+            for (int r = 0; r < WORLD; r++) {
+                dataloader_next_batch(&d[r]);
+                int shard = d[r].shard_order[d[r].shard];
+                if (r == 0) shard0 = shard;
+                else if (shard != shard0) failures += fail("step %lld: rank %d reads shard %d, rank 0 shard %d", step, r, shard, shard0);
+                for (int b = 0; b < B; b++) {
+                    int first = d[r].inputs[b * T];
+                    int pos = first - base[shard];
+                    if (pos % T != 0) failures += fail("sample starts at position %d, not a multiple of T", pos);
+                    if (seen[first]) failures += fail("sample at token %d read twice (rank %d, step %lld)", first, r, step);
+                    seen[first] = 1;
+                    samples++;
+                    for (int t = 0; t < T; t++) {
+                        if (d[r].inputs[b * T + t] != first + t || d[r].targets[b * T + t] != first + t + 1) {
+                            failures += fail("inputs/targets of a sample are not consecutive positions");
+                            break;
+                        }
+                    }
+                }
+                if (failures > 5) break;
+            }
+        }
+        if (samples != expected_samples) failures += fail("shuffle %d: %lld samples read in an epoch, want %lld", shuffle, samples, expected_samples);
+        /* the next batch starts epoch 1 on every rank */
+        for (int r = 0; r < WORLD; r++) {
+            dataloader_next_batch(&d[r]);
+            if (d[r].epoch != 1) failures += fail("rank %d did not start epoch 1 after %lld steps", r, steps);
+        }
+        printf("    shuffle %d: %lld steps, %lld samples, epoch boundary on every rank\n", shuffle, steps, samples);
+        free(seen);
+        for (int r = 0; r < WORLD; r++) dataloader_free(&d[r]);
+    }
+    /* restoring a saved position continues with the same batches */
+    DataLoader a, b;
+    dataloader_init(&a, pattern, B, T, 1, WORLD, 65535, 1, g_seed);
+    dataloader_init(&b, pattern, B, T, 1, WORLD, 65535, 1, g_seed);
+    for (int i = 0; i < 23; i++) dataloader_next_batch(&a);
+    DataLoaderPosition p = dataloader_position(&a);
+    dataloader_restore(&b, p);
+    for (int i = 0; i < 40; i++) {
+        dataloader_next_batch(&a);
+        dataloader_next_batch(&b);
+        if (memcmp(a.inputs, b.inputs, sizeof(int) * B * T) != 0) {
+            failures += fail("batch %d after restore differs", i);
+            break;
+        }
+    }
+    dataloader_free(&a);
+    dataloader_free(&b);
+    for (int s = 0; s < 3; s++) {
+        snprintf(path, sizeof(path), "%s/shard_%d.bin", dir, s);
+        remove(path);
+    }
+    rmdir(dir);
+    return failures != 0;
+}
+
+/* ------------------------------------------------------------ schedule */
+
+static int check_lr_schedule(void) {
+    const double lr = 3e-4, frac = 0.1;
+    const int warmup = 10, total = 110;
+    int failures = 0;
+    for (int step = 0; step < total; step++) {
+        double want;
+        if (step < warmup) want = lr * (step + 1) / warmup;
+        else want = lr * frac + 0.5 * (1 + cos(3.14159265358979323846 * (step - warmup) / (double)(total - warmup - 1))) * (lr - lr * frac);
+        float got = lr_at_step("cosine", (float)lr, warmup, (float)frac, step, total);
+        if (fabs(got - want) > 1e-6 * lr) failures += fail("cosine step %d: %g, want %g", step, got, want);
+        double lin = step < warmup ? want : lr * frac + (1.0 - (step - warmup) / (double)(total - warmup - 1)) * (lr - lr * frac);
+        got = lr_at_step("linear", (float)lr, warmup, (float)frac, step, total);
+        if (fabs(got - lin) > 1e-6 * lr) failures += fail("linear step %d: %g, want %g", step, got, lin);
+        if (failures > 3) break;
+    }
+    return failures != 0;
+}
+
+/* ------------------------------------------------------------ tool modes for the Python tests */
+
+static float* read_floats(const char* path, size_t* n) {
+    FILE* f = fopenCheck(path, "rb");
+    *n = file_size(f, path) / sizeof(float);
+    float* x = (float*)mallocCheck(*n * sizeof(float));
+    freadCheck(x, sizeof(float), *n, f, path);
+    fcloseCheck(f, path);
+    return x;
+}
+
+static void write_bytes(const char* path, const void* data, size_t bytes) {
+    FILE* f = fopenCheck(path, "wb");
+    fwriteCheck(data, 1, bytes, f, path);
+    fcloseCheck(f, path);
+}
+
+static Fp8Format parse_format(const char* s) {
+    if (strcmp(s, "e4m3") == 0) return FP8_E4M3;
+    if (strcmp(s, "e5m2") == 0) return FP8_E5M2;
+    die("unknown FP8 format '%s' (e4m3 | e5m2)", s);
+}
+
+/*
+ * --fp8-decode FMT OUT: the 256 codes' values (float32); --fp8-encode FMT SCALE IN OUT: fp8_quantize
+ * of each float32 of IN; --bf16-round IN OUT; --fp8-scale FMT POW2 IN OUT: for each amax in IN, the
+ * (scale, scale_inv, finite flag) the policy gives. Returns -1 when argv is not a tool call.
+ */
+static int tool_main(int argc, char** argv) {
+    if (argc < 2) return -1;
+    size_t n;
+    if (strcmp(argv[1], "--fp8-decode") == 0 && argc == 4) {
+        float v[256];
+        for (int c = 0; c < 256; c++) v[c] = fp8_to_float((uint8_t)c, parse_format(argv[2]));
+        write_bytes(argv[3], v, sizeof(v));
+        return 0;
+    }
+    if (strcmp(argv[1], "--fp8-encode") == 0 && argc == 6) {
+        Fp8Format f = parse_format(argv[2]);
+        float scale = strtof(argv[3], NULL);
+        float* x = read_floats(argv[4], &n);
+        uint8_t* c = (uint8_t*)mallocCheck(n);
+        for (size_t i = 0; i < n; i++) c[i] = fp8_quantize(x[i], scale, f);
+        write_bytes(argv[5], c, n);
+        return 0;
+    }
+    if (strcmp(argv[1], "--bf16-round") == 0 && argc == 4) {
+        float* x = read_floats(argv[2], &n);
+        for (size_t i = 0; i < n; i++) x[i] = bf16_round(x[i]);
+        write_bytes(argv[3], x, n * sizeof(float));
+        return 0;
+    }
+    if (strcmp(argv[1], "--fp8-scale") == 0 && argc == 6) {
+        Fp8Format f = parse_format(argv[2]);
+        int pow2 = atoi(argv[3]);
+        float* x = read_floats(argv[4], &n);
+        float* out = (float*)mallocCheck(3 * n * sizeof(float));
+        for (size_t i = 0; i < n; i++) {
+            Fp8Scale s;
+            fp8_scale_set(&s, x[i], f, pow2);
+            out[3 * i] = s.scale;
+            out[3 * i + 1] = s.scale_inv;
+            out[3 * i + 2] = (float)fp8_amax_is_finite(x[i]);
+        }
+        write_bytes(argv[5], out, 3 * n * sizeof(float));
+        return 0;
+    }
+    return -1;
+}
+
 static Check CHECKS[] = {
     {"reference_fp32", check_reference_fp32, "fp32 forward/backward/AdamW vs HF transformers (float64)"},
     {"reference_bf16", check_reference_bf16, "bf16 recipe vs HF transformers"},
     {"reference_fp8", check_reference_fp8, "fp8 recipe vs HF transformers"},
+    {"fp8_scale_policy", check_fp8_scale_policy, "current scaling: zero, zero row, subnormal, NaN, Inf, pow2"},
+    {"fp8_nonfinite_flagged", check_fp8_nonfinite_flagged, "a NaN weight and a NaN gradient are flagged and named"},
+    {"fp8_gemm", check_fp8_gemm, "emulated FP8 GEMM vs float64 and the FP8 error bound; bad shapes rejected"},
+    {"cast_transpose", check_cast_transpose, "cast-transpose layouts and cast statistics"},
+    {"bf16_round", check_bf16_round, "BF16 round-to-nearest-even cases"},
+    {"grad_accumulation", check_grad_accumulation, "2 micro-batches accumulate the 1-batch gradient"},
+    {"recompute_identical", check_recompute_identical, "-r 1 gives bit-identical gradients"},
+    {"resume_bit_identical", check_resume_bit_identical, "save -> load -> continue reproduces losses and weights"},
+    {"checkpoint_roundtrip", check_checkpoint_roundtrip, "model checkpoint write/read round trip"},
+    {"dataloader_ranks", check_dataloader_ranks, "rank split, shuffling, epoch coverage, position restore"},
+    {"lr_schedule", check_lr_schedule, "warmup + cosine/linear decay against the closed form"},
 };
 
-int main(int argc, char** argv) { return run_checks(CHECKS, (int)(sizeof(CHECKS) / sizeof(CHECKS[0])), argc, argv); }
+int main(int argc, char** argv) {
+    int rc = tool_main(argc, argv);
+    if (rc >= 0) return rc;
+    const char* env = getenv("LLM8_TEST_SEED");
+    g_seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
+    if (!(argc == 2 && strcmp(argv[1], "--list") == 0)) printf("LLM8_TEST_SEED=%llu\n", (unsigned long long)g_seed);
+    return run_checks(CHECKS, (int)(sizeof(CHECKS) / sizeof(CHECKS[0])), argc, argv);
+}

@@ -11,8 +11,8 @@
  * the position is then just (epoch, shard, batch), which is what a checkpoint saves.
  *
  * Checks, each a one-line error naming the file: no file matches the glob; wrong magic; unknown version;
- * token count not matching the file size; a shard with fewer than one global batch; a token id >= the
- * vocabulary size (with its position in the shard).
+ * token count not matching the file size; a shard with fewer than one global batch (all at start-up);
+ * a token id >= the vocabulary size, with its position (every token, when the shard is first opened).
  */
 #pragma once
 
@@ -35,6 +35,7 @@ typedef struct {
     char** paths;
     size_t* shard_tokens;  /* token count of each shard */
     int* shard_version;    /* 1 = uint16, 2 = uint32 tokens */
+    char* shard_checked;   /* every token of the shard was checked against the vocabulary */
     /* position: the next batch is batch `batch` of shard shard_order[shard] in epoch `epoch` */
     int epoch, shard, batch;
     int* shard_order;      /* (num_shards) this epoch's shard order */
@@ -84,7 +85,41 @@ static inline void dataloader_prepare_epoch(DataLoader* d) {
     d->loaded_shard = -1;
 }
 
-/* Opens the current shard and draws its sample order (for this epoch). */
+#define VALIDATE_CHUNK_TOKENS ((size_t)1 << 20)
+
+/* Reads token i (0-based) of a raw token buffer of element size elem. */
+static inline uint32_t token_at(const uint8_t* buf, size_t i, size_t elem) {
+    if (elem == 2) {
+        uint16_t v;
+        memcpy(&v, buf + i * 2, 2);
+        return v;
+    }
+    uint32_t v;
+    memcpy(&v, buf + i * 4, 4);
+    return v;
+}
+
+/* Checks every token of an open shard against the vocabulary, once per process; names the first bad one. */
+static inline void dataloader_check_tokens(DataLoader* d, int s) {
+    if (d->shard_checked[s]) return;
+    const char* path = d->paths[s];
+    size_t elem = d->shard_version[s] == 1 ? 2 : 4, n = d->shard_tokens[s];
+    uint8_t* buf = (uint8_t*)mallocCheck(VALIDATE_CHUNK_TOKENS * elem);
+    fseekCheck(d->file, (long)SHARD_HEADER_BYTES, SEEK_SET, path);
+    for (size_t start = 0; start < n; start += VALIDATE_CHUNK_TOKENS) {
+        size_t count = n - start < VALIDATE_CHUNK_TOKENS ? n - start : VALIDATE_CHUNK_TOKENS;
+        freadCheck(buf, elem, count, d->file, path);
+        for (size_t i = 0; i < count; i++) {
+            uint32_t tok = token_at(buf, i, elem);
+            if (tok >= (uint32_t)d->vocab_size)
+                die("%s: token %u at position %zu is >= the vocabulary size %d", path, tok, start + i, d->vocab_size);
+        }
+    }
+    free(buf);
+    d->shard_checked[s] = 1;
+}
+
+/* Opens the current shard (checking its tokens the first time) and draws its sample order for this epoch. */
 static inline void dataloader_load_shard(DataLoader* d) {
     int s = d->shard_order[d->shard];
     if (d->loaded_shard == s) return;
@@ -93,6 +128,7 @@ static inline void dataloader_load_shard(DataLoader* d) {
         d->file = fopenCheck(d->paths[s], "rb");
         d->file_shard = s;
     }
+    dataloader_check_tokens(d, s);
     int n = (int)shard_samples(d->shard_tokens[s], d->T);
     free(d->sample_order);
     d->sample_order = (int*)mallocCheck((size_t)n * sizeof(int));
@@ -128,6 +164,7 @@ static inline void dataloader_init(DataLoader* d, const char* pattern, int B, in
     d->shard_tokens = (size_t*)mallocCheck(g.gl_pathc * sizeof(size_t));
     d->shard_version = (int*)mallocCheck(g.gl_pathc * sizeof(int));
     d->shard_order = (int*)mallocCheck(g.gl_pathc * sizeof(int));
+    d->shard_checked = (char*)callocCheck(g.gl_pathc, 1);
     for (size_t i = 0; i < g.gl_pathc; i++) {
         d->paths[i] = strdup(g.gl_pathv[i]);
         d->shard_tokens[i] = shard_read_header(d->paths[i], &d->shard_version[i]);
@@ -176,18 +213,9 @@ static inline void dataloader_next_batch(DataLoader* d) {
         fseekCheck(d->file, (long)(SHARD_HEADER_BYTES + start * elem), SEEK_SET, path);
         freadCheck(d->buffer, elem, (size_t)d->T + 1, d->file, path);
         for (int t = 0; t <= d->T; t++) {
-            uint32_t tok;
-            if (elem == 2) {
-                uint16_t v;
-                memcpy(&v, d->buffer + (size_t)t * 2, 2);
-                tok = v;
-            } else {
-                memcpy(&tok, d->buffer + (size_t)t * 4, 4);
-            }
-            if (tok >= (uint32_t)d->vocab_size)
-                die("%s: token %u at position %zu is >= the vocabulary size %d", path, tok, start + t, d->vocab_size);
-            if (t < d->T) d->inputs[b * d->T + t] = (int)tok;
-            if (t > 0) d->targets[b * d->T + t - 1] = (int)tok;
+            int tok = (int)token_at(d->buffer, (size_t)t, elem);
+            if (t < d->T) d->inputs[b * d->T + t] = tok;
+            if (t > 0) d->targets[b * d->T + t - 1] = tok;
         }
     }
     d->batch++;
@@ -227,6 +255,7 @@ static inline void dataloader_free(DataLoader* d) {
     free(d->paths);
     free(d->shard_tokens);
     free(d->shard_version);
+    free(d->shard_checked);
     free(d->shard_order);
     free(d->sample_order);
     free(d->inputs);

@@ -1,0 +1,149 @@
+"""
+End-to-end tests of train_llama_cpu as a user runs it: bad flags, bad shards and bad checkpoints stop
+with one line naming the flag or file; a run resumed from a checkpoint repeats the uninterrupted run
+exactly; checkpoints load back as models.
+"""
+import json
+import shutil
+import struct
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run
+
+TRAIN = REPO / "dev/data/tinyshakespeare/tiny_shakespeare_train.bin"
+VAL = REPO / "dev/data/tinyshakespeare/tiny_shakespeare_val.bin"
+REF_MODEL = REPO / "dev/reference/llama_ref_model.bin"
+# A fast configuration of the `tiny` preset for end-to-end runs.
+FAST = ["-b", "4", "-t", "64", "-v", "0", "-m", "2"]
+
+
+def assert_one_line_error(result, *needles):
+    assert result.returncode != 0, f"expected failure, got success:\n{result.stdout[-2000:]}"
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, f"expected a one-line error, got:\n{result.stderr}"
+    assert lines[0].startswith("error: "), lines[0]
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--bogus", "1"], "--bogus"),
+    (["-q"], "-q"),
+    (["-b", "abc"], "-b"),
+    (["-l", "nan"], "-l"),
+    (["-x", "12x"], "-x"),
+    (["-p", "fp16"], "-p"),
+    (["-k", "step"], "-k"),
+    (["-z", "1"], "-z"),
+    (["-y", "1"], "-o"),
+])
+def test_bad_flags_rejected(trainer, args, needle):
+    assert_one_line_error(run([trainer, *args]), needle)
+
+
+def test_help_documents_the_llmc_flags(trainer):
+    r = run([trainer, "--help"])
+    assert r.returncode == 0
+    for flag in ["-i", "-j", "-o", "-e", "-b", "-t", "-d", "-l", "-x", "-v", "-m", "-s", "-n", "-y", "-z", "-r", "-p"]:
+        assert f"  {flag} " in r.stdout, f"--help does not document {flag}"
+    for preset in ["llama2-7b", "llama2-13b", "llama2-70b", "tiny"]:
+        assert preset in r.stdout
+
+
+def write_shard(path, tokens, magic=20240520, version=1, count=None):
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = [magic, version, len(tokens) if count is None else count]
+    dtype = np.uint16 if version == 1 else np.uint32
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(tokens, dtype=dtype).tobytes())
+
+
+@pytest.mark.parametrize("case, needle", [
+    ("magic", "bad magic"),
+    ("version", "version"),
+    ("count", "header says"),
+    ("token", "vocabulary size"),
+])
+def test_bad_shards_rejected(trainer, tmp_path, rng, case, needle):
+    tokens = rng.integers(0, 32000, 5000)
+    kwargs = {}
+    if case == "magic":
+        kwargs["magic"] = 20240521
+    elif case == "version":
+        kwargs["version"] = 3
+    elif case == "count":
+        kwargs["count"] = 5001
+    elif case == "token":
+        tokens[1234] = 32000 + int(rng.integers(0, 30000))
+    bad = tmp_path / "bad.bin"
+    write_shard(bad, tokens, **kwargs)
+    r = run([trainer, "-i", bad, "-j", bad, *FAST, "-x", "2", "--shuffle", "0"])
+    assert_one_line_error(r, str(bad), needle)
+    if case == "token":
+        assert "position 1234" in r.stderr
+
+
+def test_empty_glob_rejected(trainer, tmp_path):
+    pattern = str(tmp_path / "nothing_*.bin")
+    assert_one_line_error(run([trainer, "-i", pattern]), pattern, "no file matches")
+
+
+@pytest.mark.parametrize("case, needle", [("truncated", "truncated"), ("magic", "bad magic"), ("missing", "neither")])
+def test_bad_checkpoints_rejected(trainer, tmp_path, case, needle):
+    path = tmp_path / "model.bin"
+    data = REF_MODEL.read_bytes()
+    if case == "truncated":
+        path.write_bytes(data[: len(data) - 4096])
+    elif case == "magic":
+        path.write_bytes(struct.pack("<i", 1234) + data[4:])
+    r = run([trainer, "-e", path, *FAST, "-x", "1"])
+    assert_one_line_error(r, str(path), needle)
+
+
+def test_fp8_shape_rule_names_the_dimension(trainer):
+    assert_one_line_error(run([trainer, "-b", "1", "-t", "8", "-p", "fp8"]), "B*T", "multiple of 16")
+
+
+def metrics(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {row["step"]: row for row in rows if "loss" in row}
+
+
+def test_resume_repeats_the_uninterrupted_run(trainer, tmp_path):
+    """Steps 3..5 after a resume from step 3 match the uninterrupted run: loss, lr, grad norm, weights."""
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    args = [*FAST, "-x", "6", "-n", "3", "-u", "2", "--fp8-stats", "2"]
+    r = run([trainer, *args, "-o", full])
+    assert r.returncode == 0, r.stderr
+    resumed.mkdir()
+    for name in ["model_00000003.bin", "state_00000003_00000.bin", "DONE_00000003"]:
+        shutil.copy(full / name, resumed / name)
+    r = run([trainer, *args, "-o", resumed, "-y", "1"])
+    assert r.returncode == 0, r.stderr
+    assert "resumed from" in r.stdout
+    a, b = metrics(full), metrics(resumed)
+    for step in range(3, 6):
+        for key in ["loss", "lr", "grad_norm"]:
+            assert a[step][key] == b[step][key], (step, key, a[step][key], b[step][key])
+    assert (full / "model_00000006.bin").read_bytes() == (resumed / "model_00000006.bin").read_bytes()
+    assert (full / "state_00000006_00000.bin").read_bytes() == (resumed / "state_00000006_00000.bin").read_bytes()
+
+
+def test_resume_rejects_changed_settings(trainer, tmp_path):
+    out = tmp_path / "run"
+    r = run([trainer, *FAST, "-x", "2", "-o", out])
+    assert r.returncode == 0, r.stderr
+    assert_one_line_error(run([trainer, *FAST, "-x", "4", "-o", out, "-y", "1", "-p", "bf16"]), "state_00000002_00000.bin", "-p")
+
+
+def test_checkpoint_loads_as_a_model(trainer, tmp_path):
+    out = tmp_path / "run"
+    r = run([trainer, *FAST, "-x", "2", "-o", out])
+    assert r.returncode == 0, r.stderr
+    ckpt = out / "model_00000002.bin"
+    r = run([trainer, *FAST, "-x", "1", "-e", ckpt, "-p", "bf16"])
+    assert r.returncode == 0, r.stderr
+    assert f"model from: {ckpt}" in r.stdout

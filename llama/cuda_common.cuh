@@ -1,0 +1,74 @@
+/*
+ * Base of the CUDA backend: the activation type, the error-checking macros every CUDA and cuBLASLt call
+ * goes through, the launch check that follows every kernel launch, and small device helpers shared by
+ * the kernel headers (llama/kernels.cuh, fp8/cast_transpose.cuh, fp8/gemm_cublaslt.cuh,
+ * llama/attention_cuda.cuh). Everything runs on the legacy default stream, so ops are ordered with each
+ * other and with the synchronous cudaMemcpy uploads and downloads of model.h without explicit events.
+ */
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cub/block/block_reduce.cuh>
+
+#include "common.h"
+
+/* Activations and working weights are BF16 on the GPU; every op computes in FP32. */
+typedef __nv_bfloat16 act_t;
+
+/* Stops with "<file>:<line>: <call>: <library message>" on one line when a CUDA runtime call fails. */
+static inline void cuda_check(cudaError_t err, const char* call, const char* file, int line) {
+    if (err != cudaSuccess) die("CUDA error at %s:%d: %s: %s (%s)", file, line, call, cudaGetErrorString(err), cudaGetErrorName(err));
+}
+#define cudaCheck(call) cuda_check((call), #call, __FILE__, __LINE__)
+
+/* The same for cuBLAS / cuBLASLt status codes. */
+static inline void cublas_check(cublasStatus_t status, const char* call, const char* file, int line) {
+    if (status != CUBLAS_STATUS_SUCCESS)
+        die("cuBLASLt error at %s:%d: %s: %s (%s)", file, line, call, cublasLtGetStatusString(status), cublasLtGetStatusName(status));
+}
+#define cublasCheck(call) cublas_check((call), #call, __FILE__, __LINE__)
+
+/* Follows every kernel launch: catches bad launch configurations (and earlier asynchronous faults). */
+#define launchCheck() cuda_check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+
+#define WARP_SIZE 32
+/* Threads per block of the row-wise and elementwise kernels. */
+#define BLOCK_THREADS 256
+/* Upper bound on the blocks of grid-stride kernels: enough to fill an H100 (132 SMs) several times. */
+#define MAX_GRID_BLOCKS 1024
+
+/* Blocks for a one-thread-per-element kernel over n elements, capped for grid-stride loops. */
+static inline unsigned int grid_for(size_t n, unsigned int threads) {
+    size_t blocks = ceil_div(n > 0 ? n : 1, threads);
+    return (unsigned int)(blocks < MAX_GRID_BLOCKS ? blocks : MAX_GRID_BLOCKS);
+}
+
+__device__ __forceinline__ float bf16_to_f(act_t x) { return __bfloat162float(x); }
+/* Round-to-nearest-even, as the CPU reference's bf16_round. */
+__device__ __forceinline__ act_t f_to_bf16(float x) { return __float2bfloat16_rn(x); }
+
+/* Global thread index and stride of a 1-D grid-stride loop, in size_t (tensors exceed 2^31 elements). */
+__device__ __forceinline__ size_t grid_index(void) { return (size_t)blockIdx.x * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ size_t grid_stride(void) { return (size_t)gridDim.x * blockDim.x; }
+
+/* Grow-only device scratch (ops run one at a time on one stream, so a buffer is never in use twice). */
+typedef struct {
+    void* ptr;
+    size_t bytes;
+} DeviceScratch;
+
+/* Returns at least `bytes` of s; growing waits for pending work that may still read the old buffer. */
+static inline void* scratch_reserve(DeviceScratch* s, size_t bytes) {
+    if (s->bytes < bytes) {
+        if (s->ptr) {
+            cudaCheck(cudaDeviceSynchronize());
+            cudaCheck(cudaFree(s->ptr));
+        }
+        cudaCheck(cudaMalloc(&s->ptr, bytes));
+        s->bytes = bytes;
+    }
+    return s->ptr;
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Trains the same model twice, same seed and data, once in bf16 (the baseline) and once in fp8, then
+# compares the loss curves and plots the FP8 statistics (`make fp8-vs-bf16` runs it with no flags):
+#
+#   bash scripts/fp8_vs_bf16.sh [extra train flags]      e.g.  bash scripts/fp8_vs_bf16.sh -x 40 -v 10
+#
+# Without flags both runs use the trainer's defaults (the `tiny` preset for one epoch of
+# tiny-shakespeare, seed 1337); extra flags go to both runs, so they stay comparable (-p and -o are set
+# here and refused). Runs land in runs/cmp_bf16 and runs/cmp_fp8 (overwritten). TRAINER picks the
+# binary (default ./train_llama_cpu; TRAINER=./train_llama for the GPU build), PYTHON the interpreter,
+# TOLERANCE the allowed final relative loss difference (default 0.01, DESIGN.md section 9).
+# Exit status: compare_loss.py's (0 within tolerance, 1 not, 2 bad logs), or the trainer's if a run fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TRAINER=${TRAINER:-./train_llama_cpu}
+PYTHON=${PYTHON:-python3}
+TOLERANCE=${TOLERANCE:-0.01}
+BF16_DIR=runs/cmp_bf16
+FP8_DIR=runs/cmp_fp8
+
+for flag in "$@"; do
+    case "$flag" in
+        -p|-o) echo "fp8_vs_bf16.sh: error: $flag is set by this script (bf16/fp8 into $BF16_DIR, $FP8_DIR)" >&2
+               exit 2 ;;
+    esac
+done
+if [ ! -x "$TRAINER" ]; then
+    echo "fp8_vs_bf16.sh: error: trainer $TRAINER not found; build it first (make ${TRAINER#./})" >&2
+    exit 2
+fi
+
+run() {  # run NAME DIR FLAGS...: one training run; stops the script with the trainer's status if it fails
+    local name=$1 dir=$2
+    shift 2
+    echo "=== $name: $TRAINER $* ==="
+    local rc=0
+    "$TRAINER" "$@" || rc=$?
+    if [ $rc -ne 0 ]; then
+        echo "fp8_vs_bf16.sh: error: the $name run failed (exit $rc); its logs are in $dir" >&2
+        exit $rc
+    fi
+}
+
+run bf16 "$BF16_DIR" -p bf16 -o "$BF16_DIR" "$@"
+run fp8 "$FP8_DIR" -p fp8 -o "$FP8_DIR" --fp8-stats 20 "$@"
+
+echo "=== loss comparison (fp8 against the bf16 baseline) ==="
+compare_rc=0
+"$PYTHON" scripts/compare_loss.py "$FP8_DIR" "$BF16_DIR" --labels fp8 bf16 --tolerance "$TOLERANCE" \
+    --out "$FP8_DIR/compare_loss.png" || compare_rc=$?
+
+echo "=== FP8 statistics ==="
+stats_rc=0
+"$PYTHON" scripts/plot_fp8_stats.py "$FP8_DIR" --out "$FP8_DIR/fp8_stats.png" || stats_rc=$?
+if [ $stats_rc -ne 0 ]; then
+    echo "fp8_vs_bf16.sh: warning: plot_fp8_stats.py failed (exit $stats_rc); see the message above" >&2
+fi
+
+echo "=== plots ==="
+[ -s "$FP8_DIR/compare_loss.png" ] && echo "loss comparison: $FP8_DIR/compare_loss.png"
+[ -s "$FP8_DIR/fp8_stats.png" ] && echo "fp8 statistics:  $FP8_DIR/fp8_stats.png"
+exit $compare_rc
