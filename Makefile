@@ -10,7 +10,15 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || (test -x $(CUDA_HOME)/bin/nvcc &&
 # cuda_fp8.h is the FP8 conversion both builds use; the CPU build needs only the header.
 CUDA_INCLUDE ?= $(CUDA_HOME)/include
 CPU_INCLUDES = -I$(CUDA_INCLUDE)
-CPU_LIBS = -lopenblas -lm
+# CPU GEMMs: OpenBLAS (make setup installs it); BLAS=none uses a slow built-in loop instead, for hosts
+# where nothing can be installed (the device check on a GPU machine).
+BLAS ?= openblas
+ifeq ($(BLAS),none)
+  CPU_INCLUDES += -DLLM8_NO_BLAS
+  CPU_LIBS = -lm
+else
+  CPU_LIBS = -lopenblas -lm
+endif
 
 # GPU build: sm_90 (H100/H200/H800) by default; `make train_llama GPU_ARCH=89` for Ada.
 GPU_ARCH ?= 90
@@ -19,14 +27,19 @@ NVCC_FLAGS ?= -O3 -std=c++17 -gencode arch=compute_$(GPU_ARCH),code=sm_$(GPU_ARC
 CUDA_LIBS = -lcublasLt -lcublas -lgomp
 CXX ?= g++
 # The cuDNN frontend is header-only and ships in the nvidia-cudnn-frontend wheel; its attention graphs
-# live in one host-compiled file (llama/cudnn_att.cpp, ~1 min with g++) so editing the trainer never
+# live in one host-compiled file (llama/cudnn_att.cpp, ~45 s with g++) so editing the trainer never
 # recompiles them. USE_CUDNN=0 builds the plain fallback attention instead.
 CUDNN_FRONTEND_INCLUDE ?= $(shell $(PYTHON) -c "import os,sysconfig; p=os.path.join(sysconfig.get_paths()['purelib'],'include'); print(p if os.path.exists(os.path.join(p,'cudnn_frontend.h')) else '')" 2>/dev/null)
-USE_CUDNN ?= $(if $(CUDNN_FRONTEND_INCLUDE),1,0)
+# A build/cudnn_att.o compiled elsewhere (same x86-64 Linux) is used as is when the headers are missing.
+CUDNN_PREBUILT = $(if $(CUDNN_FRONTEND_INCLUDE),,$(wildcard build/cudnn_att.o))
+USE_CUDNN ?= $(if $(or $(CUDNN_FRONTEND_INCLUDE),$(CUDNN_PREBUILT)),1,0)
+# The frontend's JSON (de)serialization is unused here and is half of its compile time.
+CUDNN_ATT_FLAGS = -O2 -std=c++17 -fPIC -Wall -Wextra -DCUDNN_FRONTEND_SKIP_JSON_LIB
 ifeq ($(USE_CUDNN),1)
   CUDNN_OBJ = build/cudnn_att.o
   NVCC_FLAGS += -DUSE_CUDNN
-  CUDA_LIBS += -lcudnn
+  # frontend >= 1.3x references NVRTC (its runtime-compiled norm engines) even when only SDPA is used
+  CUDA_LIBS += -lcudnn -lnvrtc
 endif
 
 DATA_DIR ?= dev/data/tinyshakespeare
@@ -52,6 +65,7 @@ help:
 	@echo "make fp8-vs-bf16  train the same seed in bf16 and fp8 on tiny-shakespeare and compare the losses"
 	@echo "make setup        install the Debian and PyPI packages llm8 needs"
 	@echo "make clean        remove build outputs"
+	@echo "make dev/cuda/bench_kernels  kernel playground: every GPU op vs its CPU op, timed at Llama-2 7B/13B shapes"
 
 # Installs what is missing (Debian: OpenBLAS, OpenMPI; PyPI: numpy, sentencepiece, ml_dtypes, ...).
 $(SETUP_STAMP): scripts/setup.sh
@@ -67,15 +81,22 @@ train_llama_cpu: train_llama.c $(HEADERS) | $(SETUP_STAMP)
 test_llama_cpu: test_llama.c train_llama.c $(HEADERS) | $(SETUP_STAMP)
 	$(CC) $(CFLAGS) $(CPU_INCLUDES) $< -o $@ $(CPU_LIBS)
 
-build/cudnn_att.o: llama/cudnn_att.cpp llama/cudnn_att.h | $(SETUP_STAMP)
+build/cudnn_att.o: $(if $(CUDNN_PREBUILT),,llama/cudnn_att.cpp llama/cudnn_att.h llama/common.h) | $(SETUP_STAMP)
+	@test -n "$(CUDNN_FRONTEND_INCLUDE)" || { echo "error: cuDNN frontend headers not found (pip install nvidia-cudnn-frontend), or build with USE_CUDNN=0"; exit 1; }
 	@mkdir -p build
-	$(CXX) -O2 -std=c++17 -fPIC -I$(CUDA_INCLUDE) -I$(CUDNN_FRONTEND_INCLUDE) -c $< -o $@
+	$(CXX) $(CUDNN_ATT_FLAGS) -I$(CUDA_INCLUDE) -isystem $(CUDNN_FRONTEND_INCLUDE) -c $< -o $@
 
 train_llama: train_llama.cu $(HEADERS) $(CUDA_HEADERS) $(CUDNN_OBJ) | $(SETUP_STAMP)
 	$(NVCC) $(NVCC_FLAGS) $< $(CUDNN_OBJ) -o $@ $(CUDA_LIBS)
 
-test_llama: test_llama.cu train_llama.cu $(HEADERS) $(CUDA_HEADERS) $(CUDNN_OBJ) | $(SETUP_STAMP)
-	$(NVCC) $(NVCC_FLAGS) $< $(CUDNN_OBJ) -o $@ $(CUDA_LIBS)
+# test_llama holds both backends (the kernel checks compare each GPU op with its CPU op), so it also
+# needs the CPU build's includes and BLAS.
+test_llama: test_llama.cu train_llama.cu dev/cuda/kernel_cases.cuh $(HEADERS) $(CUDA_HEADERS) $(CUDNN_OBJ) | $(SETUP_STAMP)
+	$(NVCC) $(NVCC_FLAGS) $(CPU_INCLUDES) $< $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(CPU_LIBS)
+
+# Kernel playground (not part of `all`): both backends in one nvcc translation unit, like test_llama.
+dev/cuda/bench_kernels: dev/cuda/bench_kernels.cu dev/cuda/kernel_cases.cuh $(HEADERS) $(CUDA_HEADERS) $(CUDNN_OBJ) | $(SETUP_STAMP)
+	$(NVCC) $(NVCC_FLAGS) $(CPU_INCLUDES) $< $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(CPU_LIBS)
 
 # Tokenized tiny-shakespeare (from ../shared/data when present, else downloaded: dev/data/llm8_data.py).
 $(TRAIN_DATA): dev/data/tinyshakespeare.py dev/data/llm8_data.py | $(SETUP_STAMP)
@@ -95,4 +116,4 @@ fp8-vs-bf16: train_llama_cpu $(TRAIN_DATA)
 	bash scripts/fp8_vs_bf16.sh
 
 clean:
-	rm -rf build train_llama_cpu test_llama_cpu train_llama test_llama
+	rm -rf build train_llama_cpu test_llama_cpu train_llama test_llama dev/cuda/bench_kernels

@@ -4,7 +4,8 @@
  * float64 run (dev/reference/), float64 GEMMs, error bounds derived from the FP8 formats, and rules
  * written out from the OCP FP8 spec. `./test_llama_cpu --list` names the checks, `--only NAME` runs one.
  * Tool modes (--fp8-decode, --fp8-encode, --bf16-round, --fp8-scale) expose the codec and the scaling
- * policy to dev/test/test_fp8_codec.py, which compares them with ml_dtypes.
+ * policy to dev/test/test_fp8_codec.py, which compares them with ml_dtypes; --dump-run writes the CPU
+ * run of the reference batch that test_llama (GPU) is compared with.
  * Random inputs are drawn from a fresh seed each run (printed; set LLM8_TEST_SEED to replay one).
  */
 #define TESTING
@@ -31,17 +32,17 @@ static Rng test_rng(uint64_t salt) {
  */
 static int check_reference_fp32(void) {
     RefTolerance tol = {1e-5, 1e-5, 1e-5, 1e-5};
-    return reference_check(PRECISION_FP32, tol);
+    return reference_check(PRECISION_FP32, REF_STATE_PATH, tol);
 }
 
 static int check_reference_bf16(void) {
     RefTolerance tol = {2e-2, 1e-3, 5e-2, 1e-3};
-    return reference_check(PRECISION_BF16, tol);
+    return reference_check(PRECISION_BF16, REF_STATE_PATH, tol);
 }
 
 static int check_reference_fp8(void) {
     RefTolerance tol = {5e-2, 1e-2, 2.5e-1, 1e-2};
-    return reference_check(PRECISION_FP8, tol);
+    return reference_check(PRECISION_FP8, REF_STATE_PATH, tol);
 }
 
 /* ------------------------------------------------------------ FP8 scaling policy */
@@ -312,147 +313,27 @@ static int check_bf16_round(void) {
 
 /* ------------------------------------------------------------ model-level checks */
 
-/* Builds the reference model in precision p with micro-batch (B, T) and returns its gradient after
-   accumulating `micro` micro-batches that split the reference batch by rows. */
-static float* reference_gradient(Precision p, int micro, int recompute) {
-    LlamaConfig cfg;
-    checkpoint_read_config(REF_MODEL_PATH, &cfg);
-    RefState r;
-    ref_state_read(&r, REF_STATE_PATH, &cfg);
-    backend_init(p);
-    Llama m;
-    int Bm = r.B / micro;
-    llama_build(&m, &cfg, p, Bm, r.T, 0, recompute);
-    float* params = (float*)mallocCheck(m.num_params * sizeof(float));
-    checkpoint_read_params(REF_MODEL_PATH, &cfg, params);
-    llama_set_params(&m, params);
-    llama_zero_grads(&m);
-    for (int k = 0; k < micro; k++) {
-        size_t off = (size_t)k * Bm * r.T;
-        llama_forward(&m, r.inputs + off, r.targets + off, Bm, r.T, 1.0f / (float)(r.B * r.T));
-        llama_backward(&m);
-    }
-    dev_download(params, m.grads_memory, m.num_params * sizeof(float));
-    llama_free(&m);
-    ref_state_free(&r);
-    return params;
-}
+/* Two micro-batches of B/2 accumulate the 1-batch gradient; fp32, so to FP32 rounding. */
+static int check_grad_accumulation(void) { return check_grad_accumulation_in(PRECISION_FP32, 1e-6); }
 
-/* Two micro-batches of B/2 accumulate the gradient of one batch of B (fp32: to FP32 rounding). */
-static int check_grad_accumulation(void) {
-    float* one = reference_gradient(PRECISION_FP32, 1, 0);
-    float* two = reference_gradient(PRECISION_FP32, 2, 0);
-    LlamaConfig cfg;
-    checkpoint_read_config(REF_MODEL_PATH, &cfg);
-    ErrorStats e = error_stats(two, one, param_count(&cfg));
-    printf("    accumulated vs single batch: relative L2 %.3e, max abs %.3e\n", e.rel_l2, e.max_abs);
-    free(one);
-    free(two);
-    return e.nonfinite || e.rel_l2 > 1e-6 ? fail("accumulated gradient differs: relative L2 %.3e", e.rel_l2) : 0;
-}
+static int check_recompute_identical(void) { return check_recompute_in(PRECISION_BF16); }
 
-/* -r 1 rebuilds the norm and SwiGLU outputs with the same ops: the gradient is bit-identical. */
-static int check_recompute_identical(void) {
-    float* kept = reference_gradient(PRECISION_BF16, 1, 0);
-    float* recomputed = reference_gradient(PRECISION_BF16, 1, 1);
-    LlamaConfig cfg;
-    checkpoint_read_config(REF_MODEL_PATH, &cfg);
-    int same = memcmp(kept, recomputed, param_count(&cfg) * sizeof(float)) == 0;
-    free(kept);
-    free(recomputed);
-    return same ? 0 : fail("bf16 gradient with -r 1 differs from -r 0");
-}
+static int check_resume_bit_identical(void) { return check_resume_in(PRECISION_FP8); }
 
 /*
- * Save -> load -> continue: 3 AdamW steps, a checkpoint and training state written with the trainer's
- * functions, 3 more steps; then a fresh model restored from the files runs the same 3 steps. Losses and
- * final weights must be bit-identical (fp8 mode: the FP8 copies and scales are rebuilt from the master
- * weights, current scaling has no history).
+ * The dump the GPU build is compared with: a CPU run written in the reference-state format reads back
+ * and equals a second CPU run exactly (the writer is right and the CPU build is deterministic).
  */
-static int check_resume_bit_identical(void) {
-    LlamaConfig cfg;
-    checkpoint_read_config(REF_MODEL_PATH, &cfg);
-    RefState r;
-    ref_state_read(&r, REF_STATE_PATH, &cfg);
-    backend_init(PRECISION_FP8);
-    size_t P = param_count(&cfg), N = (size_t)r.B * r.T;
-    float* params = (float*)mallocCheck(P * sizeof(float));
-    float* am = (float*)mallocCheck(P * sizeof(float));
-    float* av = (float*)mallocCheck(P * sizeof(float));
-    checkpoint_read_params(REF_MODEL_PATH, &cfg, params);
-    char dir[] = "/tmp/llm8_resume_XXXXXX";
-    if (mkdtemp(dir) == NULL) die("mkdtemp failed");
-    char model_file[PATH_LEN], state_file[PATH_LEN];
-    model_path(model_file, sizeof(model_file), dir, 3);
-    state_path(state_file, sizeof(state_file), dir, 3, 0);
-    RunIdentity id;
-    memset(&id, 0, sizeof(id));
-    id.cfg = cfg;
-    id.B = r.B;
-    id.T = r.T;
-    id.precision = PRECISION_FP8;
-    float losses[2][3];
-    float* final_weights[2];
-    for (int run = 0; run < 2; run++) {
-        Llama m;
-        llama_build(&m, &cfg, PRECISION_FP8, r.B, r.T, 0, 0);
-        llama_set_params(&m, params);
-        int start = 0;
-        if (run == 1) {
-            LlamaConfig c2;
-            checkpoint_read_config(model_file, &c2);
-            float* master = (float*)mallocCheck(P * sizeof(float));
-            TrainState s;
-            state_read(state_file, &s, &id, 0, P, am, av, master);
-            llama_set_params(&m, master);
-            dev_upload(m.adam_m, am, P * sizeof(float));
-            dev_upload(m.adam_v, av, P * sizeof(float));
-            start = s.step;
-            free(master);
-        }
-        for (int step = start; step < 6; step++) {
-            llama_zero_grads(&m);
-            float l = llama_forward(&m, r.inputs, r.targets, r.B, r.T, 1.0f / (float)N);
-            llama_backward(&m);
-            int bad;
-            float norm = llama_grad_norm(&m, &bad);
-            llama_update(&m, r.lr, r.weight_decay, step, clip_factor(norm, r.clip));
-            if (step >= 3) losses[run][step - 3] = l;
-            if (run == 0 && step == 2) {
-                TrainState s;
-                memset(&s, 0, sizeof(s));
-                s.step = 3;
-                s.id = id;
-                s.shard_count = P;
-                float* master = (float*)mallocCheck(P * sizeof(float));
-                llama_get_params(&m, master);
-                dev_download(am, m.adam_m, P * sizeof(float));
-                dev_download(av, m.adam_v, P * sizeof(float));
-                checkpoint_write(model_file, &cfg, master);
-                state_write(state_file, &s, am, av, master);
-                free(master);
-            }
-        }
-        final_weights[run] = (float*)mallocCheck(P * sizeof(float));
-        llama_get_params(&m, final_weights[run]);
-        llama_free(&m);
-    }
-    int failures = 0;
-    for (int i = 0; i < 3; i++) {
-        printf("    step %d: uninterrupted %.9g, resumed %.9g\n", i + 3, losses[0][i], losses[1][i]);
-        if (memcmp(&losses[0][i], &losses[1][i], sizeof(float)) != 0) failures += fail("step %d loss differs after resume", i + 3);
-    }
-    if (memcmp(final_weights[0], final_weights[1], P * sizeof(float)) != 0) failures += fail("final weights differ after resume");
-    remove(model_file);
-    remove(state_file);
-    rmdir(dir);
-    free(final_weights[0]);
-    free(final_weights[1]);
-    free(params);
-    free(am);
-    free(av);
-    ref_state_free(&r);
-    return failures != 0;
+static int check_dump_roundtrip(void) {
+    char path[] = "/tmp/llm8_dump_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) die("mkstemp failed");
+    close(fd);
+    reference_dump(PRECISION_FP8, path);
+    RefTolerance exact = {0.0, 0.0, 0.0, 0.0};
+    int rc = reference_check(PRECISION_FP8, path, exact);
+    remove(path);
+    return rc;
 }
 
 /* Checkpoint write -> read gives the same config and bit-identical parameters. */
@@ -630,7 +511,9 @@ static Fp8Format parse_format(const char* s) {
 /*
  * --fp8-decode FMT OUT: the 256 codes' values (float32); --fp8-encode FMT SCALE IN OUT: fp8_quantize
  * of each float32 of IN; --bf16-round IN OUT; --fp8-scale FMT POW2 IN OUT: for each amax in IN, the
- * (scale, scale_inv, finite flag) the policy gives. Returns -1 when argv is not a tool call.
+ * (scale, scale_inv, finite flag) the policy gives; --dump-run PREC OUT: this build's run of the HF
+ * reference batch, in the reference-state format (test_llama compares the GPU with it). Returns -1
+ * when argv is not a tool call.
  */
 static int tool_main(int argc, char** argv) {
     if (argc < 2) return -1;
@@ -648,6 +531,12 @@ static int tool_main(int argc, char** argv) {
         uint8_t* c = (uint8_t*)mallocCheck(n);
         for (size_t i = 0; i < n; i++) c[i] = fp8_quantize(x[i], scale, f);
         write_bytes(argv[5], c, n);
+        return 0;
+    }
+    if (strcmp(argv[1], "--dump-run") == 0 && argc == 4) {
+        int p = precision_parse(argv[2]);
+        if (p < 0) die("--dump-run: '%s' is not a precision (fp8 | bf16 | fp32)", argv[2]);
+        reference_dump((Precision)p, argv[3]);
         return 0;
     }
     if (strcmp(argv[1], "--bf16-round") == 0 && argc == 4) {
@@ -686,6 +575,7 @@ static Check CHECKS[] = {
     {"grad_accumulation", check_grad_accumulation, "2 micro-batches accumulate the 1-batch gradient"},
     {"recompute_identical", check_recompute_identical, "-r 1 gives bit-identical gradients"},
     {"resume_bit_identical", check_resume_bit_identical, "save -> load -> continue reproduces losses and weights"},
+    {"dump_roundtrip", check_dump_roundtrip, "a dumped CPU run reads back equal to a rerun (the GPU's comparison target)"},
     {"checkpoint_roundtrip", check_checkpoint_roundtrip, "model checkpoint write/read round trip"},
     {"dataloader_ranks", check_dataloader_ranks, "rank split, shuffling, epoch coverage, position restore"},
     {"lr_schedule", check_lr_schedule, "warmup + cosine/linear decay against the closed form"},

@@ -97,14 +97,24 @@ static inline size_t file_size(FILE* f, const char* what) {
     return (size_t)st.st_size;
 }
 
-/* Creates `dir` if it does not exist (one level, like `mkdir`). */
+/* Creates `dir` and any missing parents (like `mkdir -p`). */
 static inline void make_dir(const char* dir) {
-    struct stat st;
-    if (stat(dir, &st) == 0) {
-        if (!S_ISDIR(st.st_mode)) die("%s: exists and is not a directory", dir);
-        return;
+    char path[1024];
+    if (snprintf(path, sizeof(path), "%s", dir) >= (int)sizeof(path)) die("%s: path too long", dir);
+    for (char* p = path + 1;; p++) {
+        int end = *p == '\0';
+        if (*p == '/' || end) {
+            *p = '\0';
+            struct stat st;
+            if (stat(path, &st) != 0) {
+                if (mkdir(path, 0755) != 0 && errno != EEXIST) die("%s: cannot create directory (%s)", path, strerror(errno));
+            } else if (!S_ISDIR(st.st_mode)) {
+                die("%s: exists and is not a directory", path);
+            }
+            if (end) break;
+            *p = '/';
+        }
     }
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) die("%s: cannot create directory (%s)", dir, strerror(errno));
 }
 
 /*

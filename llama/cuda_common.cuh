@@ -72,3 +72,40 @@ static inline void* scratch_reserve(DeviceScratch* s, size_t bytes) {
     }
     return s->ptr;
 }
+
+/* Reduction operators for block_reduce (CCCL 3 dropped cub::Sum / cub::Max). */
+struct SumOp {
+    template <typename T>
+    __device__ __forceinline__ T operator()(const T& a, const T& b) const { return a + b; }
+};
+struct MaxOp {
+    template <typename T>
+    __device__ __forceinline__ T operator()(const T& a, const T& b) const { return a > b ? a : b; }
+};
+
+/*
+ * Reduces v over a 1-D block of THREADS threads with cub::BlockReduce and returns the result to every
+ * thread. Deterministic: the combination order depends only on THREADS. Calls within one kernel share
+ * the shared storage, hence the barrier before returning.
+ */
+template <int THREADS, typename T, typename Op>
+__device__ __forceinline__ T block_reduce(T v, Op op) {
+    typedef cub::BlockReduce<T, THREADS> Reduce;
+    __shared__ typename Reduce::TempStorage storage;
+    __shared__ T result;
+    T r = Reduce(storage).Reduce(v, op);
+    if (threadIdx.x == 0) result = r;
+    __syncthreads();
+    T out = result;
+    __syncthreads();
+    return out;
+}
+
+/* Default-limit of dynamic shared memory per block; kernels that need more must opt in. */
+#define SMEM_DEFAULT_LIMIT (48 * 1024)
+
+/* Lets `kernel` use `bytes` of dynamic shared memory (opt-in above 48 KiB; Hopper allows 227 KiB). */
+template <typename Kernel>
+static inline void smem_opt_in(Kernel kernel, size_t bytes) {
+    if (bytes > SMEM_DEFAULT_LIMIT) cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}

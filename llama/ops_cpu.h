@@ -16,7 +16,9 @@
 #include <math.h>
 #include <omp.h>
 
+#ifndef LLM8_NO_BLAS
 #include <cblas.h>
+#endif
 
 #include "common.h"
 #include "config.h"
@@ -435,6 +437,30 @@ static inline const float* gemm_operand(const void* p, DType t, size_t n, int wh
     return g_gemm_scratch[which];
 }
 
+#ifdef LLM8_NO_BLAS
+/*
+ * Column-major SGEMM for machines without OpenBLAS (make BLAS=none, e.g. a GPU host where nothing can be
+ * installed): C (m x n, ldc) = alpha op(A) op(B) + beta C with FP32 accumulation, one column per thread.
+ * Slow; enough for the reference model and the kernel checks' small shapes.
+ */
+static inline void sgemm_fallback(int transA, int transB, int m, int n, int k, float alpha, const float* A, int lda,
+                                  const float* B, int ldb, float beta, float* C, int ldc) {
+#pragma omp parallel for schedule(static)
+    for (int j = 0; j < n; j++) {
+        for (int i = 0; i < m; i++) {
+            float acc = 0.0f;
+            for (int p = 0; p < k; p++) {
+                float a = transA ? A[(size_t)i * lda + p] : A[(size_t)p * lda + i];
+                float b = transB ? B[(size_t)p * ldb + j] : B[(size_t)j * ldb + p];
+                acc += a * b;
+            }
+            float* c = &C[(size_t)j * ldc + i];
+            *c = alpha * acc + (beta != 0.0f ? beta * *c : 0.0f);
+        }
+    }
+}
+#endif
+
 /*
  * The GEMM contract of fp8/gemm.h (column-major, cuBLASLt semantics):
  * D (m x n) = scale_a * scale_b * op(A) op(B) [+ D], accumulated in FP32 (OpenBLAS sgemm); a DT_ACT D is
@@ -454,8 +480,12 @@ static inline void op_gemm(void* D, DType dt, const void* A, DType at, int trans
     const float* a = gemm_operand(A, at, (size_t)m * k, 0);
     const float* b = gemm_operand(B, bt, (size_t)k * n, 1);
     float* d = (float*)D;
+#ifdef LLM8_NO_BLAS
+    sgemm_fallback(transA, transB, m, n, k, alpha, a, transA ? k : m, b, transB ? n : k, accumulate ? 1.0f : 0.0f, d, m);
+#else
     cblas_sgemm(CblasColMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
                 transA ? k : m, b, transB ? n : k, accumulate ? 1.0f : 0.0f, d, m);
+#endif
     if (dt == DT_ACT && g_round_bf16) {
         size_t total = (size_t)m * n;
 #pragma omp parallel for schedule(static)

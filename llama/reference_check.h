@@ -1,8 +1,11 @@
 /*
- * The HF-reference check, shared by test_llama.c and test_llama.cu: runs the model of
- * dev/reference/llama_ref_model.bin on the reference batch with the build's ops and compares logits,
- * loss, every gradient (per tensor and layer), and the losses of the reference's AdamW steps against
- * HF transformers' float64 results (dev/reference/make_reference.py). Included after llama/model.h.
+ * Model-level checks shared by test_llama.c (CPU) and test_llama.cu (GPU), written against model.h's API
+ * only, so each runs on whichever backend was included:
+ *   - the reference run: the model of dev/reference/llama_ref_model.bin on the reference batch (logits,
+ *     loss, every gradient, the losses of the reference's AdamW steps), compared with a reference state
+ *     (HF transformers' float64 run, or a CPU run dumped in the same format for the GPU to match);
+ *   - save -> load -> continue is bit-identical; gradient accumulation; recompute.
+ * Included after llama/model.h.
  */
 #pragma once
 
@@ -16,78 +19,255 @@ typedef struct {
     double step_loss_rel;   /* worst |loss_s - ref_s| / ref_s over the AdamW steps */
 } RefTolerance;
 
-/* Runs the reference comparison in precision p; prints every measured error; returns 0 when within tol. */
-static inline int reference_check(Precision p, RefTolerance tol) {
-    LlamaConfig cfg;
-    checkpoint_read_config(REF_MODEL_PATH, &cfg);
-    RefState r;
-    ref_state_read(&r, REF_STATE_PATH, &cfg);
-    int failures = 0;
-    if (r.beta1 != ADAMW_BETA1 || r.beta2 != ADAMW_BETA2 || r.eps != ADAMW_EPS)
-        failures += fail("reference AdamW betas/eps (%g, %g, %g) differ from ours (%g, %g, %g)", r.beta1, r.beta2, r.eps,
-                         ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS);
+/* Loads the reference model into a fresh model of precision p sized for the batch of r. */
+static inline void reference_model(Llama* m, Precision p, const LlamaConfig* cfg, const RefState* r, int B, int recompute) {
     backend_init(p);
-    Llama m;
-    llama_build(&m, &cfg, p, r.B, r.T, 0, 0);
-    float* params = (float*)mallocCheck(r.num_params * sizeof(float));
-    checkpoint_read_params(REF_MODEL_PATH, &cfg, params);
-    llama_set_params(&m, params);
-    size_t N = (size_t)r.B * r.T, V = (size_t)cfg.vocab_size;
+    llama_build(m, cfg, p, B, r->T, 0, recompute);
+    float* params = (float*)mallocCheck(m->num_params * sizeof(float));
+    checkpoint_read_params(REF_MODEL_PATH, cfg, params);
+    llama_set_params(m, params);
+    free(params);
+}
 
-    /* logits, before the classifier replaces them with their gradient */
-    float* logits = (float*)mallocCheck(N * V * sizeof(float));
-    for (size_t i = 0; i < N * V; i++) logits[i] = NAN; /* poison: every value must be written */
-    llama_forward(&m, r.inputs, NULL, r.B, r.T, 0.0f);
-    for (size_t row = 0; row < N; row++) llama_logits_row(&m, row, logits + row * V);
-    ErrorStats le = error_stats(logits, r.logits, N * V);
+/*
+ * Runs the reference model in precision p on the batch and hyper-parameters of `ref`; fills `out` with
+ * the same fields (logits of the initial model, its loss and gradients, the step losses). Free with
+ * ref_state_free.
+ */
+static inline void reference_run(Precision p, const LlamaConfig* cfg, const RefState* ref, RefState* out) {
+    *out = *ref;
+    size_t N = (size_t)ref->B * ref->T, V = (size_t)cfg->vocab_size;
+    out->inputs = (int*)mallocCheck(2 * N * sizeof(int));
+    out->targets = out->inputs + N;
+    memcpy(out->inputs, ref->inputs, N * sizeof(int));
+    memcpy(out->targets, ref->targets, N * sizeof(int));
+    out->logits = (float*)mallocCheck(N * V * sizeof(float));
+    out->grads = (float*)mallocCheck(ref->num_params * sizeof(float));
+    out->losses = (float*)mallocCheck((size_t)ref->steps * sizeof(float));
+    for (size_t i = 0; i < N * V; i++) out->logits[i] = NAN; /* poison: every value must be written */
+    for (size_t i = 0; i < ref->num_params; i++) out->grads[i] = NAN;
+    Llama m;
+    reference_model(&m, p, cfg, ref, ref->B, 0);
+    /* logits first, before the classifier replaces them with their gradient */
+    llama_forward(&m, ref->inputs, NULL, ref->B, ref->T, 0.0f);
+    for (size_t row = 0; row < N; row++) llama_logits_row(&m, row, out->logits + row * V);
+    llama_zero_grads(&m);
+    out->loss = llama_forward(&m, ref->inputs, ref->targets, ref->B, ref->T, 1.0f / (float)N);
+    llama_backward(&m);
+    dev_download(out->grads, m.grads_memory, ref->num_params * sizeof(float));
+    for (int s = 0; s < ref->steps; s++) {
+        llama_zero_grads(&m);
+        out->losses[s] = llama_forward(&m, ref->inputs, ref->targets, ref->B, ref->T, 1.0f / (float)N);
+        llama_backward(&m);
+        int bad;
+        float norm = llama_grad_norm(&m, &bad);
+        llama_update(&m, ref->lr, ref->weight_decay, s, clip_factor(norm, ref->clip));
+    }
+    llama_free(&m);
+}
+
+/* Compares a run with a reference state; prints every measured error; returns 0 when within tol. */
+static inline int reference_compare(const RefState* got, const RefState* want, const LlamaConfig* cfg, RefTolerance tol) {
+    int failures = 0;
+    size_t N = (size_t)want->B * want->T, V = (size_t)cfg->vocab_size;
+    ErrorStats le = error_stats(got->logits, want->logits, N * V);
     printf("    logits: max abs err %.3e (max |ref| %.3e)%s\n", le.max_abs, le.ref_max, le.nonfinite ? " NON-FINITE" : "");
     if (le.nonfinite || le.max_abs > tol.logits_max_abs) failures += fail("logits max abs err %.3e > %.1e", le.max_abs, tol.logits_max_abs);
-
-    float loss = llama_forward(&m, r.inputs, r.targets, r.B, r.T, 1.0f / (float)N);
-    double loss_err = fabs((double)loss - r.loss);
-    printf("    loss: %.7f vs ref %.7f, abs err %.3e\n", loss, r.loss, loss_err);
+    double loss_err = fabs((double)got->loss - want->loss);
+    printf("    loss: %.7f vs ref %.7f, abs err %.3e\n", got->loss, want->loss, loss_err);
     if (!(loss_err <= tol.loss_abs)) failures += fail("loss abs err %.3e > %.1e", loss_err, tol.loss_abs);
 
-    llama_zero_grads(&m);
-    llama_backward(&m);
-    float* grads = (float*)mallocCheck(r.num_params * sizeof(float));
-    dev_download(grads, m.grads_memory, r.num_params * sizeof(float));
-    GradSegment* seg = (GradSegment*)mallocCheck(LLAMA_GRAD_SEGMENTS(cfg.n_layers) * sizeof(GradSegment));
-    int nseg = llama_grad_segments(&m, seg);
+    Llama shape; /* only the layout fields, for the per-tensor segments */
+    memset(&shape, 0, sizeof(shape));
+    shape.cfg = *cfg;
+    param_sizes(cfg, shape.param_sizes);
+    GradSegment* seg = (GradSegment*)mallocCheck(LLAMA_GRAD_SEGMENTS(cfg->n_layers) * sizeof(GradSegment));
+    int nseg = llama_grad_segments(&shape, seg);
     double worst = -1.0;
     int worst_seg = 0;
     for (int i = 0; i < nseg; i++) {
-        ErrorStats ge = error_stats(grads + seg[i].offset, r.grads + seg[i].offset, seg[i].count);
+        ErrorStats ge = error_stats(got->grads + seg[i].offset, want->grads + seg[i].offset, seg[i].count);
         double e = ge.nonfinite ? INFINITY : ge.rel_l2;
         if (e > worst) {
             worst = e;
             worst_seg = i;
         }
     }
+    free(seg);
     char name[64];
-    llama_segment_name(&m, worst_seg, name, sizeof(name));
+    llama_segment_name(&shape, worst_seg, name, sizeof(name));
     printf("    gradients: worst relative L2 error %.3e in %s (%d tensors)\n", worst, name, nseg);
     if (!(worst <= tol.grad_rel_l2)) failures += fail("gradient of %s: relative L2 error %.3e > %.1e", name, worst, tol.grad_rel_l2);
 
     double worst_step = 0.0;
-    for (int s = 0; s < r.steps; s++) {
-        llama_zero_grads(&m);
-        float l = llama_forward(&m, r.inputs, r.targets, r.B, r.T, 1.0f / (float)N);
-        llama_backward(&m);
-        int bad;
-        float norm = llama_grad_norm(&m, &bad);
-        llama_update(&m, r.lr, r.weight_decay, s, clip_factor(norm, r.clip));
-        double rel = fabs((double)l - r.losses[s]) / fabs((double)r.losses[s]);
-        if (!(rel <= worst_step)) worst_step = isfinite(rel) ? (rel > worst_step ? rel : worst_step) : INFINITY;
-        printf("    step %d: loss %.7f ref %.7f rel err %.2e\n", s, l, r.losses[s], rel);
+    for (int s = 0; s < want->steps; s++) {
+        double rel = fabs((double)got->losses[s] - want->losses[s]) / fabs((double)want->losses[s]);
+        if (!(rel <= worst_step)) worst_step = isfinite(rel) ? rel : INFINITY;
+        printf("    step %d: loss %.7f ref %.7f rel err %.2e\n", s, got->losses[s], want->losses[s], rel);
     }
     if (!(worst_step <= tol.step_loss_rel)) failures += fail("AdamW step losses: worst relative error %.3e > %.1e", worst_step, tol.step_loss_rel);
+    return failures != 0;
+}
 
-    free(seg);
-    free(grads);
-    free(logits);
-    free(params);
+/*
+ * Runs the reference model in precision p and compares it with the reference state at `state_path`
+ * (HF's float64 run: REF_STATE_PATH). Also checks that the reference's AdamW constants are ours.
+ */
+static inline int reference_check(Precision p, const char* state_path, RefTolerance tol) {
+    LlamaConfig cfg;
+    checkpoint_read_config(REF_MODEL_PATH, &cfg);
+    RefState want, got;
+    ref_state_read(&want, state_path, &cfg);
+    int failures = 0;
+    if (want.beta1 != ADAMW_BETA1 || want.beta2 != ADAMW_BETA2 || want.eps != ADAMW_EPS)
+        failures += fail("reference AdamW betas/eps (%g, %g, %g) differ from ours (%g, %g, %g)", want.beta1, want.beta2,
+                         want.eps, ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS);
+    reference_run(p, &cfg, &want, &got);
+    failures += reference_compare(&got, &want, &cfg, tol);
+    ref_state_free(&got);
+    ref_state_free(&want);
+    return failures != 0;
+}
+
+/* Writes the run of the reference batch in precision p as a reference state (for cross-build checks). */
+static inline void reference_dump(Precision p, const char* out_path) {
+    LlamaConfig cfg;
+    checkpoint_read_config(REF_MODEL_PATH, &cfg);
+    RefState ref, got;
+    ref_state_read(&ref, REF_STATE_PATH, &cfg);
+    reference_run(p, &cfg, &ref, &got);
+    ref_state_write(out_path, &got, cfg.vocab_size);
+    ref_state_free(&got);
+    ref_state_free(&ref);
+}
+
+/* The reference model's gradient after accumulating `micro` micro-batches that split the batch by rows. */
+static inline float* reference_gradient(Precision p, int micro, int recompute) {
+    LlamaConfig cfg;
+    checkpoint_read_config(REF_MODEL_PATH, &cfg);
+    RefState r;
+    ref_state_read(&r, REF_STATE_PATH, &cfg);
+    Llama m;
+    int Bm = r.B / micro;
+    reference_model(&m, p, &cfg, &r, Bm, recompute);
+    llama_zero_grads(&m);
+    for (int k = 0; k < micro; k++) {
+        size_t off = (size_t)k * Bm * r.T;
+        llama_forward(&m, r.inputs + off, r.targets + off, Bm, r.T, 1.0f / (float)(r.B * r.T));
+        llama_backward(&m);
+    }
+    float* grads = (float*)mallocCheck(m.num_params * sizeof(float));
+    dev_download(grads, m.grads_memory, m.num_params * sizeof(float));
     llama_free(&m);
+    ref_state_free(&r);
+    return grads;
+}
+
+/* Two micro-batches of B/2 accumulate the gradient of one batch of B, to relative L2 error `tol`. */
+static inline int check_grad_accumulation_in(Precision p, double tol) {
+    float* one = reference_gradient(p, 1, 0);
+    float* two = reference_gradient(p, 2, 0);
+    LlamaConfig cfg;
+    checkpoint_read_config(REF_MODEL_PATH, &cfg);
+    ErrorStats e = error_stats(two, one, param_count(&cfg));
+    printf("    %s: accumulated vs single batch: relative L2 %.3e, max abs %.3e\n", precision_name(p), e.rel_l2, e.max_abs);
+    free(one);
+    free(two);
+    return e.nonfinite || e.rel_l2 > tol ? fail("accumulated gradient differs: relative L2 %.3e > %.1e", e.rel_l2, tol) : 0;
+}
+
+/* -r 1 rebuilds the norm and SwiGLU outputs with the same ops: the gradient is bit-identical. */
+static inline int check_recompute_in(Precision p) {
+    float* kept = reference_gradient(p, 1, 0);
+    float* recomputed = reference_gradient(p, 1, 1);
+    LlamaConfig cfg;
+    checkpoint_read_config(REF_MODEL_PATH, &cfg);
+    int same = memcmp(kept, recomputed, param_count(&cfg) * sizeof(float)) == 0;
+    free(kept);
+    free(recomputed);
+    return same ? 0 : fail("%s gradient with -r 1 differs from -r 0", precision_name(p));
+}
+
+/*
+ * Save -> load -> continue in precision p: 3 AdamW steps, a checkpoint and training state written with
+ * the trainer's functions, 3 more steps; then a fresh model restored from the files runs the same 3
+ * steps. Losses and final weights must be bit-identical (in fp8 the FP8 copies and scales are rebuilt
+ * from the master weights: current scaling has no history).
+ */
+static inline int check_resume_in(Precision p) {
+    LlamaConfig cfg;
+    checkpoint_read_config(REF_MODEL_PATH, &cfg);
+    RefState r;
+    ref_state_read(&r, REF_STATE_PATH, &cfg);
+    size_t P = param_count(&cfg), N = (size_t)r.B * r.T;
+    float* am = (float*)mallocCheck(P * sizeof(float));
+    float* av = (float*)mallocCheck(P * sizeof(float));
+    float* master = (float*)mallocCheck(P * sizeof(float));
+    char dir[] = "/tmp/llm8_resume_XXXXXX";
+    if (mkdtemp(dir) == NULL) die("mkdtemp failed");
+    char model_file[PATH_LEN], state_file[PATH_LEN];
+    model_path(model_file, sizeof(model_file), dir, 3);
+    state_path(state_file, sizeof(state_file), dir, 3, 0);
+    RunIdentity id;
+    memset(&id, 0, sizeof(id));
+    id.cfg = cfg;
+    id.B = r.B;
+    id.T = r.T;
+    id.precision = p;
+    float losses[2][3];
+    float* final_weights[2];
+    for (int run = 0; run < 2; run++) {
+        Llama m;
+        reference_model(&m, p, &cfg, &r, r.B, 0);
+        int start = 0;
+        if (run == 1) {
+            TrainState s;
+            state_read(state_file, &s, &id, 0, P, am, av, master);
+            checkpoint_read_params(model_file, &cfg, master);
+            llama_set_params(&m, master);
+            dev_upload(m.adam_m, am, P * sizeof(float));
+            dev_upload(m.adam_v, av, P * sizeof(float));
+            start = s.step;
+        }
+        for (int step = start; step < 6; step++) {
+            llama_zero_grads(&m);
+            float l = llama_forward(&m, r.inputs, r.targets, r.B, r.T, 1.0f / (float)N);
+            llama_backward(&m);
+            int bad;
+            float norm = llama_grad_norm(&m, &bad);
+            llama_update(&m, r.lr, r.weight_decay, step, clip_factor(norm, r.clip));
+            if (step >= 3) losses[run][step - 3] = l;
+            if (run == 0 && step == 2) {
+                TrainState s;
+                memset(&s, 0, sizeof(s));
+                s.step = 3;
+                s.id = id;
+                s.shard_count = P;
+                llama_get_params(&m, master);
+                dev_download(am, m.adam_m, P * sizeof(float));
+                dev_download(av, m.adam_v, P * sizeof(float));
+                checkpoint_write(model_file, &cfg, master);
+                state_write(state_file, &s, am, av, master);
+            }
+        }
+        final_weights[run] = (float*)mallocCheck(P * sizeof(float));
+        llama_get_params(&m, final_weights[run]);
+        llama_free(&m);
+    }
+    int failures = 0;
+    for (int i = 0; i < 3; i++) {
+        printf("    step %d: uninterrupted %.9g, resumed %.9g\n", i + 3, losses[0][i], losses[1][i]);
+        if (memcmp(&losses[0][i], &losses[1][i], sizeof(float)) != 0) failures += fail("step %d loss differs after resume", i + 3);
+    }
+    if (memcmp(final_weights[0], final_weights[1], P * sizeof(float)) != 0) failures += fail("final weights differ after resume");
+    remove(model_file);
+    remove(state_file);
+    rmdir(dir);
+    free(final_weights[0]);
+    free(final_weights[1]);
+    free(master);
+    free(am);
+    free(av);
     ref_state_free(&r);
     return failures != 0;
 }

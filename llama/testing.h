@@ -157,6 +157,43 @@ static inline void ref_state_read(RefState* r, const char* path, const LlamaConf
     fcloseCheck(f, path);
 }
 
+/*
+ * Writes r in the reference-state format (README), e.g. a CPU run of the reference batch that the GPU
+ * build is then compared with. V: vocabulary size of the model.
+ */
+static inline void ref_state_write(const char* path, const RefState* r, int V) {
+    int32_t h[HEADER_INTS];
+    memset(h, 0, sizeof(h));
+    h[0] = REF_MAGIC;
+    h[1] = 1;
+    h[2] = r->B;
+    h[3] = r->T;
+    h[4] = r->steps;
+    h[5] = f32_word(r->lr);
+    h[6] = f32_word(r->weight_decay);
+    h[7] = f32_word(r->beta1);
+    h[8] = f32_word(r->beta2);
+    h[9] = f32_word(r->eps);
+    h[10] = f32_word(r->clip);
+    h[11] = (int32_t)r->num_params;
+    size_t N = (size_t)r->B * r->T;
+    int32_t* raw = (int32_t*)mallocCheck((size_t)r->B * (r->T + 1) * sizeof(int32_t));
+    for (int b = 0; b < r->B; b++) {
+        for (int t = 0; t < r->T; t++) raw[b * (r->T + 1) + t] = r->inputs[b * r->T + t];
+        raw[b * (r->T + 1) + r->T] = r->targets[b * r->T + r->T - 1];
+    }
+    char tmp[TMP_PATH_LEN];
+    FILE* f = atomic_open(path, tmp, sizeof(tmp));
+    fwriteCheck(h, sizeof(int32_t), HEADER_INTS, f, tmp);
+    fwriteCheck(raw, sizeof(int32_t), (size_t)r->B * (r->T + 1), f, tmp);
+    fwriteCheck(r->logits, sizeof(float), N * (size_t)V, f, tmp);
+    fwriteCheck(&r->loss, sizeof(float), 1, f, tmp);
+    fwriteCheck(r->grads, sizeof(float), r->num_params, f, tmp);
+    fwriteCheck(r->losses, sizeof(float), (size_t)r->steps, f, tmp);
+    atomic_commit(f, tmp, path);
+    free(raw);
+}
+
 static inline void ref_state_free(RefState* r) {
     free(r->inputs);
     free(r->logits);

@@ -5,8 +5,9 @@
 
 The CSV is llama/logger.h's fp8_stats.csv: one row per FP8 GEMM operand and layer on each logged step,
 `step,layer,gemm,operand,format,amax,scale,saturated_frac,underflow_frac`. amax is max|x| of the tensor
-before the cast; saturated_frac and underflow_frac are the fractions of its elements that the cast
-clipped to +-fp8_max and flushed to zero. When a (step, layer, gemm, operand) appears twice (a resumed
+before the cast; saturated_frac is the fraction of its elements whose FP8 code is +-fp8_max (under
+current scaling the amax element itself is one, so it is rarely 0) and underflow_frac the fraction of
+non-zero elements the cast flushed to zero (fp8/fp8.h). When a (step, layer, gemm, operand) appears twice (a resumed
 run appends), the later row wins.
 
 The PNG has one column per GEMM (wqkv, wo, w13, w2) and, for each operand (W, X, dY), three rows: amax

@@ -1,0 +1,1261 @@
+/*
+ * Kernel cases: every GPU op of llama/ops_cuda.cuh checked against the CPU op of the same name in
+ * llama/ops_cpu.h (the contract), one case per family, optionally timed. Used by the kernel playground
+ * dev/cuda/bench_kernels.cu (Llama-2 7B/13B shapes, with timings) and by test_llama.cu (a small shape,
+ * no timings).
+ *
+ * Both backends live in this one nvcc translation unit: the GPU backend as usual, the CPU backend inside
+ * `namespace cpu` (cpu::act_t is float, cpu:: ops take host pointers, GPU ops device pointers). The CPU
+ * backend must be in BF16 mode (cpu::backend_init(PRECISION_BF16), done by run_kernel_case) so that it
+ * rounds to BF16 wherever the GPU stores BF16.
+ *
+ * Every case draws fresh inputs from its seed (llama/rng.h), rounds them to BF16 values where the GPU
+ * reads BF16 so that both sides see identical inputs, poisons the outputs (0xFF bytes on the GPU = NaN
+ * in BF16 and FP32; NaN on the CPU), runs both ops, compares every output against a stated tolerance
+ * and prints one line per output; with iters > 0 it then times the GPU op with CUDA events. A case
+ * returns its number of failed comparisons. This header must not include llama/model.h or trainer.h:
+ * test_llama.cu includes it after train_llama.cu.
+ */
+#pragma once
+
+/* ops_cpu.h must be seen for the first time inside namespace cpu below (it is `#pragma once`). */
+#ifdef REDUCE_CHUNK
+#error "llama/ops_cpu.h was included before dev/cuda/kernel_cases.cuh; it must only be included inside namespace cpu"
+#endif
+
+#include <math.h>
+#include <omp.h>
+
+#ifndef LLM8_NO_BLAS
+#include <cblas.h>
+#endif
+
+#include "../../llama/ops_cuda.cuh"
+#include "../../llama/rng.h"
+
+#pragma push_macro("ATT_STATS_SIZE")
+#undef ATT_STATS_SIZE
+namespace cpu {
+#include "../../llama/ops_cpu.h"
+}
+#undef ATT_STATS_SIZE
+#pragma pop_macro("ATT_STATS_SIZE")
+
+/* The CPU attention keeps its probabilities (B, NH, T, T) for backward; ATT_STATS_SIZE is the GPU's (B, NH, T). */
+#define CPU_ATT_STATS_SIZE(B, NH, T) ((size_t)(B) * (NH) * (T) * (T))
+
+/* Shape of a case: batch, sequence, model width, query heads, kv heads, SwiGLU hidden size, vocabulary. */
+typedef struct {
+    int B, T, C, NH, NKV, F, V;
+} KernelShape;
+
+/* One family of ops: run() returns the number of failed comparisons; iters > 0 also times the GPU ops. */
+typedef struct {
+    const char* family;
+    const char* ops;
+    int (*run)(const KernelShape* s, int iters, uint64_t seed);
+} KernelCase;
+
+/* The slowest timed op of the last run_kernel_case (0 when nothing was timed), for summaries. */
+static double g_kernel_case_slowest_us = 0.0;
+static char g_kernel_case_slowest_op[64] = "";
+
+/* ------------------------------------------------------------ inputs */
+
+/* Values per independently seeded chunk of a random fill: the values do not depend on the thread count. */
+#define KC_FILL_CHUNK ((size_t)1 << 16)
+#define KC_RMS_EPS 1e-5f
+
+static inline float* kc_host(size_t n) { return (float*)mallocCheck(n * sizeof(float)); }
+
+static inline void kc_nan_fill(float* x, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
+}
+
+static inline Rng kc_chunk_rng(uint64_t seed, size_t chunk) {
+    Rng r;
+    rng_seed(&r, seed ^ (0x9e3779b97f4a7c15ull * (chunk + 1)));
+    return r;
+}
+
+/* x (n) = mean + std * N(0, 1), rounded to BF16 values when bf16 (what a BF16 tensor can hold). */
+static inline void kc_fill_normal(float* x, size_t n, uint64_t seed, float mean, float std, int bf16) {
+    size_t chunks = ceil_div(n, KC_FILL_CHUNK);
+#pragma omp parallel for schedule(static)
+    for (size_t k = 0; k < chunks; k++) {
+        Rng r = kc_chunk_rng(seed, k);
+        size_t end = (k + 1) * KC_FILL_CHUNK < n ? (k + 1) * KC_FILL_CHUNK : n;
+        for (size_t i = k * KC_FILL_CHUNK; i < end; i++) {
+            float v = mean + std * rng_normal(&r);
+            x[i] = bf16 ? bf16_round(v) : v;
+        }
+    }
+}
+
+/* BF16 values of random sign and magnitudes log-uniform in [2^-20, 2^2): exercises FP8 underflow. */
+static inline void kc_fill_log_uniform(float* x, size_t n, uint64_t seed) {
+    size_t chunks = ceil_div(n, KC_FILL_CHUNK);
+#pragma omp parallel for schedule(static)
+    for (size_t k = 0; k < chunks; k++) {
+        Rng r = kc_chunk_rng(seed, k);
+        size_t end = (k + 1) * KC_FILL_CHUNK < n ? (k + 1) * KC_FILL_CHUNK : n;
+        for (size_t i = k * KC_FILL_CHUNK; i < end; i++) {
+            float v = exp2f(-20.0f + 22.0f * rng_uniform(&r));
+            x[i] = bf16_round(rng_uniform(&r) < 0.5f ? -v : v);
+        }
+    }
+}
+
+/* ------------------------------------------------------------ device transfers */
+
+static inline void kc_poison(void* d, size_t bytes) { cudaCheck(cudaMemset(d, 0xFF, bytes)); }
+
+/*
+ * d (n BF16) = x (n), which must hold BF16 values already (both sides then see the same inputs). The
+ * BF16 bits are the float's upper half, exact for BF16 values and keeping a NaN's payload (unlike
+ * __float2bfloat16_rn, which returns a canonical NaN).
+ */
+static inline void kc_upload_act(act_t* d, const float* x, size_t n) {
+    uint16_t* tmp = (uint16_t*)mallocCheck(n * sizeof(uint16_t));
+    size_t inexact = 0;
+#pragma omp parallel for schedule(static) reduction(+ : inexact)
+    for (size_t i = 0; i < n; i++) {
+        float r = bf16_round(x[i]);
+        inexact += !(float_bits(r) == float_bits(x[i]) || (x[i] != x[i] && r != r));
+        tmp[i] = (uint16_t)(float_bits(x[i]) >> 16);
+    }
+    if (inexact) die("kernel case: %zu of %zu inputs are not BF16 values (round them before uploading)", inexact, n);
+    dev_upload(d, tmp, n * sizeof(act_t));
+    free(tmp);
+}
+
+static inline act_t* kc_dev_act(const float* x, size_t n) {
+    act_t* d = (act_t*)dev_alloc(n * sizeof(act_t));
+    kc_upload_act(d, x, n);
+    return d;
+}
+
+static inline float* kc_dev_f32(const float* x, size_t n) {
+    float* d = (float*)dev_alloc(n * sizeof(float));
+    dev_upload(d, x, n * sizeof(float));
+    return d;
+}
+
+static inline void* kc_dev_bytes(const void* x, size_t bytes) {
+    void* d = dev_alloc(bytes);
+    dev_upload(d, x, bytes);
+    return d;
+}
+
+/* Host floats (malloc'd) of a device tensor; waits for the queued work first (synchronous copy). */
+static inline float* kc_get_act(const act_t* d, size_t n) {
+    float* x = kc_host(n);
+    act_to_float_host(x, d, n);
+    return x;
+}
+
+static inline float* kc_get_f32(const float* d, size_t n) {
+    float* x = kc_host(n);
+    dev_download(x, d, n * sizeof(float));
+    return x;
+}
+
+/* ------------------------------------------------------------ comparisons */
+
+/* Explicit mantissa bits of the stored formats, for ulp tolerances. */
+#define KC_BF16_MANT 7
+#define KC_F32_MANT 23
+
+/* ulp of |x| in a format with `mant` mantissa bits: 2^(floor(log2 |x|) - mant); 0 for x == 0. */
+static inline double kc_ulp(double x, int mant) {
+    if (x == 0.0 || !isfinite(x)) return 0.0;
+    int e;
+    frexp(fabs(x), &e);
+    return ldexp(1.0, e - 1 - mant);
+}
+
+static inline void kc_print_bad(size_t bad, size_t n, size_t first, double g, double c) {
+    if (bad) printf("      FAIL: %zu of %zu outside; first at index %zu: gpu %.9g, cpu %.9g\n", bad, n, first, g, c);
+}
+
+/*
+ * Elementwise check: |gpu - cpu| <= ulps * ulp(cpu) + atol for every element (ulp in the format with `mant`
+ * mantissa bits); NaN must meet NaN and an infinity the same infinity. Returns 1 on failure.
+ */
+static inline int kc_compare_ulps(const char* op, const float* got, const float* ref, size_t n, int mant, double ulps,
+                                  double atol) {
+    double max_abs = 0.0, diff2 = 0.0, ref2 = 0.0;
+    size_t bad = 0, first = (size_t)-1;
+#pragma omp parallel for schedule(static) reduction(max : max_abs) reduction(+ : diff2, ref2, bad) reduction(min : first)
+    for (size_t i = 0; i < n; i++) {
+        double g = got[i], c = ref[i];
+        int ok;
+        if (isnan(g) || isnan(c)) {
+            ok = isnan(g) && isnan(c);
+        } else if (isinf(g) || isinf(c)) {
+            ok = g == c;
+        } else {
+            double d = fabs(g - c);
+            ok = d <= ulps * kc_ulp(c, mant) + atol;
+            max_abs = d > max_abs ? d : max_abs;
+            diff2 += d * d;
+            ref2 += c * c;
+        }
+        if (!ok) {
+            bad++;
+            first = i < first ? i : first;
+        }
+    }
+    double rel = ref2 > 0.0 ? sqrt(diff2 / ref2) : sqrt(diff2);
+    char tol[64];
+    if (ulps == 0.0 && atol == 0.0) snprintf(tol, sizeof(tol), "bit-identical");
+    else snprintf(tol, sizeof(tol), "%g %s ulp + %.0e", ulps, mant == KC_BF16_MANT ? "BF16" : "FP32", atol);
+    printf("    %s: max abs err %.3e, rel L2 %.3e, tol %s%s\n", op, max_abs, rel, tol, bad ? "  FAIL" : "");
+    if (bad) kc_print_bad(bad, n, first, got[first], ref[first]);
+    return bad != 0;
+}
+
+/*
+ * Norm check for reductions, attention and GEMMs: relative L2 error <= rel_l2_tol and max abs error <=
+ * max_abs_frac * max |cpu|; any non-finite value fails. Returns 1 on failure.
+ */
+static inline int kc_compare_norm(const char* op, const float* got, const float* ref, size_t n, double rel_l2_tol,
+                                  double max_abs_frac) {
+    double max_abs = 0.0, diff2 = 0.0, ref2 = 0.0, ref_max = 0.0;
+    size_t nonfinite = 0, first = (size_t)-1, arg = 0;
+#pragma omp parallel for schedule(static) reduction(max : max_abs, ref_max) reduction(+ : diff2, ref2, nonfinite) \
+    reduction(min : first)
+    for (size_t i = 0; i < n; i++) {
+        double g = got[i], c = ref[i];
+        if (!isfinite(g) || !isfinite(c)) {
+            nonfinite++;
+            first = i < first ? i : first;
+            continue;
+        }
+        double d = fabs(g - c);
+        max_abs = d > max_abs ? d : max_abs;
+        ref_max = fabs(c) > ref_max ? fabs(c) : ref_max;
+        diff2 += d * d;
+        ref2 += c * c;
+    }
+    double rel = ref2 > 0.0 ? sqrt(diff2 / ref2) : sqrt(diff2);
+    double abs_tol = max_abs_frac * ref_max;
+    int failed = nonfinite != 0 || rel > rel_l2_tol || max_abs > abs_tol;
+    printf("    %s: max abs err %.3e, rel L2 %.3e, tol rel L2 %.0e, max abs %.3e (%.0e x max|cpu| %.3e)%s\n", op, max_abs, rel,
+           rel_l2_tol, abs_tol, max_abs_frac, ref_max, failed ? "  FAIL" : "");
+    if (nonfinite) kc_print_bad(nonfinite, n, first, got[first], ref[first]);
+    if (failed && !nonfinite) {
+        for (size_t i = 0; i < n; i++) {
+            if (fabs((double)got[i] - ref[i]) == max_abs) {
+                arg = i;
+                break;
+            }
+        }
+        printf("      FAIL: largest error at index %zu: gpu %.9g, cpu %.9g\n", arg, got[arg], ref[arg]);
+    }
+    return failed;
+}
+
+/* Number of differing bytes (prints the first); n == 0 compares nothing. */
+static inline size_t kc_count_diff(const uint8_t* got, const uint8_t* ref, size_t n, size_t* first) {
+    size_t bad = 0, f = (size_t)-1;
+#pragma omp parallel for schedule(static) reduction(+ : bad) reduction(min : f)
+    for (size_t i = 0; i < n; i++) {
+        if (got[i] != ref[i]) {
+            bad++;
+            f = i < f ? i : f;
+        }
+    }
+    *first = f;
+    return bad;
+}
+
+/* Bit-identical floats; two NaNs count as equal whatever their payloads (a NaN's bits carry no meaning here). */
+static inline int kc_same_bits(float a, float b) { return float_bits(a) == float_bits(b) || (a != a && b != b); }
+
+/* Number of non-finite values among n. */
+static inline size_t kc_count_nonfinite(const float* x, size_t n) {
+    size_t bad = 0;
+#pragma omp parallel for schedule(static) reduction(+ : bad)
+    for (size_t i = 0; i < n; i++) bad += !isfinite(x[i]);
+    return bad;
+}
+
+/* ------------------------------------------------------------ timing */
+
+/*
+ * Mean time of `launch` over iters calls after one warm-up, with CUDA events on the default stream; prints
+ * microseconds and TFLOP/s (flops > 0) or effective GB/s (bytes each call must move at least). iters <= 0:
+ * nothing.
+ */
+template <typename Launch>
+static inline void kc_time(const char* op, int iters, double bytes, double flops, Launch launch) {
+    if (iters <= 0) return;
+    launch();
+    cudaCheck(cudaDeviceSynchronize());
+    cudaEvent_t start, stop;
+    cudaCheck(cudaEventCreate(&start));
+    cudaCheck(cudaEventCreate(&stop));
+    cudaCheck(cudaEventRecord(start, 0));
+    for (int i = 0; i < iters; i++) launch();
+    cudaCheck(cudaEventRecord(stop, 0));
+    cudaCheck(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    cudaCheck(cudaEventElapsedTime(&ms, start, stop));
+    cudaCheck(cudaEventDestroy(start));
+    cudaCheck(cudaEventDestroy(stop));
+    cudaCheck(cudaGetLastError());
+    double us = 1000.0 * ms / iters;
+    if (flops > 0.0) printf("    %s: %.1f us, %.1f TFLOP/s\n", op, us, flops / (us * 1e-6) / 1e12);
+    else printf("    %s: %.1f us, %.1f GB/s\n", op, us, bytes / (us * 1e-6) / 1e9);
+    if (us > g_kernel_case_slowest_us) {
+        g_kernel_case_slowest_us = us;
+        snprintf(g_kernel_case_slowest_op, sizeof(g_kernel_case_slowest_op), "%s", op);
+    }
+}
+
+/* ------------------------------------------------------------ params: op_params_from_master, op_adamw */
+
+/*
+ * Tolerances. params_from_master is one round-to-nearest-even on both sides: bit-identical. AdamW runs
+ * optim.h's adamw_update on both sides, but nvcc contracts a*b+c into FMAs in the moment updates and gcc
+ * (baseline x86-64) does not: a few FP32 ulps, plus an atol of 1e-9 (~10 ulps of the ~1e-3 moments and
+ * ~3e-4 updates) for values that cancel to near zero.
+ */
+static int kc_case_params(const KernelShape* s, int iters, uint64_t seed) {
+    uint64_t stream = seed;
+    int failed = 0;
+    size_t n = (size_t)2 * s->C * s->F; /* one w1|w3 weight */
+    float* master = kc_host(n);
+    kc_fill_normal(master, n, splitmix64(&stream), 0.0f, 0.02f, 0);
+    float* d_master = kc_dev_f32(master, n);
+
+    float* ref = kc_host(n);
+    kc_nan_fill(ref, n);
+    cpu::op_params_from_master(ref, master, n);
+    act_t* d_out = (act_t*)dev_alloc(n * sizeof(act_t));
+    kc_poison(d_out, n * sizeof(act_t));
+    op_params_from_master(d_out, d_master, n);
+    float* got = kc_get_act(d_out, n);
+    failed += kc_compare_ulps("params_from_master", got, ref, n, KC_BF16_MANT, 0.0, 0.0);
+    kc_time("params_from_master", iters, 6.0 * n, 0.0, [&] { op_params_from_master(d_out, d_master, n); });
+    free(got);
+    free(ref);
+    dev_free(d_out);
+
+    float* m = kc_host(n);
+    float* v = kc_host(n);
+    float* grads = kc_host(n);
+    kc_fill_normal(m, n, splitmix64(&stream), 0.0f, 1e-3f, 0);
+    /* second moments of gradients ~1e-3, as after some steps: m / sqrt(v) stays O(1), so the update does
+       not dwarf (and cancel against) the master weight, which an ulp tolerance could not absorb */
+    kc_fill_normal(v, n, splitmix64(&stream), 1e-6f, 1e-7f, 0);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
+    kc_fill_normal(grads, n, splitmix64(&stream), 0.0f, 1e-2f, 0);
+    float* d_m = kc_dev_f32(m, n);
+    float* d_v = kc_dev_f32(v, n);
+    float* d_grads = kc_dev_f32(grads, n);
+    const int step = 10;
+    float lr = 3e-4f, wd = 0.1f, grad_scale = 0.5f;
+    float bc1 = 1.0f - powf(ADAMW_BETA1, (float)step), bc2_sqrt = sqrtf(1.0f - powf(ADAMW_BETA2, (float)step));
+    cpu::op_adamw(master, m, v, grads, n, lr, wd, bc1, bc2_sqrt, grad_scale);
+    op_adamw(d_master, d_m, d_v, d_grads, n, lr, wd, bc1, bc2_sqrt, grad_scale);
+    float* got_master = kc_get_f32(d_master, n);
+    float* got_m = kc_get_f32(d_m, n);
+    float* got_v = kc_get_f32(d_v, n);
+    failed += kc_compare_ulps("adamw master", got_master, master, n, KC_F32_MANT, 4.0, 1e-9);
+    failed += kc_compare_ulps("adamw m", got_m, m, n, KC_F32_MANT, 4.0, 1e-9);
+    failed += kc_compare_ulps("adamw v", got_v, v, n, KC_F32_MANT, 4.0, 1e-12);
+    kc_time("adamw", iters, 28.0 * n, 0.0,
+            [&] { op_adamw(d_master, d_m, d_v, d_grads, n, lr, wd, bc1, bc2_sqrt, grad_scale); });
+    free(got_master);
+    free(got_m);
+    free(got_v);
+    free(master);
+    free(m);
+    free(v);
+    free(grads);
+    dev_free(d_master);
+    dev_free(d_m);
+    dev_free(d_v);
+    dev_free(d_grads);
+    return failed;
+}
+
+/* ------------------------------------------------------------ encoder: op_encoder_forward, op_encoder_backward */
+
+/* Distinct tokens that about half of the positions draw from, so that backward sums repeated rows. */
+#define KC_TOKEN_POOL 64
+
+/*
+ * Tolerances: forward is a copy (bit-identical). Backward sums each token's rows in position order,
+ * starting from dwte's value, on both sides (the GPU buckets by token on the host): bit-identical too.
+ */
+static int kc_case_encoder(const KernelShape* s, int iters, uint64_t seed) {
+    uint64_t stream = seed;
+    int failed = 0;
+    size_t N = (size_t)s->B * s->T, C = (size_t)s->C, V = (size_t)s->V;
+    Rng rng;
+    rng_seed(&rng, splitmix64(&stream));
+    int pool[KC_TOKEN_POOL];
+    for (int i = 0; i < KC_TOKEN_POOL; i++) pool[i] = (int)rng_below(&rng, V);
+    int* tokens = (int*)mallocCheck(N * sizeof(int));
+    for (size_t i = 0; i < N; i++)
+        tokens[i] = rng_uniform(&rng) < 0.5f ? pool[rng_below(&rng, KC_TOKEN_POOL)] : (int)rng_below(&rng, V);
+    tokens[0] = (int)V - 1; /* the last row of wte */
+    size_t distinct = 0;
+    {
+        char* seen = (char*)callocCheck(V, 1);
+        for (size_t i = 0; i < N; i++) {
+            distinct += !seen[tokens[i]];
+            seen[tokens[i]] = 1;
+        }
+        free(seen);
+    }
+    int* d_tokens = (int*)kc_dev_bytes(tokens, N * sizeof(int));
+
+    float* wte = kc_host(V * C);
+    kc_fill_normal(wte, V * C, splitmix64(&stream), 0.0f, 1.0f, 1);
+    act_t* d_wte = kc_dev_act(wte, V * C);
+    float* ref = kc_host(N * C);
+    kc_nan_fill(ref, N * C);
+    cpu::op_encoder_forward(ref, tokens, wte, N, (int)C);
+    act_t* d_out = (act_t*)dev_alloc(N * C * sizeof(act_t));
+    kc_poison(d_out, N * C * sizeof(act_t));
+    op_encoder_forward(d_out, d_tokens, d_wte, N, (int)C);
+    float* got = kc_get_act(d_out, N * C);
+    failed += kc_compare_ulps("encoder_forward", got, ref, N * C, KC_BF16_MANT, 0.0, 0.0);
+    kc_time("encoder_forward", iters, 4.0 * N * C, 0.0, [&] { op_encoder_forward(d_out, d_tokens, d_wte, N, (int)C); });
+    free(got);
+    free(ref);
+    free(wte);
+    dev_free(d_out);
+    dev_free(d_wte);
+
+    float* dwte = kc_host(V * C);
+    kc_fill_normal(dwte, V * C, splitmix64(&stream), 0.0f, 1e-2f, 0); /* accumulates into earlier gradients */
+    float* dout = kc_host(N * C);
+    kc_fill_normal(dout, N * C, splitmix64(&stream), 0.0f, 1.0f, 1);
+    float* d_dwte = kc_dev_f32(dwte, V * C);
+    act_t* d_dout = kc_dev_act(dout, N * C);
+    cpu::op_encoder_backward(dwte, dout, tokens, tokens, N, (int)C);
+    op_encoder_backward(d_dwte, d_dout, d_tokens, tokens, N, (int)C);
+    got = kc_get_f32(d_dwte, V * C);
+    failed += kc_compare_ulps("encoder_backward dwte", got, dwte, V * C, KC_F32_MANT, 0.0, 0.0);
+    kc_time("encoder_backward", iters, 2.0 * N * C + 8.0 * distinct * C, 0.0,
+            [&] { op_encoder_backward(d_dwte, d_dout, d_tokens, tokens, N, (int)C); });
+    free(got);
+    free(dwte);
+    free(dout);
+    free(tokens);
+    dev_free(d_dwte);
+    dev_free(d_dout);
+    dev_free(d_tokens);
+    return failed;
+}
+
+/* ------------------------------------------------------------ rmsnorm */
+
+/*
+ * Tolerances. rstd: the GPU sums x^2 in FP32 (per thread, then a block tree), the CPU in double: relative
+ * error ~1e-6 at C = 5120, so 64 FP32 ulps. out = x * rstd * w stored BF16: that rstd difference can
+ * move a value across a BF16 rounding boundary, so 2 BF16 ulps (+1e-6). resid_out is one FP32 add and
+ * one rounding on both sides: bit-identical. dinp: besides the rounding, g*w - xh*mean and the += can
+ * cancel, where FMA contraction (GPU) leaves ~1e-7 absolute differences: 2 BF16 ulps + 1e-5.
+ * dweight sums N rows: serially in FP32 on the CPU (random-walk error ~2^-24 * N * |dout*xh|, i.e. ~2e-6
+ * relative at N = 4096), in per-block partials on the GPU: rel L2 3e-5, max abs 3e-5 x max|cpu|.
+ */
+static int kc_case_rmsnorm(const KernelShape* s, int iters, uint64_t seed) {
+    uint64_t stream = seed;
+    int failed = 0;
+    size_t N = (size_t)s->B * s->T, C = (size_t)s->C, NC = N * C;
+    float* inp = kc_host(NC);
+    float* weight = kc_host(C);
+    kc_fill_normal(inp, NC, splitmix64(&stream), 0.0f, 1.0f, 1);
+    kc_fill_normal(weight, C, splitmix64(&stream), 1.0f, 0.1f, 1);
+    act_t* d_inp = kc_dev_act(inp, NC);
+    act_t* d_weight = kc_dev_act(weight, C);
+    float* out = kc_host(NC);
+    float* rstd = kc_host(N);
+    act_t* d_out = (act_t*)dev_alloc(NC * sizeof(act_t));
+    float* d_rstd = (float*)dev_alloc(N * sizeof(float));
+
+    /* forward */
+    kc_nan_fill(out, NC);
+    kc_nan_fill(rstd, N);
+    cpu::op_rmsnorm_forward(out, rstd, inp, weight, N, (int)C, KC_RMS_EPS);
+    kc_poison(d_out, NC * sizeof(act_t));
+    kc_poison(d_rstd, N * sizeof(float));
+    op_rmsnorm_forward(d_out, d_rstd, d_inp, d_weight, N, (int)C, KC_RMS_EPS);
+    float* got = kc_get_act(d_out, NC);
+    float* got_rstd = kc_get_f32(d_rstd, N);
+    failed += kc_compare_ulps("rmsnorm_forward out", got, out, NC, KC_BF16_MANT, 2.0, 1e-6);
+    failed += kc_compare_ulps("rmsnorm_forward rstd", got_rstd, rstd, N, KC_F32_MANT, 64.0, 0.0);
+    kc_time("rmsnorm_forward", iters, 4.0 * NC + 4.0 * N, 0.0,
+            [&] { op_rmsnorm_forward(d_out, d_rstd, d_inp, d_weight, N, (int)C, KC_RMS_EPS); });
+    free(got);
+    free(got_rstd);
+
+    /* fused residual + forward */
+    float* branch = kc_host(NC);
+    kc_fill_normal(branch, NC, splitmix64(&stream), 0.0f, 0.5f, 1);
+    act_t* d_branch = kc_dev_act(branch, NC);
+    float* resid = kc_host(NC);
+    float* norm = kc_host(NC);
+    float* rstd2 = kc_host(N);
+    kc_nan_fill(resid, NC);
+    kc_nan_fill(norm, NC);
+    kc_nan_fill(rstd2, N);
+    cpu::op_residual_rmsnorm_forward(resid, norm, rstd2, inp, branch, weight, N, (int)C, KC_RMS_EPS);
+    act_t* d_resid = (act_t*)dev_alloc(NC * sizeof(act_t));
+    kc_poison(d_resid, NC * sizeof(act_t));
+    kc_poison(d_out, NC * sizeof(act_t));
+    kc_poison(d_rstd, N * sizeof(float));
+    op_residual_rmsnorm_forward(d_resid, d_out, d_rstd, d_inp, d_branch, d_weight, N, (int)C, KC_RMS_EPS);
+    float* got_resid = kc_get_act(d_resid, NC);
+    got = kc_get_act(d_out, NC);
+    got_rstd = kc_get_f32(d_rstd, N);
+    failed += kc_compare_ulps("residual_rmsnorm_forward resid_out", got_resid, resid, NC, KC_BF16_MANT, 0.0, 0.0);
+    failed += kc_compare_ulps("residual_rmsnorm_forward norm_out", got, norm, NC, KC_BF16_MANT, 2.0, 1e-6);
+    failed += kc_compare_ulps("residual_rmsnorm_forward rstd", got_rstd, rstd2, N, KC_F32_MANT, 64.0, 0.0);
+    kc_time("residual_rmsnorm_forward", iters, 8.0 * NC + 4.0 * N, 0.0, [&] {
+        op_residual_rmsnorm_forward(d_resid, d_out, d_rstd, d_inp, d_branch, d_weight, N, (int)C, KC_RMS_EPS);
+    });
+    free(got);
+    free(got_rstd);
+    free(got_resid);
+    free(branch);
+    free(resid);
+    free(norm);
+    free(rstd2);
+    dev_free(d_branch);
+    dev_free(d_resid);
+
+    /* backward, accumulating into non-zero dinp and dweight; rstd is the CPU forward's on both sides */
+    float* dinp = kc_host(NC);
+    float* dweight = kc_host(C);
+    float* dout = kc_host(NC);
+    kc_fill_normal(dinp, NC, splitmix64(&stream), 0.0f, 1.0f, 1);
+    kc_fill_normal(dweight, C, splitmix64(&stream), 0.0f, 1.0f, 0);
+    kc_fill_normal(dout, NC, splitmix64(&stream), 0.0f, 1.0f, 1);
+    act_t* d_dinp = kc_dev_act(dinp, NC);
+    float* d_dweight = kc_dev_f32(dweight, C);
+    act_t* d_dout = kc_dev_act(dout, NC);
+    dev_upload(d_rstd, rstd, N * sizeof(float));
+    cpu::op_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, (int)C);
+    op_rmsnorm_backward(d_dinp, d_dweight, d_dout, d_inp, d_weight, d_rstd, N, (int)C);
+    got = kc_get_act(d_dinp, NC);
+    float* got_dw = kc_get_f32(d_dweight, C);
+    failed += kc_compare_ulps("rmsnorm_backward dinp", got, dinp, NC, KC_BF16_MANT, 2.0, 1e-5);
+    failed += kc_compare_norm("rmsnorm_backward dweight", got_dw, dweight, C, 3e-5, 3e-5);
+    kc_time("rmsnorm_backward", iters, 8.0 * NC + 4.0 * N, 0.0,
+            [&] { op_rmsnorm_backward(d_dinp, d_dweight, d_dout, d_inp, d_weight, d_rstd, N, (int)C); });
+    free(got);
+    free(got_dw);
+    free(dinp);
+    free(dweight);
+    free(dout);
+    free(inp);
+    free(weight);
+    free(out);
+    free(rstd);
+    dev_free(d_dinp);
+    dev_free(d_dweight);
+    dev_free(d_dout);
+    dev_free(d_inp);
+    dev_free(d_weight);
+    dev_free(d_out);
+    dev_free(d_rstd);
+    return failed;
+}
+
+/* ------------------------------------------------------------ rope */
+
+/* The RoPE tables (T, HS/2) of model.h's rope_tables (theta^(-2i/HS), angles in float64). */
+static inline void kc_rope_tables(int T, int HS, float* cos_t, float* sin_t) {
+    int half = HS / 2;
+    for (int t = 0; t < T; t++) {
+        for (int i = 0; i < half; i++) {
+            double angle = (double)t / pow((double)LLAMA_ROPE_THETA, (2.0 * i) / (double)HS);
+            cos_t[(size_t)t * half + i] = (float)cos(angle);
+            sin_t[(size_t)t * half + i] = (float)sin(angle);
+        }
+    }
+}
+
+/*
+ * Tolerance: x1*c - x2*s is computed in FP32 on both sides, contracted into an FMA on the GPU, then
+ * stored BF16: a rounding boundary can fall between them (2 BF16 ulps), and where the two products
+ * cancel the FP32 difference is absolute (~1e-7 for O(1) inputs): + 1e-5. The v part must come back
+ * untouched.
+ */
+static int kc_case_rope(const KernelShape* s, int iters, uint64_t seed) {
+    uint64_t stream = seed;
+    int failed = 0;
+    int B = s->B, T = s->T, NH = s->NH, NKV = s->NKV, HS = s->C / s->NH;
+    size_t n = (size_t)B * T * (NH + 2 * NKV) * HS, half = (size_t)HS / 2;
+    float* cos_t = kc_host((size_t)T * half);
+    float* sin_t = kc_host((size_t)T * half);
+    kc_rope_tables(T, HS, cos_t, sin_t);
+    float* d_cos = kc_dev_f32(cos_t, (size_t)T * half);
+    float* d_sin = kc_dev_f32(sin_t, (size_t)T * half);
+    double bytes = 4.0 * B * T * (NH + NKV) * HS + 8.0 * T * half;
+    const char* names[2] = {"rope_forward qkv", "rope_backward dqkv"};
+    for (int dir = 0; dir < 2; dir++) {
+        float* x = kc_host(n);
+        kc_fill_normal(x, n, splitmix64(&stream), 0.0f, 1.0f, 1);
+        act_t* d_x = kc_dev_act(x, n); /* in place: the input is the output */
+        if (dir == 0) {
+            cpu::op_rope_forward(x, cos_t, sin_t, B, T, NH, NKV, HS);
+            op_rope_forward(d_x, d_cos, d_sin, B, T, NH, NKV, HS);
+        } else {
+            cpu::op_rope_backward(x, cos_t, sin_t, B, T, NH, NKV, HS);
+            op_rope_backward(d_x, d_cos, d_sin, B, T, NH, NKV, HS);
+        }
+        float* got = kc_get_act(d_x, n);
+        failed += kc_compare_ulps(names[dir], got, x, n, KC_BF16_MANT, 2.0, 1e-5);
+        if (dir == 0) kc_time("rope_forward", iters, bytes, 0.0, [&] { op_rope_forward(d_x, d_cos, d_sin, B, T, NH, NKV, HS); });
+        else kc_time("rope_backward", iters, bytes, 0.0, [&] { op_rope_backward(d_x, d_cos, d_sin, B, T, NH, NKV, HS); });
+        free(got);
+        free(x);
+        dev_free(d_x);
+    }
+    free(cos_t);
+    free(sin_t);
+    dev_free(d_cos);
+    dev_free(d_sin);
+    return failed;
+}
+
+/* ------------------------------------------------------------ attention */
+
+/*
+ * CPU work allowed for one attention comparison, in query-head x T x T x HS units: 8 heads at T 4096,
+ * HS 128 (~10 s of the CPU reference on 16 cores, 0.5 GiB of probabilities).
+ */
+#ifndef KC_ATT_CPU_WORK
+#define KC_ATT_CPU_WORK (8.0 * 4096.0 * 4096.0 * 128.0)
+#endif
+/* T of the extra GQA check when the shape itself has NKV == NH. */
+#define KC_ATT_GQA_T 512
+
+/* Copies `width` columns of `rows` rows: dst[r][dst_col + j] = src[r][src_col + j] (row strides in elements). */
+static inline void kc_copy_cols(float* dst, size_t dst_stride, size_t dst_col, const float* src, size_t src_stride,
+                                size_t src_col, size_t width, size_t rows) {
+#pragma omp parallel for schedule(static)
+    for (size_t r = 0; r < rows; r++) memcpy(dst + r * dst_stride + dst_col, src + r * src_stride + src_col, width * sizeof(float));
+}
+
+/*
+ * One attention comparison. The GPU runs the full (B, T, NH, NKV, HS) problem; the CPU reference (O(T^2)
+ * per head, with a (B, NH, T, T) probability matrix) runs on the subset of it that fits KC_ATT_CPU_WORK:
+ * batch 0 only when all batches do not fit, and the first NKVc kv heads with all their query heads.
+ * Causal attention of a head reads only its own q and its kv head, and a kv head's gradient only its
+ * group's query heads, so that subset is exactly the sliced problem. Every GPU output is also checked to
+ * be finite over the full size.
+ *
+ * Tolerances: cuDNN's flash attention rounds P to BF16 before P V, rounds dS to BF16 before dS K and
+ * dS^T Q, takes D = rowsum(dO * O) from the BF16 output, and sums in tile order; the CPU keeps all of these
+ * in FP32. Each gives ~2^-9 relative error per element (rel L2 ~2e-3 expected for random inputs), so
+ * rel L2 1e-2 for out and 2e-2 for dq, dk, dv (the backward compounds two roundings), max abs 2e-2 /
+ * 3e-2 x max|cpu|. A layout or masking bug gives errors of order 1.
+ */
+static int kc_attention_compare(const char* label, int B, int T, int NH, int NKV, int HS, int iters, uint64_t seed) {
+    uint64_t stream = seed;
+    int failed = 0;
+    size_t C = (size_t)NH * HS, KVC = (size_t)NKV * HS, QKV = C + 2 * KVC, BT = (size_t)B * T;
+    int group = NH / NKV;
+    double head_work = (double)T * T * HS;
+    int Bc = (double)B * NH * head_work > KC_ATT_CPU_WORK ? 1 : B;
+    double fit = floor(KC_ATT_CPU_WORK / ((double)Bc * group * head_work));
+    int NKVc = fit < 1.0 ? 1 : fit > NKV ? NKV : (int)fit;
+    int NHc = NKVc * group;
+    size_t Cc = (size_t)NHc * HS, KVCc = (size_t)NKVc * HS, QKVc = Cc + 2 * KVCc, BTc = (size_t)Bc * T;
+    printf("    %s: B %d T %d NH %d NKV %d HS %d; CPU reference on %s%d of %d batches, kv heads 0..%d of %d\n", label, B, T,
+           NH, NKV, HS, Bc < B ? "the first " : "", Bc, B, NKVc - 1, NKV);
+
+    float* qkv = kc_host(BT * QKV);
+    float* dout = kc_host(BT * C);
+    kc_fill_normal(qkv, BT * QKV, splitmix64(&stream), 0.0f, 1.0f, 1);
+    kc_fill_normal(dout, BT * C, splitmix64(&stream), 0.0f, 1.0f, 1);
+    act_t* d_qkv = kc_dev_act(qkv, BT * QKV);
+    act_t* d_dout = kc_dev_act(dout, BT * C);
+    act_t* d_out = (act_t*)dev_alloc(BT * C * sizeof(act_t));
+    float* d_stats = (float*)dev_alloc(ATT_STATS_SIZE(B, NH, T) * sizeof(float));
+    act_t* d_dqkv = (act_t*)dev_alloc(BT * QKV * sizeof(act_t));
+    kc_poison(d_out, BT * C * sizeof(act_t));
+    kc_poison(d_stats, ATT_STATS_SIZE(B, NH, T) * sizeof(float));
+    kc_poison(d_dqkv, BT * QKV * sizeof(act_t));
+    op_attention_forward(d_out, d_stats, d_qkv, B, T, NH, NKV, HS);
+    op_attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_stats, B, T, NH, NKV, HS);
+    float* got_out = kc_get_act(d_out, BT * C);
+    float* got_dqkv = kc_get_act(d_dqkv, BT * QKV);
+    size_t nonfinite = kc_count_nonfinite(got_out, BT * C) + kc_count_nonfinite(got_dqkv, BT * QKV);
+    printf("    attention out, dqkv (full size): %zu non-finite of %zu, tol 0%s\n", nonfinite, BT * (C + QKV),
+           nonfinite ? "  FAIL" : "");
+    failed += nonfinite != 0;
+
+    /* the CPU subset: batches < Bc, query heads < NHc and kv heads < NKVc, in qkv's layout with QKVc columns */
+    float* qkv_c = kc_host(BTc * QKVc);
+    kc_copy_cols(qkv_c, QKVc, 0, qkv, QKV, 0, Cc, BTc);                   /* q */
+    kc_copy_cols(qkv_c, QKVc, Cc, qkv, QKV, C, KVCc, BTc);                /* k */
+    kc_copy_cols(qkv_c, QKVc, Cc + KVCc, qkv, QKV, C + KVC, KVCc, BTc);   /* v */
+    float* dout_c = kc_host(BTc * Cc);
+    kc_copy_cols(dout_c, Cc, 0, dout, C, 0, Cc, BTc);
+    float* out_c = kc_host(BTc * Cc);
+    float* probs = kc_host(CPU_ATT_STATS_SIZE(Bc, NHc, T));
+    float* dqkv_c = kc_host(BTc * QKVc);
+    kc_nan_fill(out_c, BTc * Cc);
+    kc_nan_fill(dqkv_c, BTc * QKVc);
+    cpu::op_attention_forward(out_c, probs, qkv_c, Bc, T, NHc, NKVc, HS);
+    cpu::op_attention_backward(dqkv_c, dout_c, qkv_c, out_c, probs, Bc, T, NHc, NKVc, HS);
+
+    float* got = kc_host(BTc * Cc);
+    float* ref = kc_host(BTc * Cc);
+    kc_copy_cols(got, Cc, 0, got_out, C, 0, Cc, BTc);
+    failed += kc_compare_norm("attention_forward out", got, out_c, BTc * Cc, 1e-2, 2e-2);
+    kc_copy_cols(got, Cc, 0, got_dqkv, QKV, 0, Cc, BTc);
+    kc_copy_cols(ref, Cc, 0, dqkv_c, QKVc, 0, Cc, BTc);
+    failed += kc_compare_norm("attention_backward dq", got, ref, BTc * Cc, 2e-2, 3e-2);
+    kc_copy_cols(got, KVCc, 0, got_dqkv, QKV, C, KVCc, BTc);
+    kc_copy_cols(ref, KVCc, 0, dqkv_c, QKVc, Cc, KVCc, BTc);
+    failed += kc_compare_norm("attention_backward dk", got, ref, BTc * KVCc, 2e-2, 3e-2);
+    kc_copy_cols(got, KVCc, 0, got_dqkv, QKV, C + KVC, KVCc, BTc);
+    kc_copy_cols(ref, KVCc, 0, dqkv_c, QKVc, Cc + KVCc, KVCc, BTc);
+    failed += kc_compare_norm("attention_backward dv", got, ref, BTc * KVCc, 2e-2, 3e-2);
+
+    /* causal: half of the T x T scores; forward 2 GEMMs (QK^T, PV), backward 5 (S, dP, dV, dQ, dK) */
+    double fwd_flops = 2.0 * B * NH * (double)T * T * HS;
+    kc_time("attention_forward", iters, 0.0, fwd_flops, [&] { op_attention_forward(d_out, d_stats, d_qkv, B, T, NH, NKV, HS); });
+    kc_time("attention_backward", iters, 0.0, 2.5 * fwd_flops,
+            [&] { op_attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_stats, B, T, NH, NKV, HS); });
+
+    free(got);
+    free(ref);
+    free(qkv_c);
+    free(dout_c);
+    free(out_c);
+    free(probs);
+    free(dqkv_c);
+    free(got_out);
+    free(got_dqkv);
+    free(qkv);
+    free(dout);
+    dev_free(d_qkv);
+    dev_free(d_dout);
+    dev_free(d_out);
+    dev_free(d_stats);
+    dev_free(d_dqkv);
+    return failed;
+}
+
+/*
+ * The shape's attention (timed), plus, when the shape has no grouped-query heads (Llama-2 7B/13B), an
+ * untimed GQA check at B 1, T <= KC_ATT_GQA_T with NH/4 (or NH/2) kv heads, so that the group mapping is
+ * always covered.
+ */
+static int kc_case_attention(const KernelShape* s, int iters, uint64_t seed) {
+    uint64_t stream = seed;
+    int HS = s->C / s->NH;
+    int failed = kc_attention_compare("shape", s->B, s->T, s->NH, s->NKV, HS, iters, splitmix64(&stream));
+    if (s->NKV == s->NH && s->NH > 1) {
+        int nkv = s->NH % 4 == 0 ? s->NH / 4 : s->NH % 2 == 0 ? s->NH / 2 : 1;
+        int T = s->T < KC_ATT_GQA_T ? s->T : KC_ATT_GQA_T;
+        failed += kc_attention_compare("GQA", 1, T, s->NH, nkv, HS, 0, splitmix64(&stream));
+    }
+    return failed;
+}
+
+/* ------------------------------------------------------------ swiglu */
+
+/*
+ * Tolerance: the GPU's expf (2 ulp, CUDA programming guide) is not glibc's, and nvcc contracts FMAs, so
+ * the FP32 values differ in their last bits and may round to neighbouring BF16 values: 2 BF16 ulps.
+ * Backward's 1 + a (1 - s) cancels near a = -1.28, where the difference is absolute: + 1e-5.
+ */
+static int kc_case_swiglu(const KernelShape* s, int iters, uint64_t seed) {
+    uint64_t stream = seed;
+    int failed = 0;
+    size_t N = (size_t)s->B * s->T, F = (size_t)s->F;
+    float* inp = kc_host(N * 2 * F);
+    kc_fill_normal(inp, N * 2 * F, splitmix64(&stream), 0.0f, 2.0f, 1);
+    act_t* d_inp = kc_dev_act(inp, N * 2 * F);
+    float* out = kc_host(N * F);
+    kc_nan_fill(out, N * F);
+    cpu::op_swiglu_forward(out, inp, N, (int)F);
+    act_t* d_out = (act_t*)dev_alloc(N * F * sizeof(act_t));
+    kc_poison(d_out, N * F * sizeof(act_t));
+    op_swiglu_forward(d_out, d_inp, N, (int)F);
+    float* got = kc_get_act(d_out, N * F);
+    failed += kc_compare_ulps("swiglu_forward out", got, out, N * F, KC_BF16_MANT, 2.0, 1e-5);
+    kc_time("swiglu_forward", iters, 6.0 * N * F, 0.0, [&] { op_swiglu_forward(d_out, d_inp, N, (int)F); });
+    free(got);
+    free(out);
+    dev_free(d_out);
+
+    float* dout = kc_host(N * F);
+    kc_fill_normal(dout, N * F, splitmix64(&stream), 0.0f, 1.0f, 1);
+    act_t* d_dout = kc_dev_act(dout, N * F);
+    float* dinp = kc_host(N * 2 * F);
+    kc_nan_fill(dinp, N * 2 * F);
+    cpu::op_swiglu_backward(dinp, dout, inp, N, (int)F);
+    act_t* d_dinp = (act_t*)dev_alloc(N * 2 * F * sizeof(act_t));
+    kc_poison(d_dinp, N * 2 * F * sizeof(act_t));
+    op_swiglu_backward(d_dinp, d_dout, d_inp, N, (int)F);
+    got = kc_get_act(d_dinp, N * 2 * F);
+    failed += kc_compare_ulps("swiglu_backward dinp", got, dinp, N * 2 * F, KC_BF16_MANT, 2.0, 1e-5);
+    kc_time("swiglu_backward", iters, 10.0 * N * F, 0.0, [&] { op_swiglu_backward(d_dinp, d_dout, d_inp, N, (int)F); });
+    free(got);
+    free(dinp);
+    free(dout);
+    free(inp);
+    dev_free(d_dinp);
+    dev_free(d_dout);
+    dev_free(d_inp);
+    return failed;
+}
+
+/* ------------------------------------------------------------ classifier */
+
+/*
+ * Tolerances. losses: the GPU's online softmax sums exp in FP32 (per thread, then a block tree), the CPU
+ * in double: log-sum-exp differs by ~1e-6 absolute on losses of ~10: rel L2 1e-5, max abs 1e-5 x max|cpu|.
+ * dlogits = (softmax - onehot) * dloss: that lse difference moves p by ~1e-6 relative, so a BF16
+ * rounding boundary may fall between them: 2 BF16 ulps (+ dloss * 1e-9, tiny against p ~ 1/V).
+ */
+static int kc_case_classifier(const KernelShape* s, int iters, uint64_t seed) {
+    uint64_t stream = seed;
+    int failed = 0;
+    size_t N = (size_t)s->B * s->T, V = (size_t)s->V;
+    float dloss = 1.0f / (float)N; /* the mean over the batch, as in training */
+    Rng rng;
+    rng_seed(&rng, splitmix64(&stream));
+    int* targets = (int*)mallocCheck(N * sizeof(int));
+    for (size_t i = 0; i < N; i++) targets[i] = (int)rng_below(&rng, V);
+    targets[0] = (int)V - 1;
+    int* d_targets = (int*)kc_dev_bytes(targets, N * sizeof(int));
+    float* logits = kc_host(N * V);
+    kc_fill_normal(logits, N * V, splitmix64(&stream), 0.0f, 3.0f, 1);
+    act_t* d_logits = kc_dev_act(logits, N * V); /* in place: overwritten with dlogits */
+    float* losses = kc_host(N);
+    kc_nan_fill(losses, N);
+    cpu::op_classifier(logits, losses, targets, N, (int)V, dloss);
+    float* d_losses = (float*)dev_alloc(N * sizeof(float));
+    kc_poison(d_losses, N * sizeof(float));
+    op_classifier(d_logits, d_losses, d_targets, N, (int)V, dloss);
+    float* got_losses = kc_get_f32(d_losses, N);
+    float* got = kc_get_act(d_logits, N * V);
+    failed += kc_compare_norm("classifier losses", got_losses, losses, N, 1e-5, 1e-5);
+    failed += kc_compare_ulps("classifier dlogits", got, logits, N * V, KC_BF16_MANT, 2.0, 1e-9 * dloss);
+    kc_time("classifier", iters, 4.0 * N * V, 0.0, [&] { op_classifier(d_logits, d_losses, d_targets, N, (int)V, dloss); });
+    free(got);
+    free(got_losses);
+    free(losses);
+    free(logits);
+    free(targets);
+    dev_free(d_logits);
+    dev_free(d_losses);
+    dev_free(d_targets);
+    return failed;
+}
+
+/* ------------------------------------------------------------ sum_squares */
+
+/*
+ * Tolerance: both sides square FP32 values exactly in double and sum in double, in different orders:
+ * random-walk error ~sqrt(n) * 2^-53 (~1e-12 at n = 1e8); relative 1e-10.
+ */
+static int kc_case_sum_squares(const KernelShape* s, int iters, uint64_t seed) {
+    uint64_t stream = seed;
+    size_t n = (size_t)2 * s->C * s->F + 12345; /* a w1|w3 gradient, plus a ragged tail */
+    float* x = kc_host(n);
+    kc_fill_normal(x, n, splitmix64(&stream), 0.0f, 1e-3f, 0);
+    float* d_x = kc_dev_f32(x, n);
+    double ref = cpu::op_sum_squares(x, n);
+    double got = op_sum_squares(d_x, n);
+    double err = fabs(got - ref), rel = ref != 0.0 ? err / fabs(ref) : err;
+    int failed = !(rel <= 1e-10);
+    printf("    sum_squares: max abs err %.3e, rel L2 %.3e (gpu %.17g, cpu %.17g), tol rel 1e-10%s\n", err, rel, got, ref,
+           failed ? "  FAIL" : "");
+    kc_time("sum_squares", iters, 4.0 * n, 0.0, [&] { (void)op_sum_squares(d_x, n); });
+    free(x);
+    dev_free(d_x);
+    return failed;
+}
+
+/* ------------------------------------------------------------ fp8_cast: op_amax, op_cast_transpose */
+
+enum { KC_CAST_LOG_UNIFORM, KC_CAST_NORMAL, KC_CAST_NAN, KC_CAST_INF, KC_CAST_ZERO };
+
+typedef struct {
+    char name[48];
+    size_t rows, cols;
+    int kind;
+} KcCastTensor;
+
+typedef struct {
+    int tensor;
+    Fp8Format f;
+    int pow2, out, out_t, counts, timed;
+} KcCastVariant;
+
+/*
+ * Tolerance: none. amax is a max (order-free), the scale comes from fp8.h's policy on both sides (IEEE
+ * division, exact frexp/ldexp), and the cast is cuda_fp8.h's conversion, which the CPU emulates bit for
+ * bit: codes, amax, scale, scale_inv and the counts must be bit-identical (two NaN amaxes count as equal).
+ * The tensors: the shape's activation (N, C) with log-uniform magnitudes (underflows), an odd-sized one
+ * (rows and cols not multiples of the 64 x 64 tile), one with a NaN, one with -Inf, one all zeros (+0
+ * and -0). The counts start non-zero on both sides, to check that they accumulate.
+ */
+static int kc_case_fp8_cast(const KernelShape* s, int iters, uint64_t seed) {
+    uint64_t stream = seed;
+    int failed = 0;
+    KcCastTensor tensors[5] = {
+        {"", (size_t)s->B * s->T, (size_t)s->C, KC_CAST_LOG_UNIFORM},
+        {"", 3 * 64 + 17, 5 * 64 + 33, KC_CAST_NORMAL},
+        {"", 130, 70, KC_CAST_NAN},
+        {"", 64, 96, KC_CAST_INF},
+        {"", 256, 128, KC_CAST_ZERO},
+    };
+    const char* kinds[5] = {"x", "odd", "nan", "inf", "zero"};
+    for (int t = 0; t < 5; t++)
+        snprintf(tensors[t].name, sizeof(tensors[t].name), "%s (%zu, %zu)", kinds[t], tensors[t].rows, tensors[t].cols);
+    const KcCastVariant variants[] = {
+        {0, FP8_E4M3, 0, 1, 1, 1, 1}, {0, FP8_E4M3, 1, 1, 1, 1, 0}, {0, FP8_E5M2, 0, 1, 1, 1, 1},
+        {0, FP8_E5M2, 1, 0, 1, 0, 0}, {1, FP8_E4M3, 0, 1, 1, 1, 0}, {1, FP8_E5M2, 1, 1, 1, 1, 0},
+        {1, FP8_E4M3, 1, 1, 0, 0, 0}, {2, FP8_E4M3, 0, 1, 1, 1, 0}, {2, FP8_E5M2, 0, 1, 1, 1, 0},
+        {3, FP8_E5M2, 0, 1, 1, 1, 0}, {3, FP8_E4M3, 1, 1, 1, 1, 0}, {4, FP8_E4M3, 0, 1, 1, 1, 0},
+        {4, FP8_E5M2, 1, 1, 1, 1, 0},
+    };
+    const Fp8Counts counts0 = {1, 2, 3, 4};
+    Fp8Scale* d_scale = (Fp8Scale*)dev_alloc(sizeof(Fp8Scale));
+    Fp8Counts* d_counts = (Fp8Counts*)dev_alloc(sizeof(Fp8Counts));
+    for (int t = 0; t < 5; t++) {
+        const KcCastTensor* ts = &tensors[t];
+        size_t n = ts->rows * ts->cols;
+        float* x = kc_host(n);
+        if (ts->kind == KC_CAST_LOG_UNIFORM) kc_fill_log_uniform(x, n, splitmix64(&stream));
+        else kc_fill_normal(x, n, splitmix64(&stream), 0.0f, 1.0f, 1);
+        if (ts->kind == KC_CAST_NAN) x[37 * ts->cols + 11] = NAN;
+        if (ts->kind == KC_CAST_INF) x[5 * ts->cols + 7] = -INFINITY;
+        if (ts->kind == KC_CAST_ZERO) {
+            for (size_t i = 0; i < n; i++) x[i] = i % 2 ? -0.0f : 0.0f;
+        }
+        act_t* d_x = kc_dev_act(x, n);
+        uint8_t* codes = (uint8_t*)mallocCheck(n);
+        uint8_t* codes_t = (uint8_t*)mallocCheck(n);
+        uint8_t* got = (uint8_t*)mallocCheck(n);
+        uint8_t* got_t = (uint8_t*)mallocCheck(n);
+        uint8_t* d_codes = (uint8_t*)dev_alloc(n);
+        uint8_t* d_codes_t = (uint8_t*)dev_alloc(n);
+        for (size_t v = 0; v < sizeof(variants) / sizeof(variants[0]); v++) {
+            const KcCastVariant* va = &variants[v];
+            if (va->tensor != t) continue;
+            char label[96];
+            snprintf(label, sizeof(label), "%.47s %s pow2 %d", ts->name, fp8_format_name(va->f), va->pow2);
+            /* CPU: poisoned codes (0xFF is a NaN code in both formats) and scale */
+            Fp8Scale sc = {NAN, NAN, NAN, NAN};
+            Fp8Counts cc = counts0;
+            memset(codes, 0xFF, n);
+            memset(codes_t, 0xFF, n);
+            cpu::op_amax(&sc, x, n);
+            cpu::op_cast_transpose(va->out ? codes : NULL, va->out_t ? codes_t : NULL, x, ts->rows, ts->cols, va->f, &sc,
+                                   va->pow2, va->counts ? &cc : NULL);
+            /* GPU */
+            kc_poison(d_scale, sizeof(Fp8Scale));
+            kc_poison(d_codes, n);
+            kc_poison(d_codes_t, n);
+            dev_upload(d_counts, &counts0, sizeof(Fp8Counts));
+            op_amax(d_scale, d_x, n);
+            op_cast_transpose(va->out ? d_codes : NULL, va->out_t ? d_codes_t : NULL, d_x, ts->rows, ts->cols, va->f, d_scale,
+                              va->pow2, va->counts ? d_counts : NULL);
+            Fp8Scale sg;
+            Fp8Counts cg;
+            dev_download(&sg, d_scale, sizeof(Fp8Scale));
+            dev_download(&cg, d_counts, sizeof(Fp8Counts));
+            dev_download(got, d_codes, n);
+            dev_download(got_t, d_codes_t, n);
+            size_t first = 0, first_t = 0;
+            size_t bad = va->out ? kc_count_diff(got, codes, n, &first) : 0;
+            size_t bad_t = va->out_t ? kc_count_diff(got_t, codes_t, n, &first_t) : 0;
+            printf("    %s codes: %zu of %zu differ%s, %zu of %zu transposed differ%s, tol bit-identical%s\n", label, bad,
+                   va->out ? n : 0, va->out ? "" : " (not written)", bad_t, va->out_t ? n : 0,
+                   va->out_t ? "" : " (not written)", bad || bad_t ? "  FAIL" : "");
+            if (bad) printf("      FAIL: first code at %zu: gpu 0x%02x, cpu 0x%02x\n", first, got[first], codes[first]);
+            if (bad_t) printf("      FAIL: first transposed code at %zu: gpu 0x%02x, cpu 0x%02x\n", first_t, got_t[first_t], codes_t[first_t]);
+            failed += bad != 0;
+            failed += bad_t != 0;
+            int scale_ok = kc_same_bits(sg.amax, sc.amax) && kc_same_bits(sg.scale, sc.scale) &&
+                           kc_same_bits(sg.scale_inv, sc.scale_inv);
+            int counts_ok = memcmp(&cg, &cc, sizeof(Fp8Counts)) == 0;
+            printf("    %s amax %.9g scale %.9g scale_inv %.9g, counts sat %llu under %llu nonzero %llu count %llu, tol "
+                   "bit-identical%s\n",
+                   label, sc.amax, sc.scale, sc.scale_inv, cc.saturated, cc.underflow, cc.nonzero, cc.count,
+                   scale_ok && counts_ok ? "" : "  FAIL");
+            if (!scale_ok || !counts_ok)
+                printf("      FAIL: gpu amax %.9g scale %.9g scale_inv %.9g, counts sat %llu under %llu nonzero %llu count %llu\n",
+                       sg.amax, sg.scale, sg.scale_inv, cg.saturated, cg.underflow, cg.nonzero, cg.count);
+            failed += !scale_ok;
+            failed += !counts_ok;
+            if (va->timed) {
+                char op[64];
+                snprintf(op, sizeof(op), "amax %s", kinds[t]);
+                kc_time(op, iters, 2.0 * n, 0.0, [&] { op_amax(d_scale, d_x, n); });
+                snprintf(op, sizeof(op), "cast_transpose %s %s", kinds[t], fp8_format_name(va->f));
+                kc_time(op, iters, 2.0 * n + (va->out ? n : 0) + (va->out_t ? n : 0), 0.0, [&] {
+                    op_cast_transpose(va->out ? d_codes : NULL, va->out_t ? d_codes_t : NULL, d_x, ts->rows, ts->cols, va->f,
+                                      d_scale, va->pow2, va->counts ? d_counts : NULL);
+                });
+            }
+        }
+        free(x);
+        free(codes);
+        free(codes_t);
+        free(got);
+        free(got_t);
+        dev_free(d_x);
+        dev_free(d_codes);
+        dev_free(d_codes_t);
+    }
+    dev_free(d_scale);
+    dev_free(d_counts);
+    return failed;
+}
+
+/* ------------------------------------------------------------ gemm */
+
+/* One op_gemm call in both backends' terms (fp8/gemm.h: column-major, cuBLASLt semantics). */
+typedef struct {
+    const char* name;
+    DType dt, at, bt;
+    int transA, transB, m, n, k, accumulate, fast_accum;
+    const void *A_cpu, *B_cpu, *A_gpu, *B_gpu;
+    const float *sa_cpu, *sb_cpu, *sa_gpu, *sb_gpu; /* scale_inv: host pointers for the CPU, device for the GPU */
+    const float* D0;                                 /* initial FP32 D when accumulating */
+    double rel_l2_tol, max_abs_frac;
+} KcGemm;
+
+/*
+ * CPU multiply-adds allowed for one GEMM comparison: every Llama-2 7B/13B linear layer with OpenBLAS
+ * (seconds on 16 cores); far fewer with the plain fallback of a build without BLAS (LLM8_NO_BLAS).
+ */
+#ifndef KC_GEMM_CPU_WORK
+#ifdef LLM8_NO_BLAS
+#define KC_GEMM_CPU_WORK 2e9
+#else
+#define KC_GEMM_CPU_WORK 4e11
+#endif
+#endif
+
+/*
+ * Runs g on both sides and compares D. When m n k exceeds KC_GEMM_CPU_WORK the CPU computes only the first
+ * nc columns of D (nc rows of the row-major output: op(B) restricted to its first nc columns), compared
+ * with the same columns of the full-size GPU D, all of which must be finite.
+ */
+static inline int kc_gemm_run(const KcGemm* g, int iters) {
+    size_t nd = (size_t)g->m * g->n;
+    size_t elem = g->dt == DT_F32 ? sizeof(float) : sizeof(act_t);
+    double mk = (double)g->m * g->k;
+    /* a multiple of 16, as FP8 GEMM dimensions must be (gemm_check runs on the CPU side too) */
+    int nc = g->n;
+    if (mk * g->n > KC_GEMM_CPU_WORK) nc = (int)fmin((double)g->n, 16.0 * fmax(1.0, floor(KC_GEMM_CPU_WORK / mk / 16.0)));
+    size_t ndc = (size_t)g->m * nc;
+    const void* B_cpu = g->B_cpu;
+    float* B_sub = NULL;
+    if (nc < g->n && g->transB) {
+        /* op(B) = B^T with B (n x k, ld n): its first nc columns are the first nc rows of B, re-packed with ld nc */
+        if (g->bt != DT_ACT) die("kernel case %s: transposed B must be BF16", g->name);
+        B_sub = kc_host((size_t)nc * g->k);
+        const float* b = (const float*)g->B_cpu;
+#pragma omp parallel for schedule(static)
+        for (int p = 0; p < g->k; p++) memcpy(B_sub + (size_t)p * nc, b + (size_t)p * g->n, (size_t)nc * sizeof(float));
+        B_cpu = B_sub;
+    }
+    float* ref = kc_host(ndc);
+    void* d = dev_alloc(nd * elem);
+    if (g->accumulate) {
+        if (g->dt != DT_F32) die("kernel case %s: accumulation is checked into FP32 only", g->name);
+        memcpy(ref, g->D0, ndc * sizeof(float));
+        dev_upload(d, g->D0, nd * sizeof(float));
+    } else {
+        kc_nan_fill(ref, ndc);
+        kc_poison(d, nd * elem);
+    }
+    cpu::op_gemm(ref, g->dt, g->A_cpu, g->at, g->transA, B_cpu, g->bt, g->transB, g->m, nc, g->k, g->sa_cpu, g->sb_cpu,
+                 g->accumulate, g->fast_accum);
+    op_gemm(d, g->dt, g->A_gpu, g->at, g->transA, g->B_gpu, g->bt, g->transB, g->m, g->n, g->k, g->sa_gpu, g->sb_gpu,
+            g->accumulate, g->fast_accum);
+    float* got = g->dt == DT_F32 ? kc_get_f32((const float*)d, nd) : kc_get_act((const act_t*)d, nd);
+    int failed = 0;
+    if (nc < g->n) {
+        size_t nonfinite = kc_count_nonfinite(got, nd);
+        printf("    %s: CPU reference on columns 0..%d of %d; full-size GPU output: %zu non-finite of %zu, tol 0%s\n", g->name,
+               nc - 1, g->n, nonfinite, nd, nonfinite ? "  FAIL" : "");
+        failed += nonfinite != 0;
+    }
+    failed += kc_compare_norm(g->name, got, ref, ndc, g->rel_l2_tol, g->max_abs_frac);
+    kc_time(g->name, iters, 0.0, 2.0 * g->m * g->n * (double)g->k, [&] {
+        op_gemm(d, g->dt, g->A_gpu, g->at, g->transA, g->B_gpu, g->bt, g->transB, g->m, g->n, g->k, g->sa_gpu, g->sb_gpu,
+                g->accumulate, g->fast_accum);
+    });
+    free(got);
+    free(ref);
+    free(B_sub);
+    dev_free(d);
+    return failed;
+}
+
+/*
+ * The three GEMMs of a linear layer X (N, C) -> Y (N, OC) with OC = F (the w1 shape), in BF16 and in FP8
+ * (DESIGN.md section 3's operand map). The FP8 operands, their transposes and scales come from the CPU cast
+ * (cpu::op_amax + cpu::op_cast_transpose) and are uploaded, so both sides multiply the same codes; the
+ * GPU gets scale_inv through device pointers.
+ *
+ * Tolerances. Products of BF16 (or FP8) values are exact in FP32 on both sides; what differs is the
+ * summation order, the tensor cores' accumulator, and the final BF16 rounding of a BF16 D (up to 1 ulp,
+ * 2^-8 relative, where a rounding boundary falls between the two sums):
+ *   BF16 -> BF16: rel L2 5e-3, max abs 2e-2 x max|cpu| (2 BF16 ulps at the largest value);
+ *   BF16 -> FP32 (+=): FP32 accumulators in both, ~1e-6: rel L2 1e-4, max abs 1e-3 x max|cpu|;
+ *   FP8 -> BF16, fast accumulation: Hopper's FP8 fast accumulation keeps fewer accumulator bits (about 14
+ *     mantissa bits reported, never promoted to FP32 over K): rel L2 2e-2, max abs 6e-2 x max|cpu|;
+ *   FP8 -> BF16 / FP32 without it: partial sums are promoted to FP32 every few k-blocks, leaving the
+ *     short in-block sums at reduced precision: rel L2 1e-2 / 5e-3, max abs 3e-2 / 2e-2 x max|cpu|.
+ * A wrong layout, operand or scale gives errors of order 1.
+ */
+static int kc_case_gemm(const KernelShape* s, int iters, uint64_t seed) {
+    uint64_t stream = seed;
+    int failed = 0;
+    int N = s->B * s->T, C = s->C, OC = s->F;
+    size_t NC = (size_t)N * C, OCC = (size_t)OC * C, NOC = (size_t)N * OC;
+    float* X = kc_host(NC);
+    float* W = kc_host(OCC);
+    float* dY = kc_host(NOC);
+    float* dW0 = kc_host(OCC);
+    kc_fill_normal(X, NC, splitmix64(&stream), 0.0f, 1.0f, 1);
+    kc_fill_normal(W, OCC, splitmix64(&stream), 0.0f, 0.02f, 1);
+    kc_fill_normal(dY, NOC, splitmix64(&stream), 0.0f, 1e-3f, 1);
+    kc_fill_normal(dW0, OCC, splitmix64(&stream), 0.0f, 1e-2f, 0);
+    act_t* d_X = kc_dev_act(X, NC);
+    act_t* d_W = kc_dev_act(W, OCC);
+    act_t* d_dY = kc_dev_act(dY, NOC);
+
+    /* FP8 operands: W, X E4M3 (forward), dY E5M2 (gradient), each with its transpose */
+    Fp8Scale sc[3];
+    uint8_t* W8 = (uint8_t*)mallocCheck(OCC);
+    uint8_t* W8t = (uint8_t*)mallocCheck(OCC);
+    uint8_t* X8 = (uint8_t*)mallocCheck(NC);
+    uint8_t* X8t = (uint8_t*)mallocCheck(NC);
+    uint8_t* dY8 = (uint8_t*)mallocCheck(NOC);
+    uint8_t* dY8t = (uint8_t*)mallocCheck(NOC);
+    cpu::op_amax(&sc[0], W, OCC);
+    cpu::op_cast_transpose(W8, W8t, W, (size_t)OC, (size_t)C, FP8_E4M3, &sc[0], 0, NULL);
+    cpu::op_amax(&sc[1], X, NC);
+    cpu::op_cast_transpose(X8, X8t, X, (size_t)N, (size_t)C, FP8_E4M3, &sc[1], 0, NULL);
+    cpu::op_amax(&sc[2], dY, NOC);
+    cpu::op_cast_transpose(dY8, dY8t, dY, (size_t)N, (size_t)OC, FP8_E5M2, &sc[2], 0, NULL);
+    uint8_t* d_W8 = (uint8_t*)kc_dev_bytes(W8, OCC);
+    uint8_t* d_W8t = (uint8_t*)kc_dev_bytes(W8t, OCC);
+    uint8_t* d_X8 = (uint8_t*)kc_dev_bytes(X8, NC);
+    uint8_t* d_X8t = (uint8_t*)kc_dev_bytes(X8t, NC);
+    uint8_t* d_dY8 = (uint8_t*)kc_dev_bytes(dY8, NOC);
+    uint8_t* d_dY8t = (uint8_t*)kc_dev_bytes(dY8t, NOC);
+    Fp8Scale* d_sc = (Fp8Scale*)kc_dev_bytes(sc, sizeof(sc));
+
+    const KcGemm gemms[] = {
+        {"gemm bf16 fprop TN (N,OC)=X.W^T", DT_ACT, DT_ACT, DT_ACT, 1, 0, OC, N, C, 0, 0, W, X, d_W, d_X, NULL, NULL, NULL,
+         NULL, NULL, 5e-3, 2e-2},
+        {"gemm bf16 dgrad NN (N,C)=dY.W", DT_ACT, DT_ACT, DT_ACT, 0, 0, C, N, OC, 0, 0, W, dY, d_W, d_dY, NULL, NULL, NULL,
+         NULL, NULL, 5e-3, 2e-2},
+        {"gemm bf16 wgrad NT (OC,C)+=dY^T.X f32", DT_F32, DT_ACT, DT_ACT, 0, 1, C, OC, N, 1, 0, X, dY, d_X, d_dY, NULL, NULL,
+         NULL, NULL, dW0, 1e-4, 1e-3},
+        {"gemm fp8 fprop E4M3xE4M3 fast_accum bf16", DT_ACT, DT_E4M3, DT_E4M3, 1, 0, OC, N, C, 0, 1, W8, X8, d_W8, d_X8,
+         &sc[0].scale_inv, &sc[1].scale_inv, &d_sc[0].scale_inv, &d_sc[1].scale_inv, NULL, 2e-2, 6e-2},
+        {"gemm fp8 dgrad E4M3xE5M2 bf16", DT_ACT, DT_E4M3, DT_E5M2, 1, 0, C, N, OC, 0, 0, W8t, dY8, d_W8t, d_dY8,
+         &sc[0].scale_inv, &sc[2].scale_inv, &d_sc[0].scale_inv, &d_sc[2].scale_inv, NULL, 1e-2, 3e-2},
+        {"gemm fp8 wgrad E4M3xE5M2 f32 +=", DT_F32, DT_E4M3, DT_E5M2, 1, 0, C, OC, N, 1, 0, X8t, dY8t, d_X8t, d_dY8t,
+         &sc[1].scale_inv, &sc[2].scale_inv, &d_sc[1].scale_inv, &d_sc[2].scale_inv, dW0, 5e-3, 2e-2},
+    };
+    printf("    X (%d, %d), W (%d, %d), dY (%d, %d); FP8 scales W %.6g X %.6g dY %.6g\n", N, C, OC, C, N, OC, sc[0].scale,
+           sc[1].scale, sc[2].scale);
+    for (size_t i = 0; i < sizeof(gemms) / sizeof(gemms[0]); i++) failed += kc_gemm_run(&gemms[i], iters);
+
+    free(X);
+    free(W);
+    free(dY);
+    free(dW0);
+    free(W8);
+    free(W8t);
+    free(X8);
+    free(X8t);
+    free(dY8);
+    free(dY8t);
+    dev_free(d_X);
+    dev_free(d_W);
+    dev_free(d_dY);
+    dev_free(d_W8);
+    dev_free(d_W8t);
+    dev_free(d_X8);
+    dev_free(d_X8t);
+    dev_free(d_dY8);
+    dev_free(d_dY8t);
+    dev_free(d_sc);
+    return failed;
+}
+
+/* ------------------------------------------------------------ the table */
+
+static const KernelCase KERNEL_CASES[] = {
+    {"params", "op_params_from_master, op_adamw", kc_case_params},
+    {"encoder", "op_encoder_forward, op_encoder_backward", kc_case_encoder},
+    {"rmsnorm", "op_rmsnorm_forward, op_residual_rmsnorm_forward, op_rmsnorm_backward", kc_case_rmsnorm},
+    {"rope", "op_rope_forward, op_rope_backward", kc_case_rope},
+    {"attention", "op_attention_forward, op_attention_backward (causal, GQA)", kc_case_attention},
+    {"swiglu", "op_swiglu_forward, op_swiglu_backward", kc_case_swiglu},
+    {"classifier", "op_classifier (losses and dlogits)", kc_case_classifier},
+    {"sum_squares", "op_sum_squares", kc_case_sum_squares},
+    {"fp8_cast", "op_amax, op_cast_transpose (E4M3, E5M2)", kc_case_fp8_cast},
+    {"gemm", "op_gemm (BF16 and FP8 fprop, dgrad, wgrad)", kc_case_gemm},
+};
+#define NUM_KERNEL_CASES ((int)(sizeof(KERNEL_CASES) / sizeof(KERNEL_CASES[0])))
+
+/* The case called `family`, or NULL. */
+static inline const KernelCase* kernel_case_find(const char* family) {
+    for (int i = 0; i < NUM_KERNEL_CASES; i++) {
+        if (strcmp(KERNEL_CASES[i].family, family) == 0) return &KERNEL_CASES[i];
+    }
+    return NULL;
+}
+
+/*
+ * Runs the case of `family` (stops on an unknown name or an unusable shape) after a header line; returns
+ * its number of failed comparisons and leaves its slowest timed op in g_kernel_case_slowest_*.
+ * Initializes both backends (the CPU one in BF16 mode; the GPU one is a no-op when already initialized).
+ */
+static inline int run_kernel_case(const char* family, const KernelShape* s, int iters, uint64_t seed) {
+    const KernelCase* kc = kernel_case_find(family);
+    if (kc == NULL) {
+        fprintf(stderr, "known kernel families:");
+        for (int i = 0; i < NUM_KERNEL_CASES; i++) fprintf(stderr, " %s", KERNEL_CASES[i].family);
+        fprintf(stderr, "\n");
+        die("unknown kernel family '%s'", family);
+    }
+    if (s->B <= 0 || s->T <= 0 || s->C <= 0 || s->NH <= 0 || s->NKV <= 0 || s->F <= 0 || s->V <= 0)
+        die("kernel shape: every dimension must be positive");
+    if (s->C % s->NH != 0) die("kernel shape: C %d is not a multiple of NH %d", s->C, s->NH);
+    if (s->NH % s->NKV != 0) die("kernel shape: NH %d is not a multiple of NKV %d", s->NH, s->NKV);
+    if ((s->C / s->NH) % 2 != 0) die("kernel shape: head size %d is odd (RoPE rotates pairs)", s->C / s->NH);
+    backend_init(PRECISION_BF16);
+    cpu::backend_init(PRECISION_BF16);
+    g_kernel_case_slowest_us = 0.0;
+    g_kernel_case_slowest_op[0] = '\0';
+    printf("[ %s ] %s; B %d T %d C %d NH %d NKV %d F %d V %d, seed %llu\n", kc->family, kc->ops, s->B, s->T, s->C, s->NH,
+           s->NKV, s->F, s->V, (unsigned long long)seed);
+    fflush(stdout);
+    int failed = kc->run(s, iters, seed);
+    backend_synchronize();
+    printf("%s %s (%d failed)\n", failed ? "FAIL" : "ok  ", kc->family, failed);
+    fflush(stdout);
+    return failed;
+}

@@ -1,0 +1,274 @@
+"""
+Tests of scripts/compare_loss.py and scripts/plot_fp8_stats.py on synthetic logs written here.
+
+Run from the repo root: python -m pytest dev/test/test_compare_loss.py. The scripts run as subprocesses,
+as users run them; the expected numbers come from an independent numpy computation over the values this
+file wrote. Random inputs come from a seed printed by each test (set LLM8_TEST_SEED to replay one).
+"""
+import os
+import re
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+COMPARE = REPO / "scripts" / "compare_loss.py"
+PLOT_STATS = REPO / "scripts" / "plot_fp8_stats.py"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+STATS_HEADER = "step,layer,gemm,operand,format,amax,scale,saturated_frac,underflow_frac"
+NUMBER = r"([-+0-9.eE]+|nan|inf)"
+
+
+@pytest.fixture
+def rng():
+    seed = int(os.environ.get("LLM8_TEST_SEED", secrets.randbits(32)))
+    print(f"LLM8_TEST_SEED={seed}")
+    return np.random.default_rng(seed)
+
+
+def run(script, *args, cwd=None):
+    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd or REPO)
+
+
+# --- compare_loss.py -------------------------------------------------------------------------------
+
+
+def random_walk(rng, n, start=10.4, drift=-0.01, noise=0.03):
+    return start + np.cumsum(drift + noise * rng.standard_normal(n))
+
+
+def write_main_log(path, train, val):
+    """Write {step: loss} dicts as the logger does ("%f"), val first at shared steps, and return the
+    values as read back (rounded to 6 decimals), which is what the script sees."""
+    lines, read_train, read_val = [], {}, {}
+    for step in sorted(set(train) | set(val)):
+        if step in val:
+            lines.append(f"s:{step} tel:{val[step]:f}")
+            read_val[step] = float(f"{val[step]:f}")
+        if step in train:
+            lines.append(f"s:{step} trl:{train[step]:f}")
+            read_train[step] = float(f"{train[step]:f}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return read_train, read_val
+
+
+def make_runs(rng, tmp_path, n=150, scale_a=1.003):
+    """Baseline B and a perturbed A with partly different step sets; return the read-back curves."""
+    base = random_walk(rng, n + 30)
+    # B: steps 0..n-1 with a few missing; A: steps 0..n+29 (ran longer), loss = B * scale_a + noise.
+    b_steps = sorted(set(range(n)) - set(rng.choice(np.arange(1, n - 1), size=7, replace=False).tolist()))
+    a_steps = list(range(n + 30))
+    b_train = {s: base[s] for s in b_steps}
+    a_train = {s: base[s] * scale_a + 0.01 * rng.standard_normal() for s in a_steps}
+    b_val = {s: base[s] - 0.05 for s in range(0, n, 20)} | {n - 1: base[n - 1] - 0.05}
+    a_val = {s: base[s] * scale_a - 0.05 + 0.002 * rng.standard_normal() for s in list(range(0, n + 30, 10)) + [n - 1]}
+    a = write_main_log(tmp_path / "run_a" / "main.log", a_train, a_val)
+    b = write_main_log(tmp_path / "run_b" / "main.log", b_train, b_val)
+    return a, b
+
+
+def expected_differences(a, b, smooth):
+    """Independent computation: aligned steps, cumsum moving average, |a-b|/|b|."""
+    (a_train, a_val), (b_train, b_val) = a, b
+    t_steps = np.array(sorted(a_train.keys() & b_train.keys()))
+    v_steps = np.array(sorted(a_val.keys() & b_val.keys()))
+
+    def trailing_mean(x):
+        c = np.concatenate([[0.0], np.cumsum(x)])
+        hi = np.arange(1, len(x) + 1)
+        lo = np.maximum(0, hi - smooth)
+        return (c[hi] - c[lo]) / (hi - lo)
+
+    ta = trailing_mean(np.array([a_train[s] for s in t_steps]))
+    tb = trailing_mean(np.array([b_train[s] for s in t_steps]))
+    t_rel = np.abs(ta - tb) / np.abs(tb)
+    va = np.array([a_val[s] for s in v_steps])
+    vb = np.array([b_val[s] for s in v_steps])
+    v_rel = np.abs(va - vb) / np.abs(vb)
+    return {"train": (len(t_steps), t_rel[-1], t_rel.max(), t_steps[np.argmax(t_rel)]),
+            "val": (len(v_steps), v_rel[-1], v_rel.max(), v_steps[np.argmax(v_rel)])}
+
+
+def parse_summary(stdout):
+    """{curve: (steps, final rel, max rel, at step)} from the printed table."""
+    rows = {}
+    for curve, pattern in (("train", r"train \(smoothed \d+\)"), ("val", r"val")):
+        m = re.search(rf"^{pattern}\s+(\d+)\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+(\d+)\s*$", stdout,
+                      re.MULTILINE)
+        assert m, f"no {curve} row in:\n{stdout}"
+        rows[curve] = (int(m.group(1)), float(m.group(4)), float(m.group(5)), int(m.group(6)))
+    return rows
+
+
+@pytest.mark.parametrize("smooth", [1, 20])
+def test_relative_differences_match_numpy(rng, tmp_path, smooth):
+    a, b = make_runs(rng, tmp_path)
+    out = tmp_path / "plot.png"
+    r = run(COMPARE, tmp_path / "run_a", tmp_path / "run_b" / "main.log", "--smooth", smooth, "--out", out,
+            "--tolerance", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = parse_summary(r.stdout)
+    want = expected_differences(a, b, smooth)
+    for curve in ("train", "val"):
+        n, final, worst, at = got[curve]
+        w_n, w_final, w_worst, w_at = want[curve]
+        assert n == w_n, curve
+        assert final == pytest.approx(w_final, rel=1e-3, abs=1e-9), curve
+        assert worst == pytest.approx(w_worst, rel=1e-3, abs=1e-9), curve
+        assert at == w_at, curve
+    assert out.read_bytes().startswith(PNG_MAGIC) and out.stat().st_size > 10_000
+
+
+def test_exit_status_on_both_sides_of_tolerance(rng, tmp_path):
+    a, b = make_runs(rng, tmp_path, scale_a=1.004)
+    want = expected_differences(a, b, 20)
+    val_final, train_final = want["val"][1], want["train"][1]
+    assert val_final > 0 and train_final > 0
+    hi, lo = max(val_final, train_final), min(val_final, train_final)
+    cases = [(hi * 1.01, 0), (lo * 0.99, 1)]
+    if hi > lo * 1.01:  # a tolerance between the two: one of val/train is out, so the check fails
+        cases.append(((hi + lo) / 2, 1))
+    for tolerance, status in cases:
+        r = run(COMPARE, tmp_path / "run_a", tmp_path / "run_b", "--tolerance", repr(float(tolerance)),
+                "--out", tmp_path / "p.png")
+        assert r.returncode == status, f"tolerance {tolerance}: {r.stdout}{r.stderr}"
+        assert ("PASS" if status == 0 else "FAIL") in r.stdout
+
+
+def test_val_and_train_each_can_fail_alone(tmp_path):
+    """Identical train curves with differing val, and the reverse: either alone fails the check."""
+    steps = range(40)
+    train = {s: 10.0 - 0.05 * s for s in steps}
+    val = {s: 10.0 - 0.05 * s for s in (0, 20, 39)}
+    write_main_log(tmp_path / "b" / "main.log", train, val)
+    write_main_log(tmp_path / "val_off" / "main.log", train, {s: v * 1.02 for s, v in val.items()})
+    write_main_log(tmp_path / "train_off" / "main.log", {s: v * 1.02 for s, v in train.items()}, val)
+    write_main_log(tmp_path / "same" / "main.log", train, val)
+    for name, status in (("val_off", 1), ("train_off", 1), ("same", 0)):
+        r = run(COMPARE, tmp_path / name, tmp_path / "b")
+        assert r.returncode == status, name + r.stdout + r.stderr
+        assert (tmp_path / name / "compare_loss.png").stat().st_size > 0  # default --out: A/compare_loss.png
+
+
+def test_default_out_for_a_file_is_in_cwd(tmp_path):
+    write_main_log(tmp_path / "a" / "main.log", {0: 5.0, 1: 4.0}, {1: 4.5})
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    r = run(COMPARE, tmp_path / "a" / "main.log", tmp_path / "a" / "main.log", cwd=cwd)
+    assert r.returncode == 0, r.stderr
+    assert (cwd / "compare_loss.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def assert_bad_input(result, *fragments):
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("bad", ["s:12 trl:oops", "step 12 loss 3.2", "s:x trl:3.0", "s:12", "s:12 trl3.0"])
+def test_malformed_line(tmp_path, bad):
+    write_main_log(tmp_path / "b" / "main.log", {s: 3.0 for s in range(20)}, {19: 3.0})
+    log = tmp_path / "a" / "main.log"
+    write_main_log(log, {s: 3.0 for s in range(20)}, {19: 3.0})
+    lines = log.read_text().splitlines()
+    lines.insert(6, bad)
+    log.write_text("\n".join(lines) + "\n")
+    r = run(COMPARE, tmp_path / "a", tmp_path / "b", "--out", tmp_path / "p.png")
+    assert_bad_input(r, f"{log}:7", "malformed")
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_missing_file_and_directory_without_log(tmp_path):
+    write_main_log(tmp_path / "b" / "main.log", {0: 3.0}, {0: 3.0})
+    missing = tmp_path / "nope" / "main.log"
+    assert_bad_input(run(COMPARE, missing, tmp_path / "b"), str(missing))
+    (tmp_path / "empty_dir").mkdir()
+    assert_bad_input(run(COMPARE, tmp_path / "b", tmp_path / "empty_dir"), str(tmp_path / "empty_dir"), "main.log")
+
+
+def test_no_overlapping_steps(tmp_path):
+    write_main_log(tmp_path / "a" / "main.log", {s: 3.0 for s in range(10)}, {9: 3.0})
+    write_main_log(tmp_path / "b" / "main.log", {s: 3.0 for s in range(100, 110)}, {109: 3.0})
+    assert_bad_input(run(COMPARE, tmp_path / "a", tmp_path / "b"), "no aligned train steps")
+    # Train overlaps but val does not: the verdict needs a val loss, so still bad input.
+    write_main_log(tmp_path / "c" / "main.log", {s: 3.0 for s in range(10)}, {5: 3.0})
+    assert_bad_input(run(COMPARE, tmp_path / "a", tmp_path / "c"), "no aligned val steps")
+
+
+def test_nan_loss_fails_the_check(tmp_path):
+    train = {s: 3.0 for s in range(10)}
+    write_main_log(tmp_path / "b" / "main.log", train, {9: 3.0})
+    write_main_log(tmp_path / "a" / "main.log", train, {9: float("nan")})
+    r = run(COMPARE, tmp_path / "a", tmp_path / "b")
+    assert r.returncode == 1, r.stdout + r.stderr
+
+
+# --- plot_fp8_stats.py -----------------------------------------------------------------------------
+
+GEMMS = ("wqkv", "wo", "w13", "w2")
+OPERANDS = (("W", "E4M3", 448.0), ("X", "E4M3", 448.0), ("dY", "E5M2", 57344.0))
+
+
+def write_stats(path, rng, steps=(0, 20, 40), layers=3):
+    """A synthetic fp8_stats.csv (fractions are often exactly 0, as in real runs); returns the rows."""
+    rows = []
+    for step in steps:
+        for layer in range(layers):
+            for gemm in GEMMS:
+                for operand, fmt, fp8_max in OPERANDS:
+                    amax = float(10.0 ** rng.uniform(-5, 1))
+                    sat = float(rng.uniform(0, 1e-3)) if rng.random() < 0.7 else 0.0
+                    under = float(rng.uniform(0, 1e-2)) if rng.random() < 0.5 else 0.0
+                    rows.append((step, layer, gemm, operand, fmt, amax, fp8_max / amax, sat, under))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = [STATS_HEADER] + [f"{s},{l},{g},{o},{f},{a:.6e},{sc:.6e},{sat:.6e},{u:.6e}"
+                             for s, l, g, o, f, a, sc, sat, u in rows]
+    path.write_text("\n".join(text) + "\n")
+    return rows
+
+
+def test_fp8_stats_worst_table(rng, tmp_path):
+    csv_path = tmp_path / "run" / "fp8_stats.csv"
+    rows = write_stats(csv_path, rng)
+    r = run(PLOT_STATS, tmp_path / "run")
+    assert r.returncode == 0, r.stdout + r.stderr
+    last = max(row[0] for row in rows)
+    table = {}
+    for m in re.finditer(rf"^(\w+)\s+(W|X|dY)\s+(E4M3|E5M2)\s+{NUMBER}\s+(\d+)\s+{NUMBER}\s+(\d+)\s*$", r.stdout,
+                         re.MULTILINE):
+        table[(m.group(1), m.group(2))] = (float(m.group(4)), float(m.group(6)))
+    assert len(table) == len(GEMMS) * len(OPERANDS), r.stdout
+    for gemm in GEMMS:
+        for operand, _, _ in OPERANDS:
+            at_last = np.array([(float(f"{row[8]:.6e}"), float(f"{row[7]:.6e}")) for row in rows
+                                if row[0] == last and row[2] == gemm and row[3] == operand])
+            under, sat = table[(gemm, operand)]
+            assert under == pytest.approx(at_last[:, 0].max(), rel=1e-3, abs=1e-12), (gemm, operand)
+            assert sat == pytest.approx(at_last[:, 1].max(), rel=1e-3, abs=1e-12), (gemm, operand)
+    png = tmp_path / "run" / "fp8_stats.png"
+    assert png.read_bytes().startswith(PNG_MAGIC) and png.stat().st_size > 10_000
+
+
+def test_fp8_stats_bad_input(rng, tmp_path):
+    csv_path = tmp_path / "stats.csv"
+    write_stats(csv_path, rng, steps=(0,), layers=1)
+    lines = csv_path.read_text().splitlines()
+    lines.insert(3, "0,0,wo,X,E4M3,not_a_number,1.0,0,0")
+    csv_path.write_text("\n".join(lines) + "\n")
+    assert_bad_input(run(PLOT_STATS, csv_path, "--out", tmp_path / "s.png"), f"{csv_path}:4", "malformed")
+    lines[3] = "0,0,wo,X,E4M3,1.0,1.0"
+    csv_path.write_text("\n".join(lines) + "\n")
+    assert_bad_input(run(PLOT_STATS, csv_path), f"{csv_path}:4")
+    csv_path.write_text(STATS_HEADER + "\n")
+    assert_bad_input(run(PLOT_STATS, csv_path), str(csv_path), "no statistics rows")
+    csv_path.write_text("step,layer,amax\n0,0,1.0\n")
+    assert_bad_input(run(PLOT_STATS, csv_path), f"{csv_path}:1", "header")
+    assert_bad_input(run(PLOT_STATS, tmp_path / "missing"), str(tmp_path / "missing"))

@@ -1,0 +1,139 @@
+/*
+ * The FP8 current-scaling kernels of the CUDA backend: op_amax (max |x| of a BF16 tensor into its
+ * device-side Fp8Scale) and op_cast_transpose (scale from that amax, then the cast to E4M3/E5M2 codes
+ * written row-major and/or transposed in one pass). The policy and the cast are fp8/fp8.h's functions,
+ * the same ones the CPU reference runs, so the codes are bit-identical to the CPU's. Neither op
+ * synchronizes with the host: the scale lives in device memory and the GEMM reads it there.
+ */
+#pragma once
+
+#include "fp8.h"
+#include "../llama/cuda_common.cuh"
+
+/* BF16 elements per 16-byte vector load. */
+#define BF16_PER_VEC 8
+#define BF16_ABS_MASK2 0x7fff7fffu
+
+/*
+ * max |x| over BF16 bit patterns: with the sign cleared, unsigned order of the 16-bit patterns is the
+ * order of the magnitudes, +Inf (0x7f80) above every finite value and every NaN above +Inf, so a NaN
+ * anywhere yields a NaN amax as amax_combine demands. Two 16-bit lanes per 32-bit word (__vmaxu2).
+ */
+__global__ void amax_kernel(unsigned int* amax_bits, const act_t* x, size_t n, int vectorized) {
+    unsigned int m2 = 0; /* two running 16-bit maxima */
+    size_t done = 0;
+    if (vectorized) {
+        const uint4* x4 = (const uint4*)x;
+        size_t n4 = n / BF16_PER_VEC;
+        for (size_t i = grid_index(); i < n4; i += grid_stride()) {
+            uint4 v = x4[i];
+            m2 = __vmaxu2(m2, v.x & BF16_ABS_MASK2);
+            m2 = __vmaxu2(m2, v.y & BF16_ABS_MASK2);
+            m2 = __vmaxu2(m2, v.z & BF16_ABS_MASK2);
+            m2 = __vmaxu2(m2, v.w & BF16_ABS_MASK2);
+        }
+        done = n4 * BF16_PER_VEC;
+    }
+    const unsigned short* xs = (const unsigned short*)x;
+    for (size_t i = done + grid_index(); i < n; i += grid_stride()) m2 = __vmaxu2(m2, (unsigned int)(xs[i] & 0x7fffu));
+    unsigned int m = max(m2 & 0xffffu, m2 >> 16);
+    m = block_reduce<BLOCK_THREADS>(m, MaxOp());
+    /* the BF16 pattern shifted up is the FP32 pattern of the same value */
+    if (threadIdx.x == 0 && m != 0) atomicMax(amax_bits, m << 16);
+}
+
+/*
+ * s->amax (device) = max |x| over x (n) BF16, NaN when any element is NaN (fp8.h amax_combine). Reset
+ * and recomputed on every call; the atomicMax on the value's bits is order-independent, so the result is
+ * deterministic. No host synchronization.
+ */
+static inline void op_amax(Fp8Scale* s, const act_t* x, size_t n) {
+    cudaCheck(cudaMemsetAsync(&s->amax, 0, sizeof(float), 0));
+    int vectorized = ((uintptr_t)x % sizeof(uint4)) == 0;
+    amax_kernel<<<grid_for(ceil_div(n, BF16_PER_VEC), BLOCK_THREADS), BLOCK_THREADS>>>((unsigned int*)&s->amax, x, n,
+                                                                                       vectorized);
+    launchCheck();
+}
+
+/* Square tile of the cast-transpose, and its shared-memory row padding (fewer bank conflicts). */
+#define CT_TILE 64
+#define CT_PAD 4
+#define CT_THREADS 256
+/* Each warp covers one tile row as 32 threads x 2 columns; 8 warps cover 8 rows per pass. */
+#define CT_COLS_PER_THREAD 2
+#define CT_ROWS_PER_PASS (CT_THREADS / WARP_SIZE)
+
+/*
+ * One block per 64 x 64 tile of x (rows, cols): each block derives the scale from s->amax itself (so no
+ * grid-wide barrier is needed), casts its tile, writes the codes to out row-major, stages them in
+ * shared memory and writes them to out_t (cols, rows) along the transposed rows, both coalesced.
+ * Block 0 publishes scale and scale_inv; amax is only read.
+ */
+__global__ void __launch_bounds__(CT_THREADS) cast_transpose_kernel(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows,
+                                                                    size_t cols, size_t tiles_x, Fp8Scale* s, Fp8Format f,
+                                                                    int pow2, Fp8Counts* counts) {
+    __shared__ uint8_t tile[CT_TILE][CT_TILE + CT_PAD];
+    float amax = s->amax;
+    float scale = fp8_compute_scale(amax, f, pow2);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        Fp8Scale published;
+        fp8_scale_set(&published, amax, f, pow2);
+        s->scale = published.scale;
+        s->scale_inv = published.scale_inv;
+    }
+    int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    size_t r0 = (blockIdx.x / tiles_x) * CT_TILE, c0 = (blockIdx.x % tiles_x) * CT_TILE;
+    unsigned int saturated = 0, underflow = 0, nonzero = 0;
+    for (int lr = warp; lr < CT_TILE; lr += CT_ROWS_PER_PASS) {
+        size_t r = r0 + lr;
+        for (int e = 0; e < CT_COLS_PER_THREAD; e++) {
+            int lc = lane * CT_COLS_PER_THREAD + e;
+            size_t c = c0 + lc;
+            if (r >= rows || c >= cols) continue;
+            float v = bf16_to_f(x[r * cols + c]);
+            uint8_t code = fp8_quantize(v, scale, f);
+            tile[lr][lc] = code;
+            if (out) out[r * cols + c] = code;
+            saturated += (unsigned int)fp8_is_max(code, f);
+            nonzero += v != 0.0f;
+            underflow += v != 0.0f && fp8_is_zero(code);
+        }
+    }
+    if (out_t) {
+        __syncthreads();
+        /* out_t row = input column c0 + lc; consecutive lanes write consecutive input rows */
+        for (int lc = warp; lc < CT_TILE; lc += CT_ROWS_PER_PASS) {
+            size_t c = c0 + lc;
+            for (int e = 0; e < CT_COLS_PER_THREAD; e++) {
+                int lr = lane * CT_COLS_PER_THREAD + e;
+                size_t r = r0 + lr;
+                if (r < rows && c < cols) out_t[c * rows + r] = tile[lr][lc];
+            }
+        }
+    }
+    if (counts) {
+        unsigned long long sat = block_reduce<CT_THREADS>((unsigned long long)saturated, SumOp());
+        unsigned long long under = block_reduce<CT_THREADS>((unsigned long long)underflow, SumOp());
+        unsigned long long nz = block_reduce<CT_THREADS>((unsigned long long)nonzero, SumOp());
+        if (threadIdx.x == 0) {
+            atomicAdd(&counts->saturated, sat);
+            atomicAdd(&counts->underflow, under);
+            atomicAdd(&counts->nonzero, nz);
+            if (blockIdx.x == 0) atomicAdd(&counts->count, (unsigned long long)rows * cols);
+        }
+    }
+}
+
+/*
+ * Sets s->scale / s->scale_inv (device) from s->amax (fp8_compute_scale), then casts x (rows, cols) BF16
+ * into FP8 codes out (rows, cols) and out_t (cols, rows); either may be NULL. counts (device, may be
+ * NULL) accumulates the cast statistics (fp8.h Fp8Counts) with integer atomics.
+ */
+static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols, Fp8Format f,
+                                     Fp8Scale* s, int pow2, Fp8Counts* counts) {
+    /* an empty tensor still gets one block, which publishes the scale */
+    size_t tiles_x = cols > 0 ? ceil_div(cols, CT_TILE) : 1, tiles = rows > 0 ? ceil_div(rows, CT_TILE) * tiles_x : 1;
+    if (tiles > INT32_MAX) die("cast-transpose of a (%zu, %zu) tensor needs more than 2^31 tiles", rows, cols);
+    cast_transpose_kernel<<<(unsigned int)tiles, CT_THREADS>>>(out, out_t, x, rows, cols, tiles_x, s, f, pow2, counts);
+    launchCheck();
+}

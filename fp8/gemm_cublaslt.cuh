@@ -1,0 +1,184 @@
+/*
+ * op_gemm of the CUDA backend: fp8/gemm.h's column-major contract on cuBLASLt, for BF16 x BF16 and the
+ * FP8 GEMMs of the recipe (E4M3 x E4M3 fprop, E4M3 x E5M2 dgrad/wgrad), FP32 compute and scale type,
+ * output BF16 or FP32 (wgrad accumulates into the FP32 gradient with beta = 1, C = D). FP8 operands
+ * carry per-tensor scale_inv values in device memory that cuBLASLt reads as its A/B scale pointers, so no
+ * host synchronization is needed between the cast that produces a scale and the GEMM that uses it.
+ * The heuristic's algorithm is looked up once per GEMM shape and kept in a small table.
+ */
+#pragma once
+
+#include "gemm.h"
+#include "../llama/cuda_common.cuh"
+
+/* cuBLASLt workspace; 32 MiB is what NVIDIA recommends for Hopper (cuBLAS docs, cublasSetWorkspace). */
+#define CUBLASLT_WORKSPACE_BYTES ((size_t)32 << 20)
+/* Plans kept at once: a model uses ~15 GEMM shapes per (B, T); beyond this the oldest is replaced. */
+#define GEMM_CACHE_SIZE 64
+/* The largest operand alignment cuBLASLt asks about (its default assumption). */
+#define GEMM_MAX_ALIGNMENT 256u
+
+static cublasLtHandle_t g_cublaslt = NULL;
+static void* g_cublaslt_workspace = NULL;
+
+/* One cached GEMM: the key (everything the algorithm choice depends on) and its descriptors. */
+typedef struct {
+    int used;
+    DType dt, at, bt;
+    int transA, transB, m, n, k, accumulate, fast_accum;
+    unsigned int align_a, align_b, align_d;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a_layout, b_layout, d_layout;
+    cublasLtMatmulAlgo_t algo;
+} GemmPlan;
+
+static GemmPlan g_gemm_plans[GEMM_CACHE_SIZE];
+static int g_gemm_next_victim = 0;
+
+/* Creates the cuBLASLt handle and workspace (once). */
+static inline void gemm_init(void) {
+    if (g_cublaslt) return;
+    cublasCheck(cublasLtCreate(&g_cublaslt));
+    cudaCheck(cudaMalloc(&g_cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES));
+}
+
+static inline cudaDataType_t gemm_cuda_type(DType t) {
+    switch (t) {
+        case DT_F32: return CUDA_R_32F;
+        case DT_ACT: return CUDA_R_16BF;
+        case DT_E4M3: return CUDA_R_8F_E4M3;
+        case DT_E5M2: return CUDA_R_8F_E5M2;
+    }
+    die("unknown GEMM operand type %d", (int)t);
+}
+
+/* Largest power of two (capped at 256) dividing the address: what cuBLASLt may assume of the pointer. */
+static inline unsigned int gemm_alignment(const void* p) {
+    uintptr_t a = (uintptr_t)p;
+    unsigned int align = 1;
+    while (align < GEMM_MAX_ALIGNMENT && a % (2 * align) == 0) align *= 2;
+    return align;
+}
+
+static inline void gemm_plan_free(GemmPlan* p) {
+    if (!p->used) return;
+    cublasCheck(cublasLtMatrixLayoutDestroy(p->a_layout));
+    cublasCheck(cublasLtMatrixLayoutDestroy(p->b_layout));
+    cublasCheck(cublasLtMatrixLayoutDestroy(p->d_layout));
+    cublasCheck(cublasLtMatmulDescDestroy(p->desc));
+    p->used = 0;
+}
+
+static inline int gemm_plan_matches(const GemmPlan* p, const GemmPlan* key) {
+    return p->used && p->dt == key->dt && p->at == key->at && p->bt == key->bt && p->transA == key->transA &&
+           p->transB == key->transB && p->m == key->m && p->n == key->n && p->k == key->k &&
+           p->accumulate == key->accumulate && p->fast_accum == key->fast_accum && p->align_a == key->align_a &&
+           p->align_b == key->align_b && p->align_d == key->align_d;
+}
+
+/* Builds the descriptors of `key` and asks the heuristic for an algorithm; stops naming the GEMM if none. */
+static inline void gemm_plan_build(GemmPlan* p, const GemmPlan* key) {
+    *p = *key;
+    cublasCheck(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t op_a = p->transA ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = p->transB ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    if (dtype_is_fp8(p->at)) {
+        int8_t fast = p->fast_accum ? 1 : 0;
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+    }
+    /* column-major layouts: op(A) m x k stored (transA ? k x m : m x k), op(B) k x n likewise, D m x n */
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->a_layout, gemm_cuda_type(p->at), p->transA ? p->k : p->m,
+                                           p->transA ? p->m : p->k, p->transA ? p->k : p->m));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->b_layout, gemm_cuda_type(p->bt), p->transB ? p->n : p->k,
+                                           p->transB ? p->k : p->n, p->transB ? p->n : p->k));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->d_layout, gemm_cuda_type(p->dt), p->m, p->n, p->m));
+
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t workspace = CUBLASLT_WORKSPACE_BYTES;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                     sizeof(workspace)));
+    uint32_t aligns[4] = {p->align_a, p->align_b, p->align_d, p->align_d};
+    cublasLtMatmulPreferenceAttributes_t align_attrs[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++)
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof(aligns[i])));
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(g_cublaslt, p->desc, p->a_layout, p->b_layout, p->d_layout,
+                                                           p->d_layout, pref, 1, &result, &found);
+    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+    if (status != CUBLAS_STATUS_NOT_SUPPORTED) cublasCheck(status);
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0)
+        die("cuBLASLt has no algorithm for the GEMM m %d n %d k %d, A %s%s, B %s%s, D %s%s, fast_accum %d "
+            "(pointer alignments A %u B %u D %u bytes)",
+            p->m, p->n, p->k, dtype_name(p->at), p->transA ? "^T" : "", dtype_name(p->bt), p->transB ? "^T" : "",
+            dtype_name(p->dt), p->accumulate ? " +=" : "", p->fast_accum, p->align_a, p->align_b, p->align_d);
+    p->algo = result.algo;
+    p->used = 1;
+}
+
+/* The cached plan for `key`, built on first use (replacing the oldest when the table is full). */
+static inline GemmPlan* gemm_plan_get(const GemmPlan* key) {
+    for (int i = 0; i < GEMM_CACHE_SIZE; i++) {
+        if (gemm_plan_matches(&g_gemm_plans[i], key)) return &g_gemm_plans[i];
+    }
+    GemmPlan* p = NULL;
+    for (int i = 0; i < GEMM_CACHE_SIZE && p == NULL; i++) {
+        if (!g_gemm_plans[i].used) p = &g_gemm_plans[i];
+    }
+    if (p == NULL) {
+        p = &g_gemm_plans[g_gemm_next_victim];
+        g_gemm_next_victim = (g_gemm_next_victim + 1) % GEMM_CACHE_SIZE;
+        gemm_plan_free(p);
+    }
+    gemm_plan_build(p, key);
+    return p;
+}
+
+/*
+ * The GEMM contract of fp8/gemm.h (column-major, cuBLASLt semantics): D (m x n, ld m) =
+ * scale_a * scale_b * op(A) op(B) [+ D], op(A) m x k (lda = transA ? k : m), op(B) k x n
+ * (ldb = transB ? n : k), FP32 accumulation. D is DT_ACT (BF16) or DT_F32. For FP8 operands
+ * scale_inv_a / scale_inv_b are DEVICE pointers to the operands' scale_inv (ignored otherwise);
+ * fast_accum selects Hopper's FP8 fast accumulation. Stops with gemm_check's reason for a GEMM
+ * cuBLASLt cannot run, and names the shape when the heuristic finds no algorithm. Asynchronous.
+ */
+static inline void op_gemm(void* D, DType dt, const void* A, DType at, int transA, const void* B, DType bt, int transB,
+                           int m, int n, int k, const float* scale_inv_a, const float* scale_inv_b, int accumulate,
+                           int fast_accum) {
+    char why[256];
+    if (gemm_check(at, transA, bt, transB, m, n, k, why, sizeof(why))) die("%s", why);
+    if (dt != DT_F32 && dt != DT_ACT) die("GEMM output type %s is not supported", dtype_name(dt));
+    int fp8 = dtype_is_fp8(at);
+    if (fp8 && (scale_inv_a == NULL || scale_inv_b == NULL)) die("FP8 GEMM m %d n %d k %d without scale_inv pointers", m, n, k);
+    GemmPlan key;
+    memset(&key, 0, sizeof(key));
+    key.dt = dt;
+    key.at = at;
+    key.bt = bt;
+    key.transA = transA ? 1 : 0;
+    key.transB = transB ? 1 : 0;
+    key.m = m;
+    key.n = n;
+    key.k = k;
+    key.accumulate = accumulate ? 1 : 0;
+    key.fast_accum = fp8 && fast_accum ? 1 : 0;
+    key.align_a = gemm_alignment(A);
+    key.align_b = gemm_alignment(B);
+    key.align_d = gemm_alignment(D);
+    key.used = 1;
+    GemmPlan* p = gemm_plan_get(&key);
+    if (fp8) {
+        /* the pointers change per call (one Fp8Scale per operand); the algorithm does not depend on them */
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_inv_a,
+                                                   sizeof(scale_inv_a)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_inv_b,
+                                                   sizeof(scale_inv_b)));
+    }
+    float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    cublasCheck(cublasLtMatmul(g_cublaslt, p->desc, &alpha, A, p->a_layout, B, p->b_layout, &beta, D, p->d_layout, D,
+                               p->d_layout, &p->algo, g_cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, 0));
+}

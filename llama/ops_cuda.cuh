@@ -1,0 +1,131 @@
+/*
+ * The CUDA backend of llama/model.h: the same names, signatures and semantics as llama/ops_cpu.h (the
+ * contract), with BF16 storage (act_t = __nv_bfloat16), FP32 math, FP32 master weights and optimizer
+ * state, cuBLASLt GEMMs (FP8 in -p fp8) and cuDNN attention. This file holds the memory functions and
+ * the backend queries; the ops live in the headers it includes:
+ *   llama/kernels.cuh         embedding, RMSNorm, RoPE, SwiGLU, classifier, gradient norm, AdamW
+ *   llama/attention_cuda.cuh  attention (cuDNN SDPA, or the plain fallback without USE_CUDNN)
+ *   fp8/cast_transpose.cuh    amax and the fused FP8 cast + transpose
+ *   fp8/gemm_cublaslt.cuh     op_gemm
+ * Pointers passed to ops are device pointers, Fp8Scale and Fp8Counts included. Ops are asynchronous
+ * on the default stream except where a host value is returned (op_sum_squares) or host data is read.
+ */
+#pragma once
+
+#include "config.h"
+#include "cuda_common.cuh"
+#include "kernels.cuh"
+#include "attention_cuda.cuh"
+#include "../fp8/cast_transpose.cuh"
+#include "../fp8/gemm_cublaslt.cuh"
+
+/* ---------------------------------------------------------------- memory (device memory) */
+
+/* cudaMalloc that stops naming the size and the free memory when it fails. */
+static inline void* dev_alloc(size_t bytes) {
+    void* p = NULL;
+    cudaError_t err = cudaMalloc(&p, bytes > 0 ? bytes : 1);
+    if (err != cudaSuccess) {
+        size_t free_bytes = 0, total = 0;
+        cudaMemGetInfo(&free_bytes, &total);
+        die("cudaMalloc of %.1f MiB failed: %s (%.1f MiB free of %.1f MiB)", mib(bytes), cudaGetErrorString(err),
+            mib(free_bytes), mib(total));
+    }
+    return p;
+}
+static inline void dev_free(void* p) { cudaCheck(cudaFree(p)); }
+/* Synchronous copies, ordered after all queued work on the default stream. */
+static inline void dev_upload(void* dst, const void* src, size_t bytes) {
+    cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+static inline void dev_download(void* dst, const void* src, size_t bytes) {
+    cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+static inline void dev_zero(void* p, size_t bytes) { cudaCheck(cudaMemsetAsync(p, 0, bytes, 0)); }
+
+/* out (n) host floats = x (n) device BF16 values (exact). */
+static inline void act_to_float_host(float* out, const act_t* x, size_t n) {
+    act_t* tmp = (act_t*)mallocCheck(n * sizeof(act_t));
+    dev_download(tmp, x, n * sizeof(act_t));
+    for (size_t i = 0; i < n; i++) out[i] = __bfloat162float(tmp[i]);
+    free(tmp);
+}
+
+/* ---------------------------------------------------------------- backend */
+
+/* The GPU this process uses; multi-rank launches will pick one per local rank. */
+#define CUDA_DEVICE_INDEX 0
+/* FP8 tensor cores arrived with Ada (sm_89) and Hopper (sm_90). */
+#define FP8_MIN_COMPUTE_CAPABILITY 89
+
+static cudaDeviceProp g_device_prop;
+static int g_backend_ready = 0;
+
+/*
+ * Selects the GPU, checks that this binary has kernels for it and that it can run precision p, and
+ * creates the cuBLASLt handle and workspace and the cuDNN handle. Stops for -p fp32 (the CPU
+ * reference's mode) and for -p fp8 on GPUs without FP8 tensor cores. Safe to call more than once.
+ */
+static inline void backend_init(Precision p) {
+    if (p == PRECISION_FP32) die("-p fp32 is the CPU reference's mode; the GPU build runs bf16 or fp8");
+    if (!g_backend_ready) {
+        int count = 0;
+        cudaError_t found = cudaGetDeviceCount(&count);
+        if (found != cudaSuccess || count == 0)
+            die("no usable CUDA GPU (%s); the CPU build is train_llama_cpu", found != cudaSuccess ? cudaGetErrorString(found) : "0 devices");
+        cudaCheck(cudaSetDevice(CUDA_DEVICE_INDEX));
+        cudaCheck(cudaGetDeviceProperties(&g_device_prop, CUDA_DEVICE_INDEX));
+        cudaFuncAttributes attr;
+        cudaError_t err = cudaFuncGetAttributes(&attr, params_from_master_kernel);
+        if (err != cudaSuccess) {
+            die("this binary has no kernels for %s (compute capability %d.%d): %s; rebuild with make GPU_ARCH=%d%d",
+                g_device_prop.name, g_device_prop.major, g_device_prop.minor, cudaGetErrorString(err), g_device_prop.major,
+                g_device_prop.minor);
+        }
+        gemm_init();
+        attention_init();
+        printf("| device: %s, compute capability %d.%d, %.1f GiB; cuBLASLt workspace %.0f MiB; attention: %s\n",
+               g_device_prop.name, g_device_prop.major, g_device_prop.minor, mib(g_device_prop.totalGlobalMem) / 1024.0,
+               mib(CUBLASLT_WORKSPACE_BYTES),
+#ifdef USE_CUDNN
+               "cuDNN SDPA"
+#else
+               "fallback kernels (built without cuDNN)"
+#endif
+        );
+        g_backend_ready = 1;
+    }
+    int cc = g_device_prop.major * 10 + g_device_prop.minor;
+    if (p == PRECISION_FP8 && cc < FP8_MIN_COMPUTE_CAPABILITY)
+        die("-p fp8 needs FP8 tensor cores (compute capability 8.9 or newer); %s has %d.%d: use -p bf16", g_device_prop.name,
+            g_device_prop.major, g_device_prop.minor);
+}
+
+/* Waits for all queued GPU work; surfaces asynchronous kernel faults here. */
+static inline void backend_synchronize(void) { cudaCheck(cudaDeviceSynchronize()); }
+
+static inline const char* backend_name(void) { return "cuda"; }
+
+/* Dense (no sparsity) tensor-core peaks in FLOP/s from NVIDIA's H100/H200 datasheets. */
+#define PEAK_SXM_BF16 989.4e12
+#define PEAK_SXM_FP8 1978.9e12
+#define PEAK_PCIE_BF16 756.0e12
+#define PEAK_PCIE_FP8 1513.0e12
+
+/* Peak FLOP/s of the device for precision p, for MFU; 0 when the GPU is not one we know. */
+static inline double backend_peak_flops(Precision p) {
+    const char* name = g_device_prop.name;
+    int fp8 = p == PRECISION_FP8;
+    if (strstr(name, "H100") || strstr(name, "H800") || strstr(name, "H200")) {
+        if (strstr(name, "PCIe")) return fp8 ? PEAK_PCIE_FP8 : PEAK_PCIE_BF16;
+        return fp8 ? PEAK_SXM_FP8 : PEAK_SXM_BF16;
+    }
+    return 0.0;
+}
+
+/* Device memory in use (all processes), MiB. */
+static inline double backend_memory_mib(void) {
+    size_t free_bytes = 0, total = 0;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total));
+    return mib(total - free_bytes);
+}

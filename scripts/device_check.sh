@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The device check (DESIGN.md section 8): one command on one H100/H200, under 8 minutes, no network.
+#   1. builds train_llama, test_llama and test_llama_cpu on the device (times the build);
+#   2. runs every check of test_llama: the GPU against HF transformers' reference and against the CPU
+#      build on the same recipe, each kernel family against its CPU op, resume, recompute, accumulation;
+#   3. measures FP8 vs BF16 GEMM TFLOP/s at Llama-2 7B and 13B shapes (test_llama --bench-gemm);
+#   4. trains a 7B-shaped model with fewer layers (seq 4096) for a few steps in bf16 and fp8 and reports
+#      tokens/s and MFU;
+# and prints one table last. Logs go to OUT_DIR (default $OUT if set, else build/device_check).
+#   usage: scripts/device_check.sh [OUT_DIR]      env: LAYERS (default 4), STEPS (default 10), JOBS
+# Needs only the CUDA toolkit, cuDNN and NCCL found on the machine (and the cuDNN frontend headers for
+# cuDNN attention; without them the build falls back to the plain attention kernels, noted in the table).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT_DIR=${1:-${OUT:-build/device_check}}
+LAYERS=${LAYERS:-4}
+STEPS=${STEPS:-10}
+JOBS=${JOBS:-$(nproc)}
+mkdir -p "$OUT_DIR"
+ROWS=()
+row() { ROWS+=("$(printf '%-46s | %-6s | %s' "$1" "$2" "$3")"); }
+elapsed() { echo "$(( $(date +%s) - $1 ))s"; }
+
+echo "== device"
+nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv,noheader | tee "$OUT_DIR/device.txt"
+row "device" "info" "$(head -1 "$OUT_DIR/device.txt")"
+
+echo "== build"
+# Nothing can be installed on a GPU host without network: skip `make setup` and use what is there.
+mkdir -p build && touch build/.setup-done
+MAKE_VARS=()
+if ! { echo '#include <cblas.h>' | gcc -E -x c - >/dev/null 2>&1 && ldconfig -p | grep -q libopenblas; }; then
+    MAKE_VARS+=(BLAS=none) # the CPU side of the checks then uses a slow built-in GEMM
+fi
+# cuDNN: the system's, else the one PyTorch's nvidia-cudnn wheel carries (it has no unversioned .so).
+if ! ldconfig -p | grep -q 'libcudnn\.so ' && [ ! -e /usr/local/cuda/lib64/libcudnn.so ]; then
+    dir=$(python3 -c "import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], 'lib'))" 2>/dev/null)
+    if [ -n "$dir" ] && [ -e "$dir/libcudnn.so.9" ]; then
+        mkdir -p build/cudnn_lib && ln -sf "$dir/libcudnn.so.9" build/cudnn_lib/libcudnn.so
+        export LIBRARY_PATH="$PWD/build/cudnn_lib:$dir:${LIBRARY_PATH:-}" LD_LIBRARY_PATH="$dir:${LD_LIBRARY_PATH:-}"
+    else
+        MAKE_VARS+=(USE_CUDNN=0)
+    fi
+fi
+t0=$(date +%s)
+if make -j"$JOBS" "${MAKE_VARS[@]}" train_llama test_llama test_llama_cpu > "$OUT_DIR/build.log" 2>&1; then
+    attention=$(grep -q -- "-DUSE_CUDNN" "$OUT_DIR/build.log" && echo "cuDNN SDPA" || echo "fallback kernels (no cuDNN frontend headers)")
+    row "build train_llama test_llama test_llama_cpu" "ok" "$(elapsed "$t0"), attention: $attention ${MAKE_VARS[*]}"
+else
+    tail -30 "$OUT_DIR/build.log"
+    row "build" "FAIL" "see $OUT_DIR/build.log"
+    printf '\n%s\n' "${ROWS[@]}"
+    exit 1
+fi
+
+echo "== test_llama"
+t0=$(date +%s)
+./test_llama 2>&1 | grep -v '^|' | tee "$OUT_DIR/test_llama.log"
+while read -r status name; do
+    detail=$(awk -v n="[ $name ]" 'index($0, n) == 1 {on = 1; next} on && /^(ok  |FAIL) / {exit} on && /FAIL:|max abs err|relative L2|rel err/ {print}' "$OUT_DIR/test_llama.log" |
+        grep -E 'FAIL:|gradients:|logits:|max abs' | head -2 | sed 's/^ *//' | tr '\n' ';' | cut -c1-110)
+    row "test_llama $name" "$status" "$detail"
+done < <(grep -E '^(ok  |FAIL) ' "$OUT_DIR/test_llama.log" | awk '{print $1, $2}')
+summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$OUT_DIR/test_llama.log" | tail -1)
+row "test_llama (all)" "$([ -n "$summary" ] && echo "$summary" | grep -q ' 0 failed' && echo ok || echo FAIL)" "${summary:-no summary: crashed?} in $(elapsed "$t0")"
+
+echo "== GEMM FP8 vs BF16"
+./test_llama --bench-gemm 2>&1 | grep -v '^|' | tee "$OUT_DIR/gemm.log"
+while read -r line; do
+    row "$(echo "$line" | cut -d: -f1)" "bench" "$(echo "$line" | cut -d: -f2- | sed 's/^ *//')"
+done < <(grep '^gemm ' "$OUT_DIR/gemm.log")
+[ -n "$(grep '^gemm ' "$OUT_DIR/gemm.log")" ] || row "GEMM benchmark" "FAIL" "see $OUT_DIR/gemm.log"
+
+echo "== training throughput: llama2-7b shape, $LAYERS layers, seq 4096"
+SHARD="$OUT_DIR/random_tokens.bin"
+./test_llama --write-shard "$SHARD" 2000000 1 || row "random shard" "FAIL" ""
+declare -A TOKS
+for p in bf16 fp8; do
+    log="$OUT_DIR/train_$p.log"
+    ./train_llama -e llama2-7b --n-layers "$LAYERS" -b 1 -t 4096 -x "$STEPS" -v 0 -m 1 -u 2 -i "$SHARD" -j "$SHARD" -p "$p" > "$log" 2>&1
+    rc=$?
+    # mean tokens/s and MFU over the steps after the first two (cuBLASLt / cuDNN set-up)
+    stats=$(awk '/^step/ {n++; for (i = 1; i <= NF; i++) {if ($i == "tok/s") t = $(i-1); if ($i == "MFU") m = $(i+1)}
+                 if (n > 2) {st += t; sm += m; c++}} END {if (c) printf "%.0f %.1f", st / c, sm / c}' "$log")
+    toks=${stats%% *}
+    mfu=${stats##* }
+    TOKS[$p]=${toks:-0}
+    if [ "$rc" -eq 0 ] && [ -n "$toks" ]; then
+        row "train 7b-shape L$LAYERS T4096 -p $p" "ok" "$toks tok/s, MFU ${mfu%\%}%, final $(grep '^val loss' "$log" | tail -1)"
+    else
+        row "train 7b-shape L$LAYERS T4096 -p $p" "FAIL" "exit $rc: $(tail -1 "$log" | cut -c1-100)"
+    fi
+done
+if [ "${TOKS[bf16]:-0}" -gt 0 ] && [ "${TOKS[fp8]:-0}" -gt 0 ]; then
+    row "train fp8 / bf16 tokens/s" "bench" "$(awk -v a="${TOKS[fp8]}" -v b="${TOKS[bf16]}" 'BEGIN {printf "%.2fx", a / b}')"
+fi
+
+echo
+echo "== device check summary (logs in $OUT_DIR)"
+printf '%-46s | %-6s | %s\n' "check" "status" "detail"
+printf '%s\n' "${ROWS[@]}"
+! printf '%s\n' "${ROWS[@]}" | grep -q '| FAIL '
