@@ -212,16 +212,7 @@ static void write_random_shard(const char* path, size_t n, uint64_t seed) {
     rng_seed(&rng, seed);
     uint16_t* tokens = (uint16_t*)mallocCheck(n * sizeof(uint16_t));
     for (size_t i = 0; i < n; i++) tokens[i] = i % 1024 == 0 ? LLAMA_BOS : (uint16_t)(3 + rng_below(&rng, LLAMA_VOCAB_SIZE - 3));
-    int32_t h[SHARD_HEADER_INTS];
-    memset(h, 0, sizeof(h));
-    h[0] = SHARD_MAGIC;
-    h[1] = 1;
-    h[2] = (int32_t)n;
-    char tmp[TMP_PATH_LEN];
-    FILE* f = atomic_open(path, tmp, sizeof(tmp));
-    fwriteCheck(h, sizeof(int32_t), SHARD_HEADER_INTS, f, tmp);
-    fwriteCheck(tokens, sizeof(uint16_t), n, f, tmp);
-    atomic_commit(f, tmp, path);
+    shard_write_u16(path, tokens, n);
     free(tokens);
 }
 

@@ -49,6 +49,22 @@ typedef struct {
     uint8_t* buffer;       /* raw tokens of one sample, (T + 1) * 4 bytes */
 } DataLoader;
 
+/* Writes a version-1 shard (uint16 tokens) atomically; the data scripts write shards in Python, this is
+   for the C tests and tools. */
+static inline void shard_write_u16(const char* path, const uint16_t* tokens, size_t n) {
+    if (n > INT32_MAX) die("%s: %zu tokens do not fit one shard header", path, n);
+    int32_t h[SHARD_HEADER_INTS];
+    memset(h, 0, sizeof(h));
+    h[0] = SHARD_MAGIC;
+    h[1] = 1;
+    h[2] = (int32_t)n;
+    char tmp[TMP_PATH_LEN];
+    FILE* f = atomic_open(path, tmp, sizeof(tmp));
+    fwriteCheck(h, sizeof(int32_t), SHARD_HEADER_INTS, f, tmp);
+    fwriteCheck(tokens, sizeof(uint16_t), n, f, tmp);
+    atomic_commit(f, tmp, path);
+}
+
 /* Number of samples of T + 1 tokens in a shard of n tokens. */
 static inline size_t shard_samples(size_t n, int T) { return n > 0 ? (n - 1) / (size_t)T : 0; }
 

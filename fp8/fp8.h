@@ -30,6 +30,9 @@ typedef enum { FP8_E4M3 = 0, FP8_E5M2 = 1 } Fp8Format;
 #define E5M2_MIN_NORMAL 0x1p-14f
 #define E5M2_MIN_SUBNORMAL 0x1p-16f
 
+/* FP8 GEMMs (cuBLASLt on Hopper) need every dimension to be a multiple of this. */
+#define FP8_DIM_MULTIPLE 16
+
 /* Largest finite magnitude of a format. */
 LLM8_HD static inline float fp8_max(Fp8Format f) { return f == FP8_E4M3 ? E4M3_MAX : E5M2_MAX; }
 
@@ -130,7 +133,7 @@ typedef struct {
     float amax;      /* max |x| of the tensor as cast (NaN if any element is NaN) */
     float scale;     /* multiplies x before the cast */
     float scale_inv; /* 1 / scale: what the GEMM multiplies the product by */
-    float pad;       /* keeps the struct 16 bytes for aligned device loads */
+    float pad;       /* unused: keeps the record four floats (16 bytes) */
 } Fp8Scale;
 
 /* Fills scale and scale_inv from amax. */

@@ -50,8 +50,8 @@ static inline int gemm_check(DType at, int transA, DType bt, int transB, int m, 
     const char* names[3] = {"m", "n", "k"};
     int dims[3] = {m, n, k};
     for (int i = 0; i < 3; i++) {
-        if (dims[i] <= 0 || dims[i] % 16 != 0) {
-            snprintf(why, len, "FP8 GEMM dimension %s = %d is not a positive multiple of 16", names[i], dims[i]);
+        if (dims[i] <= 0 || dims[i] % FP8_DIM_MULTIPLE != 0) {
+            snprintf(why, len, "FP8 GEMM dimension %s = %d is not a positive multiple of %d", names[i], dims[i], FP8_DIM_MULTIPLE);
             return 1;
         }
     }

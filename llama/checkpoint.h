@@ -97,16 +97,25 @@ static inline void checkpoint_read_params(const char* path, const LlamaConfig* c
     fcloseCheck(f, path);
 }
 
-/* Writes a model checkpoint atomically. params: float32, param_count(cfg) elements. */
-static inline void checkpoint_write(const char* path, const LlamaConfig* cfg, const float* params) {
+/*
+ * Starts a model checkpoint: opens "<path>.tmp" (name in tmp) and writes the header; the caller writes
+ * the param_count(cfg) float32 parameters and finishes with atomic_commit(f, tmp, path).
+ */
+static inline FILE* checkpoint_write_begin(const char* path, char* tmp, size_t tmp_len, const LlamaConfig* cfg) {
     int32_t h[HEADER_INTS];
     memset(h, 0, sizeof(h));
     h[0] = MODEL_MAGIC;
     h[1] = MODEL_VERSION;
     config_to_header(cfg, h);
-    char tmp[TMP_PATH_LEN];
-    FILE* f = atomic_open(path, tmp, sizeof(tmp));
+    FILE* f = atomic_open(path, tmp, tmp_len);
     fwriteCheck(h, sizeof(int32_t), HEADER_INTS, f, tmp);
+    return f;
+}
+
+/* Writes a model checkpoint atomically. params: float32, param_count(cfg) elements, on the host. */
+static inline void checkpoint_write(const char* path, const LlamaConfig* cfg, const float* params) {
+    char tmp[TMP_PATH_LEN];
+    FILE* f = checkpoint_write_begin(path, tmp, sizeof(tmp), cfg);
     fwriteCheck(params, sizeof(float), param_count(cfg), f, tmp);
     atomic_commit(f, tmp, path);
 }
@@ -169,20 +178,27 @@ static inline void model_path(char* out, size_t len, const char* dir, int step) 
 }
 
 /*
- * Writes a rank's training state: header, then m, v and master weights of its slice (float32,
- * s->shard_count elements each).
+ * Starts a rank's training state: opens "<path>.tmp" (name in tmp) and writes the header and *s; the
+ * caller writes m, v and the master weights of the rank's slice (float32, s->shard_count each, in that
+ * order) and finishes with atomic_commit(f, tmp, path).
  */
-static inline void state_write(const char* path, const TrainState* s, const float* m, const float* v, const float* master) {
+static inline FILE* state_write_begin(const char* path, char* tmp, size_t tmp_len, const TrainState* s) {
     int32_t h[HEADER_INTS];
     memset(h, 0, sizeof(h));
     h[0] = STATE_MAGIC;
     h[1] = STATE_VERSION;
     h[2] = (int32_t)run_identity_hash(&s->id);
     h[3] = (int32_t)sizeof(TrainState);
-    char tmp[TMP_PATH_LEN];
-    FILE* f = atomic_open(path, tmp, sizeof(tmp));
+    FILE* f = atomic_open(path, tmp, tmp_len);
     fwriteCheck(h, sizeof(int32_t), HEADER_INTS, f, tmp);
     fwriteCheck(s, sizeof(TrainState), 1, f, tmp);
+    return f;
+}
+
+/* Writes a rank's training state from host arrays m, v, master (s->shard_count float32 each). */
+static inline void state_write(const char* path, const TrainState* s, const float* m, const float* v, const float* master) {
+    char tmp[TMP_PATH_LEN];
+    FILE* f = state_write_begin(path, tmp, sizeof(tmp), s);
     fwriteCheck(m, sizeof(float), s->shard_count, f, tmp);
     fwriteCheck(v, sizeof(float), s->shard_count, f, tmp);
     fwriteCheck(master, sizeof(float), s->shard_count, f, tmp);
@@ -190,11 +206,12 @@ static inline void state_write(const char* path, const TrainState* s, const floa
 }
 
 /*
- * Reads a rank's training state written for the run `expect` (its settings and slice). Stops naming the
- * file and the first setting that differs, or the size problem, on mismatch.
+ * Opens a rank's training state written for the run `expect` (its settings and parameter slice), reads
+ * its header into *s and returns the file positioned at m (then v, then the master weights). Stops
+ * naming the file and the first setting that differs, or the size problem, on mismatch.
  */
-static inline void state_read(const char* path, TrainState* s, const RunIdentity* expect, uint64_t shard_begin,
-                              uint64_t shard_count, float* m, float* v, float* master) {
+static inline FILE* state_open(const char* path, TrainState* s, const RunIdentity* expect, uint64_t shard_begin,
+                               uint64_t shard_count) {
     FILE* f = fopenCheck(path, "rb");
     size_t bytes = file_size(f, path);
     size_t expected = HEADER_INTS * sizeof(int32_t) + sizeof(TrainState) + 3 * shard_count * sizeof(float);
@@ -213,6 +230,13 @@ static inline void state_read(const char* path, TrainState* s, const RunIdentity
         die("%s: parameter slice [%llu, +%llu) differs from this rank's [%llu, +%llu)", path,
             (unsigned long long)s->shard_begin, (unsigned long long)s->shard_count, (unsigned long long)shard_begin,
             (unsigned long long)shard_count);
+    return f;
+}
+
+/* Reads a rank's training state (state_open's checks) into host arrays m, v, master (shard_count each). */
+static inline void state_read(const char* path, TrainState* s, const RunIdentity* expect, uint64_t shard_begin,
+                              uint64_t shard_count, float* m, float* v, float* master) {
+    FILE* f = state_open(path, s, expect, shard_begin, shard_count);
     freadCheck(m, sizeof(float), shard_count, f, path);
     freadCheck(v, sizeof(float), shard_count, f, path);
     freadCheck(master, sizeof(float), shard_count, f, path);

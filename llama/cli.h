@@ -80,7 +80,7 @@ static const ArgSpec TRAIN_ARG_SPECS[] = {
     ARG("-n", ARG_INT, ckpt_every, "checkpoint every N steps (0: only at the end; needs -o)"),
     ARG("-y", ARG_INT, resume, "1: resume from the latest checkpoint in -o"),
     ARG("-z", ARG_INT, zero_stage, "ZeRO stage (0 only in this build: one rank)"),
-    ARG("-r", ARG_INT, recompute, "1: recompute norm and SwiGLU outputs in backward (bf16/fp32 modes)"),
+    ARG("-r", ARG_INT, recompute, "1: recompute norm and SwiGLU outputs in backward (bf16/fp32 only)"),
     ARG("-p", ARG_PRECISION, precision, "precision recipe: fp8 | bf16 | fp32"),
     ARG("-a", ARG_INT, overfit, "1: overfit the first batch (debugging)"),
     ARG("--shuffle", ARG_INT, shuffle, "1: shuffle shards and samples each epoch"),
@@ -221,6 +221,9 @@ static inline void train_args_check(const TrainArgs* a) {
     if (a->resume && a->output_dir == NULL) die("flag -y 1 needs -o (the directory to resume from)");
     if (a->zero_stage != 0) die("flag -z %d: ZeRO sharding needs the multi-rank build, which this version does not have; use -z 0", a->zero_stage);
     if (a->recompute != 0 && a->recompute != 1) die("flag -r: must be 0 or 1");
+    if (a->recompute && a->precision == PRECISION_FP8)
+        die("flag -r 1: with -p fp8 backward reads the FP8 copies fprop saves and recomputes nothing; use -r 0");
+    if (a->ckpt_every > 0 && a->output_dir == NULL) die("flag -n %d needs -o (where checkpoints go)", a->ckpt_every);
     if (a->overfit != 0 && a->overfit != 1) die("flag -a: must be 0 or 1");
     if (a->shuffle != 0 && a->shuffle != 1) die("flag --shuffle: must be 0 or 1");
     if (a->pow2_scales != 0 && a->pow2_scales != 1) die("flag --pow2-scales: must be 0 or 1");

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -16,7 +17,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
+
+/* Longest path the programs build (checkpoint names, temporaries with a ".tmp" suffix). */
+#define PATH_LEN 1024
+#define TMP_PATH_LEN (PATH_LEN + 8)
 
 #ifdef __CUDACC__
 #define LLM8_HD __host__ __device__
@@ -99,7 +105,7 @@ static inline size_t file_size(FILE* f, const char* what) {
 
 /* Creates `dir` and any missing parents (like `mkdir -p`). */
 static inline void make_dir(const char* dir) {
-    char path[1024];
+    char path[PATH_LEN];
     if (snprintf(path, sizeof(path), "%s", dir) >= (int)sizeof(path)) die("%s: path too long", dir);
     for (char* p = path + 1;; p++) {
         int end = *p == '\0';
@@ -121,9 +127,6 @@ static inline void make_dir(const char* dir) {
  * Writes go to "<path>.tmp"; atomic_commit() flushes, fsyncs and renames it over <path>, so a crash
  * leaves either the old file or the complete new one, never half of one.
  */
-#define PATH_LEN 1024
-#define TMP_PATH_LEN (PATH_LEN + 8)
-
 static inline FILE* atomic_open(const char* path, char* tmp_path, size_t tmp_len) {
     if ((size_t)snprintf(tmp_path, tmp_len, "%s.tmp", path) >= tmp_len) die("%s: path too long", path);
     return fopenCheck(tmp_path, "wb");
@@ -134,6 +137,22 @@ static inline void atomic_commit(FILE* f, const char* tmp_path, const char* path
     if (fsync(fileno(f)) != 0) die("%s: fsync failed (%s)", tmp_path, strerror(errno));
     fcloseCheck(f, tmp_path);
     if (rename(tmp_path, path) != 0) die("%s: rename to %s failed (%s)", tmp_path, path, strerror(errno));
+    /* the rename is durable only once the directory entry is: a DONE marker written later must not
+       survive a crash that loses this file */
+    char dir[PATH_LEN];
+    const char* slash = strrchr(path, '/');
+    snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+    if (slash == path) snprintf(dir, sizeof(dir), "/");
+    int fd = open(dir, O_RDONLY);
+    if (fd < 0 || fsync(fd) != 0) die("%s: cannot sync the directory (%s)", dir, strerror(errno));
+    close(fd);
+}
+
+/* Monotonic wall-clock time in seconds. */
+static inline double wall_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static inline double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }

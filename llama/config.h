@@ -6,9 +6,11 @@
  */
 #pragma once
 
+#include <math.h>
 #include <string.h>
 
 #include "common.h"
+#include "../fp8/fp8.h"
 
 typedef struct {
     int dim;          /* C, model width */
@@ -74,9 +76,6 @@ static inline int precision_parse(const char* s) {
     return -1;
 }
 
-/* FP8 GEMMs (cuBLASLt, Hopper) need every dimension to be a multiple of this. */
-#define FP8_DIM_MULTIPLE 16
-
 /*
  * Checks a configuration against the model's invariants and, for -p fp8, against the FP8 GEMM's shape
  * rule; stops with one line naming the first offending dimension. B, T: micro-batch and sequence length.
@@ -104,6 +103,21 @@ static inline void llama_config_validate(const LlamaConfig* c, int B, int T, Pre
         if (dims[i].value % FP8_DIM_MULTIPLE != 0)
             die("-p fp8: %s = %lld is not a multiple of %d (FP8 GEMMs need every dimension to be)", dims[i].what,
                 dims[i].value, FP8_DIM_MULTIPLE);
+    }
+}
+
+/*
+ * RoPE tables for positions [0, T), head dim HS: cos/sin (T, HS/2) of pos * inv_freq_i with HF's
+ * inv_freq_i = theta^(-2i/HS) (rotate-half convention), computed in float64 then rounded.
+ */
+static inline void rope_tables(int T, int HS, float theta, float* cos_out, float* sin_out) {
+    int half = HS / 2;
+    for (int t = 0; t < T; t++) {
+        for (int i = 0; i < half; i++) {
+            double angle = (double)t / pow((double)theta, (2.0 * i) / (double)HS);
+            cos_out[t * half + i] = (float)cos(angle);
+            sin_out[t * half + i] = (float)sin(angle);
+        }
     }
 }
 

@@ -14,15 +14,10 @@
 #include <cub/block/block_reduce.cuh>
 
 #include "common.h"
+#include "cuda_check.h"
 
 /* Activations and working weights are BF16 on the GPU; every op computes in FP32. */
 typedef __nv_bfloat16 act_t;
-
-/* Stops with "<file>:<line>: <call>: <library message>" on one line when a CUDA runtime call fails. */
-static inline void cuda_check(cudaError_t err, const char* call, const char* file, int line) {
-    if (err != cudaSuccess) die("CUDA error at %s:%d: %s: %s (%s)", file, line, call, cudaGetErrorString(err), cudaGetErrorName(err));
-}
-#define cudaCheck(call) cuda_check((call), #call, __FILE__, __LINE__)
 
 /* The same for cuBLAS / cuBLASLt status codes. */
 static inline void cublas_check(cublasStatus_t status, const char* call, const char* file, int line) {

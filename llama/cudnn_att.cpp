@@ -19,6 +19,7 @@
 #include <cudnn_frontend.h>
 
 #include "common.h"
+#include "cuda_check.h"
 
 namespace fe = cudnn_frontend;
 
@@ -46,10 +47,6 @@ static void cudnn_check(cudnnStatus_t status, const char* call, const char* file
 }
 #define cudnnCheck(call) cudnn_check((call), #call, __FILE__, __LINE__)
 
-static void cuda_check(cudaError_t err, const char* call, const char* file, int line) {
-    if (err != cudaSuccess) die("CUDA error at %s:%d: %s: %s", file, line, call, cudaGetErrorString(err));
-}
-#define cudaCheck(call) cuda_check((call), #call, __FILE__, __LINE__)
 
 /* The frontend returns error objects instead of status codes; `shape` names the attention call. */
 static void fe_check(fe::error_t err, const char* call, const std::string& shape, const char* file, int line) {

@@ -72,7 +72,7 @@ static inline void op_encoder_backward(float* dwte, const act_t* dout, const int
     std::sort(order.begin(), order.end(), [tokens_host](int a, int b) {
         return tokens_host[a] != tokens_host[b] ? tokens_host[a] < tokens_host[b] : a < b;
     });
-    /* upload layout: positions (N) | bucket starts (U + 1) | bucket tokens (U), U <= N */
+    /* upload layout: positions (N) | bucket starts (U + 1) | bucket tokens (U), U distinct tokens <= N */
     std::vector<int> host(order);
     std::vector<int> bucket_tokens;
     for (size_t k = 0; k < N; k++) {
@@ -84,7 +84,7 @@ static inline void op_encoder_backward(float* dwte, const act_t* dout, const int
     size_t U = bucket_tokens.size();
     host.push_back((int)N);
     host.insert(host.end(), bucket_tokens.begin(), bucket_tokens.end());
-    int* dev = (int*)scratch_reserve(&g_encoder_scratch, (2 * N + 1) * sizeof(int));
+    int* dev = (int*)scratch_reserve(&g_encoder_scratch, host.size() * sizeof(int));
     cudaCheck(cudaMemcpy(dev, host.data(), host.size() * sizeof(int), cudaMemcpyHostToDevice));
     dim3 grid((unsigned int)U, (unsigned int)ceil_div((size_t)C, BLOCK_THREADS));
     encoder_backward_kernel<<<grid, BLOCK_THREADS>>>(dwte, dout, dev, dev + N, dev + N + U + 1, C);

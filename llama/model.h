@@ -206,19 +206,6 @@ static inline act_t* llama_linear_weight(Llama* m, int layer, int lin) {
     return base[lin] + (size_t)layer * OC * C;
 }
 
-/* RoPE tables for positions [0, T): HF's inv_freq = theta^(-2i/HS), angle = pos * inv_freq (float64 here). */
-static inline void rope_tables(const LlamaConfig* c, int T, float* cos_out, float* sin_out) {
-    int half = llama_head_dim(c) / 2;
-    for (int t = 0; t < T; t++) {
-        for (int i = 0; i < half; i++) {
-            double inv_freq = 1.0 / pow((double)c->rope_theta, (2.0 * i) / (double)llama_head_dim(c));
-            double angle = (double)t * inv_freq;
-            cos_out[t * half + i] = (float)cos(angle);
-            sin_out[t * half + i] = (float)sin(angle);
-        }
-    }
-}
-
 /*
  * Allocates every buffer of a model for micro-batches up to (B, T) and prints the memory table. The
  * weights are undefined until llama_set_params.
@@ -245,9 +232,9 @@ static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision preci
         {"adam_v", (void**)&m->adam_v, P, sizeof(float)},
     };
     int nstate = (int)(sizeof(state) / sizeof(state[0]));
+    buffers_print("weights and optimizer state", state, nstate); /* first, so an out-of-memory stop follows its sizes */
     m->state_memory = dev_alloc(buffers_bytes(state, nstate));
     buffers_point(state, nstate, m->state_memory);
-    buffers_print("weights and optimizer state", state, nstate);
     param_pointers(cfg, &m->params, m->params_memory, sizeof(act_t));
     param_pointers(cfg, &m->grads, m->grads_memory, sizeof(float));
     dev_zero(m->adam_m, P * sizeof(float));
@@ -257,9 +244,9 @@ static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision preci
     BufferSpec acts[32];
     int nacts = llama_acts_table(m, acts);
     m->acts_bytes = buffers_bytes(acts, nacts);
+    buffers_print("activations", acts, nacts);
     m->acts_memory = dev_alloc(m->acts_bytes);
     buffers_point(acts, nacts, m->acts_memory);
-    buffers_print("activations", acts, nacts);
 
     size_t nslots = L * LIN_PER_LAYER;
     m->fp8_linear = (Fp8Linear*)callocCheck(nslots, sizeof(Fp8Linear));
@@ -274,8 +261,8 @@ static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision preci
             llama_linear_dims(cfg, lin, &OC, &C);
             per_layer += 2 * (size_t)OC * C;
         }
-        m->fp8_weights = (uint8_t*)dev_alloc(L * per_layer);
         printf("| FP8 weight copies (W and W^T): %.1f MiB\n", mib(L * per_layer));
+        m->fp8_weights = (uint8_t*)dev_alloc(L * per_layer);
         uint8_t* w = m->fp8_weights;
         size_t N = (size_t)B * T;
         uint8_t* xt = m->acts.xt8;
@@ -296,7 +283,7 @@ static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision preci
     size_t half = (size_t)llama_head_dim(cfg) / 2;
     float* cos_host = (float*)mallocCheck((size_t)T * half * sizeof(float));
     float* sin_host = (float*)mallocCheck((size_t)T * half * sizeof(float));
-    rope_tables(cfg, T, cos_host, sin_host);
+    rope_tables(T, llama_head_dim(cfg), cfg->rope_theta, cos_host, sin_host);
     m->rope_cos = (float*)dev_alloc((size_t)T * half * sizeof(float));
     m->rope_sin = (float*)dev_alloc((size_t)T * half * sizeof(float));
     dev_upload(m->rope_cos, cos_host, (size_t)T * half * sizeof(float));
@@ -446,7 +433,6 @@ static inline float llama_forward(Llama* m, const int* inputs, const int* target
         act_t* next_ln = last ? a->ln_final : KEPT(a->ln_attn, l + 1, NC, keep);
         float* next_rstd = last ? a->rstd_final : LAYER(a->rstd_attn, l + 1, N);
         const act_t* next_norm = last ? p->norm : LAYER(p->attn_norm, l + 1, C);
-        (void)x;
 
         linear_forward(m, qkv, ln_attn, llama_linear_weight(m, l, LIN_QKV), (int)llama_slot(l, LIN_QKV), N, C, QKV);
         op_rope_forward(qkv, m->rope_cos, m->rope_sin, B, T, NH, NKV, HS);

@@ -4,9 +4,12 @@
  * against, so it emulates the GPU's numerics: in -p bf16 and fp8 every op rounds the values it stores
  * to BF16 (bf16_round) exactly where the GPU stores BF16, FP8 operands go through the same casts
  * (fp8/fp8.h) and an FP8 GEMM multiplies the exact FP8 values with FP32 accumulation before applying
- * scale_inv_a * scale_inv_b, as cuBLASLt does. It differs from the GPU in summation order and in the
- * tensor cores' accumulator only. Reductions use fixed chunking, so results do not depend on the thread
- * count and a resumed run repeats the uninterrupted one bit for bit.
+ * scale_inv_a * scale_inv_b, as cuBLASLt does. The casts are bit-identical to the GPU's; the rest differs
+ * in the last bits: summation order, the tensor cores' accumulators (FP8 fast accumulation), cuDNN's
+ * flash attention rounding P and dS to BF16, RMSNorm and softmax sums in double here against FP32
+ * there, and glibc's expf against CUDA's. dev/cuda/kernel_cases.cuh states each op's tolerance.
+ * Reductions use fixed chunking, so results do not depend on the thread count and a resumed run repeats
+ * the uninterrupted one bit for bit.
  *
  * Contracts (shared with llama/ops_cuda.cuh): tensors are row-major; "store" means the value is written
  * in the activation type (BF16-rounded here in bf16/fp8 mode); gradient outputs named "+=" accumulate.

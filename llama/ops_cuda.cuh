@@ -111,6 +111,8 @@ static inline const char* backend_name(void) { return "cuda"; }
 #define PEAK_SXM_FP8 1978.9e12
 #define PEAK_PCIE_BF16 756.0e12
 #define PEAK_PCIE_FP8 1513.0e12
+#define PEAK_NVL_BF16 835.5e12
+#define PEAK_NVL_FP8 1670.5e12
 
 /* Peak FLOP/s of the device for precision p, for MFU; 0 when the GPU is not one we know. */
 static inline double backend_peak_flops(Precision p) {
@@ -118,6 +120,7 @@ static inline double backend_peak_flops(Precision p) {
     int fp8 = p == PRECISION_FP8;
     if (strstr(name, "H100") || strstr(name, "H800") || strstr(name, "H200")) {
         if (strstr(name, "PCIe")) return fp8 ? PEAK_PCIE_FP8 : PEAK_PCIE_BF16;
+        if (strstr(name, "NVL")) return fp8 ? PEAK_NVL_FP8 : PEAK_NVL_BF16;
         return fp8 ? PEAK_SXM_FP8 : PEAK_SXM_BF16;
     }
     return 0.0;

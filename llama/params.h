@@ -96,31 +96,44 @@ static inline int param_is_decayed(int tensor) {
 #define INIT_CHUNK ((size_t)1 << 20)
 
 /*
- * Llama-style random init into `params` (float32, param_count(c) elements): every weight matrix
- * N(0, 0.02), the residual output projections wo and w2 N(0, 0.02 / sqrt(2 L)) (GPT-2 / Megatron-LM's
- * scaled init), norm weights 1. Each 2^20-element chunk draws from its own stream seeded by (seed,
- * chunk), so the result does not depend on the thread count.
+ * Llama-style random init of the elements [begin, begin + count) of the flat parameter vector (checkpoint
+ * order) into out (count floats): every weight matrix N(0, 0.02), the residual output projections wo and
+ * w2 N(0, 0.02 / sqrt(2 L)) (GPT-2 / Megatron-LM's scaled init), norm weights 1. Each 2^20-element
+ * chunk of a tensor draws from its own stream seeded by (seed, tensor, chunk), so the values depend
+ * neither on the thread count nor on how the vector is split into ranges (the trainer initialises the
+ * GPU's master weights range by range through a bounded host buffer).
  */
-static inline void llama_init_params(const LlamaConfig* c, float* params, uint64_t seed) {
+static inline void llama_init_params_range(const LlamaConfig* c, uint64_t seed, size_t begin, size_t count, float* out) {
     size_t sizes[NUM_PARAM_TENSORS], offsets[NUM_PARAM_TENSORS];
     param_sizes(c, sizes);
     param_offsets(c, offsets);
+    size_t end = begin + count;
     float residual_std = INIT_STD / sqrtf(2.0f * (float)c->n_layers);
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        float* p = params + offsets[t];
+        size_t lo = offsets[t] > begin ? offsets[t] : begin;
+        size_t hi = offsets[t] + sizes[t] < end ? offsets[t] + sizes[t] : end;
+        if (lo >= hi) continue;
         if (!param_is_decayed(t)) {
-            for (size_t i = 0; i < sizes[t]; i++) p[i] = 1.0f;
+            for (size_t i = lo; i < hi; i++) out[i - begin] = 1.0f;
             continue;
         }
         float std = (t == P_WO || t == P_W2) ? residual_std : INIT_STD;
-        long long nchunks = (long long)ceil_div(sizes[t], INIT_CHUNK);
+        long long first = (long long)((lo - offsets[t]) / INIT_CHUNK), last = (long long)((hi - 1 - offsets[t]) / INIT_CHUNK);
 #pragma omp parallel for schedule(static)
-        for (long long k = 0; k < nchunks; k++) {
+        for (long long k = first; k <= last; k++) {
             Rng rng;
             rng_seed(&rng, seed ^ ((uint64_t)(t + 1) << 56) ^ (uint64_t)k);
-            size_t begin = (size_t)k * INIT_CHUNK;
-            size_t end = begin + INIT_CHUNK < sizes[t] ? begin + INIT_CHUNK : sizes[t];
-            for (size_t i = begin; i < end; i++) p[i] = std * rng_normal(&rng);
+            size_t chunk_begin = offsets[t] + (size_t)k * INIT_CHUNK;
+            size_t chunk_end = chunk_begin + INIT_CHUNK < offsets[t] + sizes[t] ? chunk_begin + INIT_CHUNK : offsets[t] + sizes[t];
+            for (size_t i = chunk_begin; i < chunk_end && i < hi; i++) {
+                float v = std * rng_normal(&rng); /* drawn in order from the chunk's start */
+                if (i >= lo) out[i - begin] = v;
+            }
         }
     }
+}
+
+/* The whole parameter vector (param_count(c) floats), as llama_init_params_range. */
+static inline void llama_init_params(const LlamaConfig* c, float* params, uint64_t seed) {
+    llama_init_params_range(c, seed, 0, param_count(c), params);
 }

@@ -10,8 +10,6 @@
  */
 #pragma once
 
-#include <time.h>
-
 #include "checkpoint.h"
 #include "cli.h"
 #include "logger.h"
@@ -37,12 +35,6 @@ typedef struct {
     int overfit_loaded;     /* -a 1: the one batch is in tr->train */
 } Trainer;
 
-static inline double wall_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* llm.c / PaLM (Chowdhery et al. 2022, appendix B) FLOPs per token of a training step: 6 N + 12 L C T. */
 static inline double flops_per_token(const LlamaConfig* c, int T) {
     double n = (double)param_count(c) - (double)c->vocab_size * c->dim; /* the embedding lookup costs no FLOPs */
@@ -66,21 +58,40 @@ static inline RunIdentity trainer_identity(const Trainer* tr) {
     return id;
 }
 
+/* Host staging buffer for moving weights and optimizer state between files and the device: 64 MiB, so
+   that checkpointing a 13B model needs no host copy of it. */
+#define STREAM_CHUNK_FLOATS ((size_t)1 << 24)
+
+/* Writes n floats of device (or, in the CPU build, host) memory to f through buf (STREAM_CHUNK_FLOATS). */
+static inline void stream_to_file(FILE* f, const float* src, size_t n, float* buf, const char* what) {
+    for (size_t off = 0; off < n; off += STREAM_CHUNK_FLOATS) {
+        size_t count = n - off < STREAM_CHUNK_FLOATS ? n - off : STREAM_CHUNK_FLOATS;
+        dev_download(buf, src + off, count * sizeof(float));
+        fwriteCheck(buf, sizeof(float), count, f, what);
+    }
+}
+
+/* Reads n floats from f into device (or host) memory through buf. */
+static inline void stream_from_file(FILE* f, float* dst, size_t n, float* buf, const char* what) {
+    for (size_t off = 0; off < n; off += STREAM_CHUNK_FLOATS) {
+        size_t count = n - off < STREAM_CHUNK_FLOATS ? n - off : STREAM_CHUNK_FLOATS;
+        freadCheck(buf, sizeof(float), count, f, what);
+        dev_upload(dst + off, buf, count * sizeof(float));
+    }
+}
+
 /* Writes model_<step>.bin (rank 0), this rank's state_<step>_<rank>.bin, then DONE_<step>. */
 static inline void trainer_save(Trainer* tr) {
     const char* dir = tr->args.output_dir;
     Llama* m = &tr->model;
     size_t P = m->num_params;
-    char path[PATH_LEN];
-    float* master = (float*)mallocCheck(P * sizeof(float));
-    float* am = (float*)mallocCheck(P * sizeof(float));
-    float* av = (float*)mallocCheck(P * sizeof(float));
-    llama_get_params(m, master);
-    dev_download(am, m->adam_m, P * sizeof(float));
-    dev_download(av, m->adam_v, P * sizeof(float));
+    char path[PATH_LEN], tmp[TMP_PATH_LEN];
+    float* buf = (float*)mallocCheck(STREAM_CHUNK_FLOATS * sizeof(float));
     if (tr->rank == 0) {
         model_path(path, sizeof(path), dir, tr->step);
-        checkpoint_write(path, &tr->cfg, master);
+        FILE* f = checkpoint_write_begin(path, tmp, sizeof(tmp), &tr->cfg);
+        stream_to_file(f, m->master, P, buf, tmp);
+        atomic_commit(f, tmp, path);
     }
     TrainState s;
     memset(&s, 0, sizeof(s));
@@ -94,12 +105,14 @@ static inline void trainer_save(Trainer* tr) {
     s.shard_begin = 0;
     s.shard_count = P;
     state_path(path, sizeof(path), dir, tr->step, tr->rank);
-    state_write(path, &s, am, av, master);
+    FILE* f = state_write_begin(path, tmp, sizeof(tmp), &s);
+    stream_to_file(f, m->adam_m, P, buf, tmp);
+    stream_to_file(f, m->adam_v, P, buf, tmp);
+    stream_to_file(f, m->master, P, buf, tmp);
+    atomic_commit(f, tmp, path);
     if (tr->rank == 0) checkpoint_mark_done(dir, tr->step);
     printf("| checkpoint: step %d written to %s\n", tr->step, dir);
-    free(master);
-    free(am);
-    free(av);
+    free(buf);
 }
 
 /* Restores the newest complete checkpoint of -o (DONE marker) into the trainer. */
@@ -107,29 +120,49 @@ static inline void trainer_resume(Trainer* tr) {
     const char* dir = tr->args.output_dir;
     int step = checkpoint_latest_step(dir);
     if (step < 0) die("%s: no complete checkpoint (DONE_<step> marker) to resume from", dir);
+    if (step > tr->steps) die("%s: the newest checkpoint is at step %d, past the run's -x %d steps", dir, step, tr->steps);
     Llama* m = &tr->model;
     size_t P = m->num_params;
     char path[PATH_LEN];
-    float* master = (float*)mallocCheck(P * sizeof(float));
-    float* am = (float*)mallocCheck(P * sizeof(float));
-    float* av = (float*)mallocCheck(P * sizeof(float));
     TrainState s;
     RunIdentity id = trainer_identity(tr);
     state_path(path, sizeof(path), dir, step, tr->rank);
-    state_read(path, &s, &id, 0, P, am, av, master);
+    FILE* f = state_open(path, &s, &id, 0, P);
     if (s.step != step || s.rank != tr->rank) die("%s: holds step %d rank %d, expected step %d rank %d", path, s.step, s.rank, step, tr->rank);
-    llama_set_params(m, master);
-    dev_upload(m->adam_m, am, P * sizeof(float));
-    dev_upload(m->adam_v, av, P * sizeof(float));
+    float* buf = (float*)mallocCheck(STREAM_CHUNK_FLOATS * sizeof(float));
+    stream_from_file(f, m->adam_m, P, buf, path);
+    stream_from_file(f, m->adam_v, P, buf, path);
+    stream_from_file(f, m->master, P, buf, path);
+    fcloseCheck(f, path);
+    free(buf);
+    llama_refresh_working_weights(m);
     dataloader_restore(&tr->train, s.data);
     tr->sample_rng = s.sample_rng;
     tr->step = s.step;
     tr->consecutive_skips = s.consecutive_skips;
     tr->total_skips = s.total_skips;
     printf("| resumed from %s at step %d\n", path, step);
-    free(master);
-    free(am);
-    free(av);
+}
+
+/* The initial master weights: a checkpoint's (-e FILE) or a fresh init (-e PRESET), streamed to the device. */
+static inline void trainer_load_weights(Trainer* tr) {
+    Llama* m = &tr->model;
+    size_t P = m->num_params;
+    float* buf = (float*)mallocCheck(STREAM_CHUNK_FLOATS * sizeof(float));
+    if (tr->from_checkpoint) {
+        LlamaConfig file_cfg;
+        FILE* f = checkpoint_open(tr->args.model, &file_cfg);
+        stream_from_file(f, m->master, P, buf, tr->args.model);
+        fcloseCheck(f, tr->args.model);
+    } else {
+        for (size_t off = 0; off < P; off += STREAM_CHUNK_FLOATS) {
+            size_t count = P - off < STREAM_CHUNK_FLOATS ? P - off : STREAM_CHUNK_FLOATS;
+            llama_init_params_range(&tr->cfg, (uint64_t)tr->args.seed, off, count, buf);
+            dev_upload(m->master + off, buf, count * sizeof(float));
+        }
+    }
+    free(buf);
+    llama_refresh_working_weights(m);
 }
 
 /* Mean loss over -m validation batches (all of them with -m -1). */
@@ -230,6 +263,12 @@ static inline void trainer_init(Trainer* tr, int argc, char** argv) {
         tr->cfg.n_layers = a->n_layers;
     }
     llama_config_validate(&tr->cfg, a->B, a->T, (Precision)a->precision);
+    if (a->precision == PRECISION_FP8 && a->sample_every > 0 && a->T % FP8_DIM_MULTIPLE != 0)
+        die("flag -t %d: with -p fp8 and -s, samples run one sequence of -t tokens, which must be a multiple of %d", a->T,
+            FP8_DIM_MULTIPLE);
+    if (a->output_dir != NULL && !a->resume && checkpoint_latest_step(a->output_dir) >= 0)
+        die("flag -o %s: holds the checkpoints of an earlier run (DONE_%08d); resume it with -y 1 or choose another -o",
+            a->output_dir, checkpoint_latest_step(a->output_dir));
 
     long long micro_tokens = (long long)a->B * a->T * tr->world;
     long long total = a->total_batch < 0 ? micro_tokens : a->total_batch;
@@ -255,11 +294,7 @@ static inline void trainer_init(Trainer* tr, int argc, char** argv) {
            a->final_lr_frac, a->weight_decay, a->grad_clip, a->seed);
 
     llama_build(&tr->model, &tr->cfg, (Precision)a->precision, a->B, a->T, a->pow2_scales, a->recompute);
-    float* params = (float*)mallocCheck(tr->model.num_params * sizeof(float));
-    if (tr->from_checkpoint) checkpoint_read_params(a->model, &tr->cfg, params);
-    else llama_init_params(&tr->cfg, params, (uint64_t)a->seed);
-    llama_set_params(&tr->model, params);
-    free(params);
+    trainer_load_weights(tr);
     printf("+-----------------------------------------------------------------------\n");
 
     rng_seed(&tr->sample_rng, (uint64_t)a->seed ^ 0x73616d706c65ull);
@@ -267,6 +302,8 @@ static inline void trainer_init(Trainer* tr, int argc, char** argv) {
     if (tr->rank == 0) logger_init(&tr->logger, a->output_dir, a->resume);
     char tok_path[PATH_LEN];
     trainer_tokenizer_path(tr, tok_path, sizeof(tok_path));
+    if (a->tokenizer_path != NULL && access(a->tokenizer_path, R_OK) != 0)
+        die("flag --tokenizer: %s: cannot read (%s)", a->tokenizer_path, strerror(errno));
     if (a->sample_every > 0) tokenizer_init(&tr->tokenizer, tok_path);
 }
 
@@ -280,6 +317,8 @@ static inline void trainer_step(Trainer* tr) {
     llama_zero_grads(m);
     float dloss = 1.0f / ((float)a->B * a->T * tr->grad_accum_steps);
     double loss = 0.0;
+    char fp8_bad[128];
+    int fp8_nonfinite = 0;
     for (int micro = 0; micro < tr->grad_accum_steps; micro++) {
         if (!a->overfit || !tr->overfit_loaded) {
             if (a->overfit) dataloader_reset(&tr->train);
@@ -288,12 +327,12 @@ static inline void trainer_step(Trainer* tr) {
         }
         loss += llama_forward(m, tr->train.inputs, tr->train.targets, a->B, a->T, dloss);
         llama_backward(m);
+        /* each micro-step recasts X and dY with fresh scales: check before the next one overwrites them */
+        if (!fp8_nonfinite) fp8_nonfinite = llama_fp8_nonfinite(m, fp8_bad, sizeof(fp8_bad));
     }
     loss /= tr->grad_accum_steps;
     int bad;
     float norm = llama_grad_norm(m, &bad);
-    char fp8_bad[128];
-    int fp8_nonfinite = llama_fp8_nonfinite(m, fp8_bad, sizeof(fp8_bad));
     float lr = lr_at_step(a->schedule, a->lr, a->warmup, a->final_lr_frac, tr->step, tr->steps);
     int skip = !isfinite(loss) || !isfinite(norm) || fp8_nonfinite;
     if (!skip) {
@@ -334,7 +373,7 @@ static inline int train_main(int argc, char** argv) {
     TrainArgs* a = &tr->args;
     int start = tr->step;
     for (;;) {
-        int last = tr->step == tr->steps;
+        int last = tr->step >= tr->steps;
         if (last || (a->val_every > 0 && tr->step % a->val_every == 0)) {
             float val = trainer_val_loss(tr);
             printf("val loss %.6f (step %d)\n", val, tr->step);

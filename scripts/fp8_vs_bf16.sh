@@ -34,6 +34,7 @@ run() {  # run NAME DIR FLAGS...: one training run; stops the script with the tr
     local name=$1 dir=$2
     shift 2
     echo "=== $name: $TRAINER $* ==="
+    rm -rf "$dir" # this script's own output: the trainer refuses an -o that holds an earlier run's checkpoints
     local rc=0
     "$TRAINER" "$@" || rc=$?
     if [ $rc -ne 0 ]; then

@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "kernel_cases.cuh"
+#include "../../llama/cli.h"
 
 #define DEFAULT_ITERS 20
 
@@ -44,19 +45,6 @@ static void usage(FILE* f) {
     fprintf(f, "\n");
 }
 
-static long long parse_count(const char* flag, const char* text, long long max) {
-    char* end = NULL;
-    errno = 0;
-    long long v = strtoll(text, &end, 10);
-    if (errno != 0 || end == text || *end != '\0' || v < 0 || v > max) die("%s: '%s' is not an integer in [0, %lld]", flag, text, max);
-    return v;
-}
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
 
 int main(int argc, char** argv) {
     const char* families[NUM_KERNEL_CASES];
@@ -78,9 +66,9 @@ int main(int argc, char** argv) {
                 }
                 if (shape == NULL) die("--shape: unknown shape '%s' (7b, 13b or small)", argv[i]);
             } else if (strcmp(flag, "--iters") == 0) {
-                iters = (int)parse_count(flag, argv[i], 1000000);
+                iters = (int)parse_integer(flag, argv[i], 0, 1000000);
             } else {
-                seed = (uint64_t)parse_count(flag, argv[i], LLONG_MAX);
+                seed = (uint64_t)parse_integer(flag, argv[i], 0, LLONG_MAX);
             }
         } else if (argv[i][0] == '-') {
             usage(stderr);
@@ -110,9 +98,9 @@ int main(int argc, char** argv) {
     char slowest_op[NUM_KERNEL_CASES][sizeof(g_kernel_case_slowest_op)];
     int total_failed = 0;
     for (int i = 0; i < num_families; i++) {
-        double t0 = now_seconds();
+        double t0 = wall_seconds();
         failed[i] = run_kernel_case(families[i], s, iters, seed + (uint64_t)i);
-        seconds[i] = now_seconds() - t0;
+        seconds[i] = wall_seconds() - t0;
         slowest_us[i] = g_kernel_case_slowest_us;
         snprintf(slowest_op[i], sizeof(slowest_op[i]), "%s", g_kernel_case_slowest_op);
         total_failed += failed[i] != 0;

@@ -573,18 +573,6 @@ static int kc_case_rmsnorm(const KernelShape* s, int iters, uint64_t seed) {
 
 /* ------------------------------------------------------------ rope */
 
-/* The RoPE tables (T, HS/2) of model.h's rope_tables (theta^(-2i/HS), angles in float64). */
-static inline void kc_rope_tables(int T, int HS, float* cos_t, float* sin_t) {
-    int half = HS / 2;
-    for (int t = 0; t < T; t++) {
-        for (int i = 0; i < half; i++) {
-            double angle = (double)t / pow((double)LLAMA_ROPE_THETA, (2.0 * i) / (double)HS);
-            cos_t[(size_t)t * half + i] = (float)cos(angle);
-            sin_t[(size_t)t * half + i] = (float)sin(angle);
-        }
-    }
-}
-
 /*
  * Tolerance: x1*c - x2*s is computed in FP32 on both sides, contracted into an FMA on the GPU, then
  * stored BF16: a rounding boundary can fall between them (2 BF16 ulps), and where the two products
@@ -598,7 +586,7 @@ static int kc_case_rope(const KernelShape* s, int iters, uint64_t seed) {
     size_t n = (size_t)B * T * (NH + 2 * NKV) * HS, half = (size_t)HS / 2;
     float* cos_t = kc_host((size_t)T * half);
     float* sin_t = kc_host((size_t)T * half);
-    kc_rope_tables(T, HS, cos_t, sin_t);
+    rope_tables(T, HS, LLAMA_ROPE_THETA, cos_t, sin_t);
     float* d_cos = kc_dev_f32(cos_t, (size_t)T * half);
     float* d_sin = kc_dev_f32(sin_t, (size_t)T * half);
     double bytes = 4.0 * B * T * (NH + NKV) * HS + 8.0 * T * half;

@@ -5,6 +5,7 @@ The formats are specified in README.md, "File formats"; all integers are little-
 """
 import hashlib
 import os
+import shutil
 import sys
 import urllib.request
 from pathlib import Path
@@ -183,22 +184,29 @@ def sha256_of(path):
     return h.hexdigest()
 
 
+DOWNLOAD_TIMEOUT_S = 60
+
+# The project's shared data folder, beside the checkout. A clone made elsewhere (CI) is pointed at it
+# with $LLM8_DATA_DIR (.ci/run does that).
+SHARED_DATA_DIRS = [REPO_ROOT.parent / "shared" / "data"]
+
+
 def resolve_data_file(kind):
     """Path of a shared data file, `kind` in DATA_FILES ("tokenizer" or "tinyshakespeare").
 
-    Looks in $LLM8_DATA_DIR if set, else in <repo>/../shared/data if that exists, else downloads the
-    public original into dev/data/cache/. The file's sha256 must match DATA_FILES; raises DataError
+    Looks in $LLM8_DATA_DIR if set, else in the first of SHARED_DATA_DIRS that exists, else downloads
+    the public original into dev/data/cache/. The file's sha256 must match DATA_FILES; raises DataError
     (one line, naming the file and what to provide) if it is missing, differs or cannot be fetched.
     """
     rel, url, sha = DATA_FILES[kind]
     hint = f"set {DATA_DIR_ENV} to a folder holding {rel}, or pass its path on the command line"
     env_dir = os.environ.get(DATA_DIR_ENV)
-    shared_dir = REPO_ROOT.parent / "shared" / "data"
+    shared_dir = next((d for d in SHARED_DATA_DIRS if d.is_dir()), None)
     if env_dir:
         path = Path(env_dir) / rel
         if not path.is_file():
             raise DataError(f"{path} not found ({DATA_DIR_ENV}={env_dir}); {hint}")
-    elif shared_dir.is_dir():
+    elif shared_dir is not None:
         path = shared_dir / rel
         if not path.is_file():
             raise DataError(f"{path} not found; {hint}")
@@ -219,7 +227,8 @@ def download(url, path, sha, hint):
     tmp = path.with_name(path.name + ".tmp")
     print(f"downloading {url} -> {path}", file=sys.stderr)
     try:
-        urllib.request.urlretrieve(url, tmp)
+        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response, open(tmp, "wb") as out:
+            shutil.copyfileobj(response, out)
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise DataError(f"cannot download {path.name} from {url} ({e}); {hint}") from None

@@ -7,6 +7,10 @@ text stripped of surrounding whitespace; empty documents are dropped; each start
 --val-docs documents go to {prefix}_val_000000.bin, the rest to {prefix}_train_000000.bin, ...; every
 shard but the last of a split holds exactly --shard-size tokens (documents may straddle shards, as in
 llm.c). Output is the same for any --workers. tokenizer.bin is written beside the shards.
+
+A run is all or nothing: everything is written into a temporary folder inside --out-dir and moved into
+place only when the run succeeds, which also removes an earlier run's {prefix} shards that this run did
+not replace; a failed run removes its temporary folder and leaves the previous data set as it was.
 """
 import os
 import sys
@@ -21,6 +25,8 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import multiprocessing  # noqa: E402
 import re  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -110,11 +116,11 @@ def encode(text):
 
 class ShardWriter:
     """Cuts a stream of token arrays into shards of exactly `shard_size` tokens (the last may be
-    shorter) named {prefix}_{split}_{index:06d}.bin; records every path it writes in `written`."""
+    shorter) named {prefix}_{split}_{index:06d}.bin in `out_dir`."""
 
-    def __init__(self, out_dir, prefix, split, shard_size, version, written):
+    def __init__(self, out_dir, prefix, split, shard_size, version):
         self.out_dir, self.prefix, self.split = out_dir, prefix, split
-        self.shard_size, self.version, self.written = shard_size, version, written
+        self.shard_size, self.version = shard_size, version
         self.parts, self.count, self.index, self.tokens = [], 0, 0, 0
 
     def add(self, ids):
@@ -130,21 +136,24 @@ class ShardWriter:
         if self.count == 0:
             return
         path = self.out_dir / f"{self.prefix}_{self.split}_{self.index:06d}.bin"
-        self.written.append(path)
         llm8_data.write_shard(path, np.concatenate(self.parts), self.version)
-        print(f"wrote {path} ({self.count:,} tokens)", file=sys.stderr)
+        print(f"wrote {path.name} ({self.count:,} tokens)", file=sys.stderr)
         self.tokens += self.count
         self.parts, self.count, self.index = [], 0, self.index + 1
 
 
-def remove_stale_shards(out_dir, prefix, written):
-    """Delete {prefix} shards in `out_dir` left by an earlier, larger run (a glob would pick them up)."""
+def publish(work_dir, out_dir, prefix):
+    """Move every file of the finished run in `work_dir` into `out_dir`, then delete the {prefix} shards
+    there that the run did not write (left by an earlier, larger run: a glob would pick them up)."""
     pattern = re.compile(rf"{re.escape(prefix)}_(train|val)_\d{{6}}\.bin")
-    keep = {p.name for p in written}
+    names = sorted(path.name for path in work_dir.iterdir())
+    for name in names:
+        os.replace(work_dir / name, out_dir / name)
     for path in sorted(out_dir.iterdir()):
-        if pattern.fullmatch(path.name) and path.name not in keep:
+        if pattern.fullmatch(path.name) and path.name not in names:
             print(f"removing stale shard {path}", file=sys.stderr)
             path.unlink()
+    print(f"moved {len(names)} files into {out_dir}", file=sys.stderr)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -182,8 +191,8 @@ def parse_args():
     return args
 
 
-def run(args, written):
-    """Tokenize the inputs into shards; appends each file written to `written`."""
+def run(args, work_dir):
+    """Tokenize the inputs into shards and tokenizer.bin, all written into `work_dir`."""
     for path in args.inputs:
         if path.suffix not in (".txt", ".jsonl"):
             raise DataError(f"{path}: unsupported input type (expected .txt or .jsonl)")
@@ -194,9 +203,8 @@ def run(args, written):
     vocab_size = sp.get_piece_size()
     version = 1 if vocab_size <= 2**16 else 2
     dtype = llm8_data.SHARD_TOKEN_DTYPES[version]
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    val = ShardWriter(args.out_dir, args.prefix, "val", args.shard_size, version, written)
-    train = ShardWriter(args.out_dir, args.prefix, "train", args.shard_size, version, written)
+    val = ShardWriter(work_dir, args.prefix, "val", args.shard_size, version)
+    train = ShardWriter(work_dir, args.prefix, "train", args.shard_size, version)
     if args.val_docs == 0:
         print("no validation split (--val-docs 0)", file=sys.stderr)
 
@@ -226,10 +234,7 @@ def run(args, written):
                         f"--val-docs {args.val_docs}")
     val.flush()
     train.flush()
-    tokenizer_bin = args.out_dir / "tokenizer.bin"
-    written.append(tokenizer_bin)
-    llm8_data.export_tokenizer(model_path, tokenizer_bin)
-    remove_stale_shards(args.out_dir, args.prefix, written)
+    llm8_data.export_tokenizer(model_path, work_dir / "tokenizer.bin")
     print(f"{n_docs:,} documents in {time.time() - t0:.1f} s: val {args.val_docs:,} documents, "
           f"{val.tokens:,} tokens in {val.index} shards; train {n_docs - args.val_docs:,} documents, "
           f"{train.tokens:,} tokens in {train.index} shards", file=sys.stderr)
@@ -237,13 +242,22 @@ def run(args, written):
 
 def main():
     args = parse_args()
-    written = []
+    created = not args.out_dir.exists()
+    work_dir = None
     try:
-        run(args, written)
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        # Inside --out-dir, so that publishing is a rename on one file system; hidden from shard globs.
+        work_dir = Path(tempfile.mkdtemp(prefix=f".{args.prefix}.tmp-", dir=args.out_dir))
+        run(args, work_dir)
+        publish(work_dir, args.out_dir, args.prefix)
     except (DataError, OSError, ValueError) as e:
-        for path in written:    # never leave half a data set behind
-            Path(path).unlink(missing_ok=True)
         sys.exit(f"{os.path.basename(sys.argv[0])}: error: {e}")
+    finally:
+        # On failure (an error, Ctrl-C) this drops the partial run; the previous data set is untouched.
+        if work_dir is not None:
+            shutil.rmtree(work_dir, ignore_errors=True)
+        if created and args.out_dir.is_dir() and not any(args.out_dir.iterdir()):
+            args.out_dir.rmdir()
 
 
 if __name__ == "__main__":

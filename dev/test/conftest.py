@@ -5,9 +5,11 @@ Fixtures give the repository root and the built CPU binaries. The suite ends wit
 "N passed, N failed" (plus ", N skipped" when some were), after pytest's own summary, so that the test
 command's last line reads the same whatever runner produced the counts.
 """
+import importlib.util
 import os
 import secrets
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +36,42 @@ def pytest_unconfigure(config):
     if _counts["skipped"]:
         line += f", {_counts['skipped']} skipped"
     print("\n" + line)
+
+
+def load_llm8_data():
+    """dev/data/llm8_data.py, loaded by path (dev/data on sys.path would shadow the stdlib's tokenize)."""
+    spec = importlib.util.spec_from_file_location("llm8_data", REPO / "dev/data/llm8_data.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _data_error():
+    """None when the Llama-2 tokenizer and tiny-shakespeare can be found (or fetched), else why not."""
+    llm8_data = load_llm8_data()
+    try:
+        for kind in ("tokenizer", "tinyshakespeare"):
+            llm8_data.resolve_data_file(kind)
+    except llm8_data.DataError as e:
+        return str(e)
+    return None
+
+
+DATA_ERROR = _data_error()
+# Tests that need the real tokenizer and text; skipped, with the reason, on a machine that has neither
+# the shared data folder nor network access to the public originals.
+requires_data = pytest.mark.skipif(DATA_ERROR is not None, reason=f"shared data unavailable: {DATA_ERROR}")
+SHAKESPEARE_TRAIN = REPO / "dev/data/tinyshakespeare/tiny_shakespeare_train.bin"
+
+
+@pytest.fixture(scope="session")
+def shakespeare():
+    """The tokenized tiny-shakespeare shards (the default -i/-j of the trainer), prepared if missing."""
+    if DATA_ERROR is not None:
+        pytest.skip(f"shared data unavailable: {DATA_ERROR}")
+    if not SHAKESPEARE_TRAIN.exists():
+        subprocess.run([sys.executable, str(REPO / "dev/data/tinyshakespeare.py")], cwd=REPO, check=True)
+    return SHAKESPEARE_TRAIN.parent
 
 
 @pytest.fixture(scope="session")

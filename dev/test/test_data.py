@@ -4,34 +4,24 @@ Run from the repo root: python -m pytest dev/test. Uses the real Llama-2 tokeniz
 (found by llm8_data.resolve_data_file: $LLM8_DATA_DIR, ../shared/data or a download). Random inputs come
 from a seed printed by each test (set LLM8_TEST_SEED to replay one).
 """
-import importlib.util
+import io
 import json
-import os
 import re
-import secrets
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import sentencepiece as spm
 
-REPO = Path(__file__).resolve().parents[2]
+from conftest import REPO, load_llm8_data, requires_data
+
+pytestmark = requires_data
+
 DATA = REPO / "dev" / "data"
 BOS = 1
-
-
-def load_module(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-# Loaded by path: putting dev/data on sys.path would shadow the standard library's `tokenize`.
-llm8_data = load_module("llm8_data", DATA / "llm8_data.py")
+llm8_data = load_llm8_data()
 
 
 @pytest.fixture(scope="session")
@@ -47,13 +37,6 @@ def text_path():
 @pytest.fixture(scope="session")
 def sp(model_path):
     return spm.SentencePieceProcessor(model_file=str(model_path))
-
-
-@pytest.fixture
-def rng():
-    seed = int(os.environ.get("LLM8_TEST_SEED", secrets.randbits(32)))
-    print(f"LLM8_TEST_SEED={seed}")
-    return np.random.default_rng(seed)
 
 
 def run_script(script, *args):
@@ -367,6 +350,53 @@ def test_tokenize_errors(tmp_path, model_path, case):
     assert not list(out.glob("*.bin*")), "partial output left behind"
 
 
+def write_jsonl(path, docs):
+    path.write_text("".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
+    return path
+
+
+def snapshot(folder):
+    """{name: bytes} of every entry of `folder` (a folder left behind would fail read_bytes)."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_tokenize_runs_are_atomic(tmp_path, rng, model_path):
+    """A re-run that fails after writing shards leaves the previous data set byte for byte; a smaller
+    successful re-run replaces it whole (its stale shards removed, other prefixes kept)."""
+    words = ["the", "king", "世界", "😀", "don't", "1234", "queen", "ꙮ"]
+
+    def docs(n):
+        return [" ".join(rng.choice(words, size=int(rng.integers(2, 12)))) for _ in range(n)]
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "other_train_000000.bin").write_bytes(b"another data set")
+    common = ["--tokenizer", model_path, "--out-dir", out, "--prefix", "c", "--shard-size", 64,
+              "--val-docs", 10]
+    first = run_script("tokenize.py", *common, "--workers", 2, write_jsonl(tmp_path / "first.jsonl", docs(300)))
+    assert first.returncode == 0, first.stderr
+    before = snapshot(out)
+    assert len(read_split(out, "c", "train")) > 10 and "tokenizer.bin" in before
+
+    # different text, so the shards it writes (same names as the first run's) differ; then a bad line
+    bad = write_jsonl(tmp_path / "bad.jsonl", docs(400))
+    with open(bad, "a") as f:
+        f.write('{"text": 5}\n')
+    failed = run_script("tokenize.py", *common, "--workers", 1, bad)
+    assert failed.returncode != 0 and f"{bad}:401" in failed.stderr, failed.stderr
+    assert re.search(r"wrote \S*c_train_000000\.bin", failed.stderr), "no shard written before the failure"
+    assert snapshot(out) == before
+
+    smaller = run_script("tokenize.py", *common, "--workers", 2, write_jsonl(tmp_path / "small.jsonl", docs(40)))
+    assert smaller.returncode == 0, smaller.stderr
+    after = snapshot(out)
+    shards = read_split(out, "c", "val") + read_split(out, "c", "train")
+    assert len(after) == len(shards) + 2 < len(before)          # + tokenizer.bin and other_train_000000.bin
+    assert after["other_train_000000.bin"] == b"another data set"
+    assert after["tokenizer.bin"] == before["tokenizer.bin"]
+    assert "removing stale shard" in smaller.stderr
+
+
 # ----------------------------------------------------------------------------------------------------
 # resolve_data_file
 
@@ -385,28 +415,28 @@ def test_resolve_data_file_env(tmp_path, monkeypatch, model_path):
 
 
 def test_resolve_data_file_download(tmp_path, monkeypatch, text_path):
-    """The download path, with urlretrieve replaced (no network here)."""
+    """The download path, with urlopen replaced (no network here)."""
     monkeypatch.delenv("LLM8_DATA_DIR", raising=False)
-    monkeypatch.setattr(llm8_data, "REPO_ROOT", tmp_path / "nowhere" / "repo")
+    monkeypatch.setattr(llm8_data, "SHARED_DATA_DIRS", [tmp_path / "nowhere" / "shared" / "data"])
     monkeypatch.setattr(llm8_data, "CACHE_DIR", tmp_path / "cache")
     cached = tmp_path / "cache" / "tinyshakespeare" / "input.txt"
 
-    def fail(url, dest):
+    def fail(url, timeout):
         raise OSError("network unreachable")
-    monkeypatch.setattr(llm8_data.urllib.request, "urlretrieve", fail)
+    monkeypatch.setattr(llm8_data.urllib.request, "urlopen", fail)
     with pytest.raises(llm8_data.DataError, match="input.txt.*LLM8_DATA_DIR"):
         llm8_data.resolve_data_file("tinyshakespeare")
 
-    def wrong(url, dest):
-        Path(dest).write_text("not shakespeare")
-    monkeypatch.setattr(llm8_data.urllib.request, "urlretrieve", wrong)
+    def wrong(url, timeout):
+        return io.BytesIO(b"not shakespeare")
+    monkeypatch.setattr(llm8_data.urllib.request, "urlopen", wrong)
     with pytest.raises(llm8_data.DataError, match="sha256"):
         llm8_data.resolve_data_file("tinyshakespeare")
     assert not cached.exists()
 
-    def good(url, dest):
+    def good(url, timeout):
         assert url == "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-        shutil.copy(text_path, dest)
-    monkeypatch.setattr(llm8_data.urllib.request, "urlretrieve", good)
+        return io.BytesIO(text_path.read_bytes())
+    monkeypatch.setattr(llm8_data.urllib.request, "urlopen", good)
     assert llm8_data.resolve_data_file("tinyshakespeare") == cached
     assert cached.read_bytes() == text_path.read_bytes()

@@ -19,7 +19,7 @@ def final_val_loss(log):
     return values[0], values[-1]
 
 
-def test_fp8_tracks_bf16(trainer, tmp_path):
+def test_fp8_tracks_bf16(trainer, tmp_path, shakespeare):
     dirs = {}
     for precision in ["bf16", "fp8"]:
         out = tmp_path / precision

@@ -12,8 +12,6 @@ import pytest
 
 from conftest import REPO, run
 
-TRAIN = REPO / "dev/data/tinyshakespeare/tiny_shakespeare_train.bin"
-VAL = REPO / "dev/data/tinyshakespeare/tiny_shakespeare_val.bin"
 REF_MODEL = REPO / "dev/reference/llama_ref_model.bin"
 # A fast configuration of the `tiny` preset for end-to-end runs.
 FAST = ["-b", "4", "-t", "64", "-v", "0", "-m", "2"]
@@ -112,7 +110,7 @@ def metrics(run_dir):
     return {row["step"]: row for row in rows if "loss" in row}
 
 
-def test_resume_repeats_the_uninterrupted_run(trainer, tmp_path):
+def test_resume_repeats_the_uninterrupted_run(trainer, tmp_path, shakespeare):
     """Steps 3..5 after a resume from step 3 match the uninterrupted run: loss, lr, grad norm, weights."""
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     args = [*FAST, "-x", "6", "-n", "3", "-u", "2", "--fp8-stats", "2"]
@@ -132,14 +130,14 @@ def test_resume_repeats_the_uninterrupted_run(trainer, tmp_path):
     assert (full / "state_00000006_00000.bin").read_bytes() == (resumed / "state_00000006_00000.bin").read_bytes()
 
 
-def test_resume_rejects_changed_settings(trainer, tmp_path):
+def test_resume_rejects_changed_settings(trainer, tmp_path, shakespeare):
     out = tmp_path / "run"
     r = run([trainer, *FAST, "-x", "2", "-o", out])
     assert r.returncode == 0, r.stderr
     assert_one_line_error(run([trainer, *FAST, "-x", "4", "-o", out, "-y", "1", "-p", "bf16"]), "state_00000002_00000.bin", "-p")
 
 
-def test_checkpoint_loads_as_a_model(trainer, tmp_path):
+def test_checkpoint_loads_as_a_model(trainer, tmp_path, shakespeare):
     out = tmp_path / "run"
     r = run([trainer, *FAST, "-x", "2", "-o", out])
     assert r.returncode == 0, r.stderr
