@@ -35,6 +35,11 @@ CUDNN_PREBUILT = $(if $(CUDNN_FRONTEND_INCLUDE),,$(wildcard build/cudnn_att.o))
 USE_CUDNN ?= $(if $(or $(CUDNN_FRONTEND_INCLUDE),$(CUDNN_PREBUILT)),1,0)
 # The frontend's JSON (de)serialization is unused here and is half of its compile time.
 CUDNN_ATT_FLAGS = -O2 -std=c++17 -fPIC -Wall -Wextra -DCUDNN_FRONTEND_SKIP_JSON_LIB
+ifeq ($(USE_CUDNN)$(origin USE_CUDNN),0file)
+  ifneq ($(NVCC),)
+    $(info note: no cuDNN frontend headers (pip install nvidia-cudnn-frontend): the GPU build uses the slow fallback attention)
+  endif
+endif
 ifeq ($(USE_CUDNN),1)
   CUDNN_OBJ = build/cudnn_att.o
   NVCC_FLAGS += -DUSE_CUDNN
@@ -114,7 +119,7 @@ train: $(TRAIN_DATA) $(if $(and $(HAS_GPU),$(NVCC)),train_llama,train_llama_cpu)
 # Without the shared data (and no network) the tests that need tiny-shakespeare are skipped, saying why.
 test: all
 	@$(MAKE) --no-print-directory data || echo "warning: tiny-shakespeare not prepared; the tests that need it will be skipped"
-	$(PYTHON) -m pytest dev/test -q -p no:cacheprovider
+	$(PYTHON) -m pytest dev/test -q -rs -p no:cacheprovider
 
 fp8-vs-bf16: train_llama_cpu $(TRAIN_DATA)
 	bash scripts/fp8_vs_bf16.sh

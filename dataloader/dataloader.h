@@ -75,6 +75,9 @@ static inline int dataloader_shard_batches(const DataLoader* d, int shard) {
 
 /* Reads and validates a shard header; returns the token count and stores the version. */
 static inline size_t shard_read_header(const char* path, int* version) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        die("%s: is a directory; -i and -j take a file glob such as '%s/*_train_*.bin'", path, path);
     FILE* f = fopenCheck(path, "rb");
     int32_t header[SHARD_HEADER_INTS];
     size_t bytes = file_size(f, path);
@@ -173,7 +176,8 @@ static inline void dataloader_init(DataLoader* d, const char* pattern, int B, in
     d->seed = seed;
     glob_t g;
     int rc = glob(pattern, 0, NULL, &g);
-    if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0)) die("%s: no file matches this data pattern", pattern);
+    if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0))
+        die("%s: no file matches this data pattern (relative to the current directory; `make data` prepares tiny-shakespeare)", pattern);
     if (rc != 0) die("%s: glob failed (code %d)", pattern, rc);
     d->num_shards = (int)g.gl_pathc;
     d->paths = (char**)mallocCheck(g.gl_pathc * sizeof(char*));

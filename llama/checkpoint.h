@@ -143,17 +143,28 @@ static inline uint32_t run_identity_hash(const RunIdentity* id) {
     return h;
 }
 
-/* Returns the name of the first setting that differs, or NULL when they agree. */
-static inline const char* run_identity_diff(const RunIdentity* a, const RunIdentity* b) {
-    if (memcmp(&a->cfg, &b->cfg, sizeof(a->cfg)) != 0) return RUN_IDENTITY_FIELDS[0];
-    const int32_t* x = &a->B;
-    const int32_t* y = &b->B;
-    for (int i = 0; i < 8; i++) {
-        if (x[i] != y[i]) return RUN_IDENTITY_FIELDS[1 + i];
+/*
+ * Compares the checkpointed run's settings a with this run's b: returns 0 when they agree, else 1 with
+ * the first differing setting and both values in `why` (e.g. "-b (checkpoint 8, now 4)").
+ */
+static inline int run_identity_diff(const RunIdentity* a, const RunIdentity* b, char* why, size_t len) {
+    if (memcmp(&a->cfg, &b->cfg, sizeof(a->cfg)) != 0) {
+        snprintf(why, len, "%s (checkpoint dim %d / %d layers, now dim %d / %d layers)", RUN_IDENTITY_FIELDS[0], a->cfg.dim,
+                 a->cfg.n_layers, b->cfg.dim, b->cfg.n_layers);
+        return 1;
     }
-    if (a->total_batch != b->total_batch) return RUN_IDENTITY_FIELDS[9];
-    if (a->seed != b->seed) return RUN_IDENTITY_FIELDS[10];
-    return NULL;
+    long long x[10] = {a->B, a->T, a->world, a->zero_stage, a->precision, a->shuffle, a->pow2_scales, a->recompute,
+                       (long long)a->total_batch, (long long)a->seed};
+    long long y[10] = {b->B, b->T, b->world, b->zero_stage, b->precision, b->shuffle, b->pow2_scales, b->recompute,
+                       (long long)b->total_batch, (long long)b->seed};
+    for (int i = 0; i < 10; i++) {
+        if (x[i] != y[i]) {
+            if (i == 4) snprintf(why, len, "-p (checkpoint %s, now %s)", precision_name((Precision)x[i]), precision_name((Precision)y[i]));
+            else snprintf(why, len, "%s (checkpoint %lld, now %lld)", RUN_IDENTITY_FIELDS[1 + i], x[i], y[i]);
+            return 1;
+        }
+    }
+    return 0;
 }
 
 /* Everything but the big arrays of a rank's training state. */
@@ -223,8 +234,9 @@ static inline FILE* state_open(const char* path, TrainState* s, const RunIdentit
     if (h[3] != (int32_t)sizeof(TrainState)) die("%s: training state written by an incompatible build", path);
     if (bytes != expected) die("%s: truncated or oversized training state: expected %zu bytes, found %zu", path, expected, bytes);
     freadCheck(s, sizeof(TrainState), 1, f, path);
-    const char* diff = run_identity_diff(&s->id, expect);
-    if (diff != NULL) die("%s: the checkpointed run used a different %s; resume with the same settings", path, diff);
+    char diff[256];
+    if (run_identity_diff(&s->id, expect, diff, sizeof(diff)))
+        die("%s: the checkpointed run used a different %s; resume with the same settings", path, diff);
     if ((uint32_t)h[2] != run_identity_hash(&s->id)) die("%s: config hash does not match its settings (corrupt file)", path);
     if (s->shard_begin != shard_begin || s->shard_count != shard_count)
         die("%s: parameter slice [%llu, +%llu) differs from this rank's [%llu, +%llu)", path,

@@ -60,9 +60,9 @@ typedef struct {
 static const ArgSpec TRAIN_ARG_SPECS[] = {
     ARG("-i", ARG_STR, train_pattern, "train shard glob"),
     ARG("-j", ARG_STR, val_pattern, "validation shard glob"),
-    ARG("-o", ARG_STR, output_dir, "output dir for main.log, metrics, checkpoints (default: none)"),
+    ARG("-o", ARG_STR, output_dir, "output dir for main.log, metrics, checkpoints"),
     ARG("-e", ARG_STR, model, "model: a preset name (see below) or a model checkpoint .bin"),
-    ARG("--tokenizer", ARG_STR, tokenizer_path, "tokenizer.bin for samples (default: beside the train shards)"),
+    ARG("--tokenizer", ARG_STR, tokenizer_path, "tokenizer.bin for samples (none: beside the train shards)"),
     ARG("-b", ARG_INT, B, "micro-batch size, sequences per rank"),
     ARG("-t", ARG_INT, T, "sequence length"),
     ARG("-d", ARG_I64, total_batch, "total batch in tokens per optimizer step, all ranks (-1: B*T*ranks)"),
@@ -203,6 +203,9 @@ static inline int train_args_parse(TrainArgs* a, int argc, char** argv) {
 
 /* Range checks that need no model; stops naming the flag. */
 static inline void train_args_check(const TrainArgs* a) {
+    TrainArgs defaults = train_args_default();
+    if (strcmp(a->train_pattern, defaults.train_pattern) != 0 && strcmp(a->val_pattern, defaults.val_pattern) == 0)
+        die("flag -i given without -j: the default validation set is tiny-shakespeare's; pass your own with -j");
     if (a->B <= 0) die("flag -b: micro-batch size must be positive, got %d", a->B);
     if (a->T <= 0) die("flag -t: sequence length must be positive, got %d", a->T);
     if (!(a->lr >= 0.0f)) die("flag -l: learning rate must be >= 0");

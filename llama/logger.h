@@ -6,7 +6,8 @@
  *                   mem_mib, skipped (and val_loss objects after evaluations);
  *   fp8_stats.csv   one row per FP8 GEMM operand on steps where statistics are due (--fp8-stats N):
  *                   step,layer,gemm,operand,format,amax,scale,saturated_frac,underflow_frac.
- * Lines are flushed as written so that a crashed run keeps its log. On resume the files are appended to.
+ * Lines are flushed as written so that a crashed run keeps its log. On resume from step k the files
+ * keep their lines of steps < k and are appended to.
  */
 #pragma once
 
@@ -24,23 +25,50 @@ static inline void logger_flush_file(const Logger* lg, FILE* f, const char* name
     if (ferror(f) || fflush(f) != 0) die("%s/%s: write failed (%s)", lg->dir, name, strerror(errno));
 }
 
-static inline void logger_init(Logger* lg, const char* dir, int resume) {
+/*
+ * On resume from step k, drops the lines of `path` that belong to steps >= k (the interrupted run went
+ * past its last checkpoint; the resumed run logs those steps again). step_format reads a line's step
+ * with sscanf; lines without one (a CSV header) are kept. Rewritten atomically.
+ */
+static inline void logger_truncate(const char* path, const char* step_format, int resume_step) {
+    FILE* in = fopen(path, "r");
+    if (in == NULL) return;
+    char tmp[TMP_PATH_LEN];
+    FILE* out = atomic_open(path, tmp, sizeof(tmp));
+    char line[4096];
+    while (fgets(line, sizeof(line), in) != NULL) {
+        int step;
+        if (sscanf(line, step_format, &step) == 1 && step >= resume_step) continue;
+        fputs(line, out);
+    }
+    fcloseCheck(in, path);
+    atomic_commit(out, tmp, path);
+}
+
+/*
+ * Opens the logs of -o dir (none when dir is NULL). resume_step >= 0: appends to the files of the run
+ * being resumed, after dropping their lines of steps >= resume_step; -1: starts them afresh.
+ * fp8_stats: whether this run writes fp8_stats.csv (-p fp8 with --fp8-stats).
+ */
+static inline void logger_init(Logger* lg, const char* dir, int resume_step, int fp8_stats) {
     memset(lg, 0, sizeof(*lg));
     if (dir == NULL) return;
     make_dir(dir);
     snprintf(lg->dir, sizeof(lg->dir), "%s", dir);
-    char path[PATH_LEN];
-    const char* mode = resume ? "a" : "w";
-    snprintf(path, sizeof(path), "%s/main.log", dir);
-    lg->main_log = fopenCheck(path, mode);
-    snprintf(path, sizeof(path), "%s/metrics.jsonl", dir);
-    lg->metrics = fopenCheck(path, mode);
-    snprintf(path, sizeof(path), "%s/fp8_stats.csv", dir);
-    int new_file = !resume || access(path, F_OK) != 0;
-    lg->fp8_stats = fopenCheck(path, resume ? "a" : "w");
-    if (new_file) {
-        fprintf(lg->fp8_stats, "step,layer,gemm,operand,format,amax,scale,saturated_frac,underflow_frac\n");
-        logger_flush_file(lg, lg->fp8_stats, "fp8_stats.csv");
+    const char* names[3] = {"main.log", "metrics.jsonl", "fp8_stats.csv"};
+    const char* step_formats[3] = {"s:%d", "{\"step\": %d", "%d,"};
+    FILE** files[3] = {&lg->main_log, &lg->metrics, &lg->fp8_stats};
+    for (int i = 0; i < 3; i++) {
+        if (i == 2 && !fp8_stats) continue;
+        char path[PATH_LEN];
+        snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
+        int fresh = resume_step < 0 || access(path, F_OK) != 0;
+        if (!fresh) logger_truncate(path, step_formats[i], resume_step);
+        *files[i] = fopenCheck(path, fresh ? "w" : "a");
+        if (i == 2 && fresh) {
+            fprintf(lg->fp8_stats, "step,layer,gemm,operand,format,amax,scale,saturated_frac,underflow_frac\n");
+            logger_flush_file(lg, lg->fp8_stats, names[i]);
+        }
     }
 }
 

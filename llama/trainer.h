@@ -246,6 +246,10 @@ static inline void trainer_init(Trainer* tr, int argc, char** argv) {
     }
     TrainArgs* a = &tr->args;
     train_args_check(a);
+    setvbuf(stdout, NULL, _IOLBF, 0); /* progress reaches a log file line by line, also when the run is killed */
+    if (a->tokenizer_path != NULL && access(a->tokenizer_path, R_OK) != 0)
+        die("flag --tokenizer: %s: cannot read (%s)", a->tokenizer_path, strerror(errno));
+    if (a->output_dir != NULL) make_dir(a->output_dir);
     backend_init((Precision)a->precision);
     tr->rank = 0;
     tr->world = 1;
@@ -299,11 +303,11 @@ static inline void trainer_init(Trainer* tr, int argc, char** argv) {
 
     rng_seed(&tr->sample_rng, (uint64_t)a->seed ^ 0x73616d706c65ull);
     if (a->resume) trainer_resume(tr);
-    if (tr->rank == 0) logger_init(&tr->logger, a->output_dir, a->resume);
+    if (tr->rank == 0)
+        logger_init(&tr->logger, a->output_dir, a->resume ? tr->step : -1,
+                    a->precision == PRECISION_FP8 && a->fp8_stats_every > 0);
     char tok_path[PATH_LEN];
     trainer_tokenizer_path(tr, tok_path, sizeof(tok_path));
-    if (a->tokenizer_path != NULL && access(a->tokenizer_path, R_OK) != 0)
-        die("flag --tokenizer: %s: cannot read (%s)", a->tokenizer_path, strerror(errno));
     if (a->sample_every > 0) tokenizer_init(&tr->tokenizer, tok_path);
 }
 

@@ -36,6 +36,9 @@ def assert_one_line_error(result, *needles):
     (["-k", "step"], "-k"),
     (["-z", "1"], "-z"),
     (["-y", "1"], "-o"),
+    (["-i", "mine_*.bin"], "-j"),
+    (["-n", "5"], "-o"),
+    (["-r", "1", "-p", "fp8"], "-r"),
 ])
 def test_bad_flags_rejected(trainer, args, needle):
     assert_one_line_error(run([trainer, *args]), needle)
@@ -86,7 +89,7 @@ def test_bad_shards_rejected(trainer, tmp_path, rng, case, needle):
 
 def test_empty_glob_rejected(trainer, tmp_path):
     pattern = str(tmp_path / "nothing_*.bin")
-    assert_one_line_error(run([trainer, "-i", pattern]), pattern, "no file matches")
+    assert_one_line_error(run([trainer, "-i", pattern, "-j", pattern]), pattern, "no file matches")
 
 
 @pytest.mark.parametrize("case, needle", [("truncated", "truncated"), ("magic", "bad magic"), ("missing", "neither")])
@@ -111,13 +114,15 @@ def metrics(run_dir):
 
 
 def test_resume_repeats_the_uninterrupted_run(trainer, tmp_path, shakespeare):
-    """Steps 3..5 after a resume from step 3 match the uninterrupted run: loss, lr, grad norm, weights."""
+    """Steps 3..5 after a resume from step 3 match the uninterrupted run: loss, lr, grad norm, weights;
+    the logs of the interrupted run lose their lines past the checkpoint instead of repeating them."""
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     args = [*FAST, "-x", "6", "-n", "3", "-u", "2", "--fp8-stats", "2"]
     r = run([trainer, *args, "-o", full])
     assert r.returncode == 0, r.stderr
     resumed.mkdir()
-    for name in ["model_00000003.bin", "state_00000003_00000.bin", "DONE_00000003"]:
+    # the interrupted run: its checkpoint at step 3 and logs that went on to step 5
+    for name in ["model_00000003.bin", "state_00000003_00000.bin", "DONE_00000003", "main.log", "metrics.jsonl", "fp8_stats.csv"]:
         shutil.copy(full / name, resumed / name)
     r = run([trainer, *args, "-o", resumed, "-y", "1"])
     assert r.returncode == 0, r.stderr
@@ -127,6 +132,10 @@ def test_resume_repeats_the_uninterrupted_run(trainer, tmp_path, shakespeare):
         for key in ["loss", "lr", "grad_norm"]:
             assert a[step][key] == b[step][key], (step, key, a[step][key], b[step][key])
     assert (full / "model_00000006.bin").read_bytes() == (resumed / "model_00000006.bin").read_bytes()
+    for name in ["main.log", "fp8_stats.csv"]:
+        assert (full / name).read_text() == (resumed / name).read_text(), f"{name} of the resumed run differs"
+    steps = [json.loads(line)["step"] for line in (resumed / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(steps) == sorted(json.loads(line)["step"] for line in (full / "metrics.jsonl").read_text().splitlines())
     assert (full / "state_00000006_00000.bin").read_bytes() == (resumed / "state_00000006_00000.bin").read_bytes()
 
 
