@@ -586,8 +586,6 @@ static Check CHECKS[] = {
 int main(int argc, char** argv) {
     int rc = tool_main(argc, argv);
     if (rc >= 0) return rc;
-    const char* env = getenv("LLM8_TEST_SEED");
-    g_seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
-    if (!(argc == 2 && strcmp(argv[1], "--list") == 0)) printf("LLM8_TEST_SEED=%llu\n", (unsigned long long)g_seed);
+    g_seed = test_seed(argc, argv);
     return run_checks(CHECKS, (int)(sizeof(CHECKS) / sizeof(CHECKS[0])), argc, argv);
 }

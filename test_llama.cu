@@ -245,8 +245,6 @@ int main(int argc, char** argv) {
     }
     /* cuDNN's default attention backward is not bit-reproducible; the resume check needs it to be */
     setenv("LLM8_DETERMINISTIC", "1", 0);
-    const char* env = getenv("LLM8_TEST_SEED");
-    g_seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
-    if (!(argc == 2 && strcmp(argv[1], "--list") == 0)) printf("LLM8_TEST_SEED=%llu\n", (unsigned long long)g_seed);
+    g_seed = test_seed(argc, argv);
     return run_checks(CHECKS, (int)(sizeof(CHECKS) / sizeof(CHECKS[0])), argc, argv);
 }

@@ -73,6 +73,17 @@ static inline int run_checks(const Check* checks, int n, int argc, char** argv) 
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
 
+/*
+ * The run's random seed: $LLM8_TEST_SEED when set (to replay a run), else a fresh one; printed unless
+ * the run only lists the checks.
+ */
+static inline uint64_t test_seed(int argc, char** argv) {
+    const char* env = getenv("LLM8_TEST_SEED");
+    uint64_t seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
+    if (!(argc == 2 && strcmp(argv[1], "--list") == 0)) printf("LLM8_TEST_SEED=%llu\n", (unsigned long long)seed);
+    return seed;
+}
+
 /* ------------------------------------------------------------ error measures */
 
 typedef struct {
