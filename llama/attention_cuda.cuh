@@ -37,6 +37,28 @@ __device__ __forceinline__ float dot_bf16(const act_t* a, const act_t* b, int HS
     return s;
 }
 
+/* Where query row `row` (= (b * NH + h) * T + t, the stats order) of qkv (B, T, QKV) reads from: its q
+   and row 0 of the k and v of its kv head (h / (NH / NKV)); key s is s * QKV further. */
+struct QueryRow {
+    size_t b, C, QKV;
+    int t, h;
+    const act_t *q, *k0, *v0;
+};
+
+__device__ __forceinline__ QueryRow query_row(const act_t* qkv, size_t row, int T, int NH, int NKV, int HS) {
+    QueryRow r;
+    r.t = (int)(row % T);
+    r.h = (int)((row / T) % NH);
+    r.b = row / ((size_t)T * NH);
+    size_t KVC = (size_t)NKV * HS;
+    r.C = (size_t)NH * HS;
+    r.QKV = r.C + 2 * KVC;
+    r.q = qkv + (r.b * T + r.t) * r.QKV + (size_t)r.h * HS;
+    r.k0 = qkv + r.b * T * r.QKV + r.C + (size_t)(r.h / (NH / NKV)) * HS;
+    r.v0 = r.k0 + KVC;
+    return r;
+}
+
 /*
  * One block per query row (b, h, t), rows ordered as stats: scores of keys 0..t in shared memory, softmax,
  * then out[d] = sum_s p_s v_s[d] with threads over d.
@@ -45,13 +67,11 @@ __global__ void attention_forward_fallback_kernel(act_t* out, float* stats, cons
                                                   int HS, float scale) {
     extern __shared__ float p[]; /* (t + 1) scores, then probabilities */
     size_t row = blockIdx.x;
-    int t = (int)(row % T), h = (int)((row / T) % NH);
-    size_t b = row / ((size_t)T * NH);
-    int kvh = h / (NH / NKV);
-    size_t C = (size_t)NH * HS, KVC = (size_t)NKV * HS, QKV = C + 2 * KVC;
-    const act_t* q = qkv + (b * T + t) * QKV + (size_t)h * HS;
-    const act_t* kbase = qkv + b * T * QKV + C + (size_t)kvh * HS;
-    const act_t* vbase = kbase + KVC;
+    QueryRow r = query_row(qkv, row, T, NH, NKV, HS);
+    int t = r.t;
+    size_t b = r.b, C = r.C, QKV = r.QKV;
+    const act_t *q = r.q, *kbase = r.k0, *vbase = r.v0;
+    int h = r.h;
     float maxv = -INFINITY;
     for (int s = threadIdx.x; s <= t; s += blockDim.x) {
         p[s] = dot_bf16(q, kbase + (size_t)s * QKV, HS) * scale;
@@ -86,14 +106,11 @@ __global__ void attention_backward_query_kernel(act_t* dqkv, float* dsum, const 
     float* p = smem;      /* (T) */
     float* dp = smem + T; /* (T) */
     size_t row = blockIdx.x;
-    int t = (int)(row % T), h = (int)((row / T) % NH);
-    size_t b = row / ((size_t)T * NH);
-    int kvh = h / (NH / NKV);
-    size_t C = (size_t)NH * HS, KVC = (size_t)NKV * HS, QKV = C + 2 * KVC;
-    const act_t* q = qkv + (b * T + t) * QKV + (size_t)h * HS;
+    QueryRow r = query_row(qkv, row, T, NH, NKV, HS);
+    int t = r.t, h = r.h;
+    size_t b = r.b, C = r.C, QKV = r.QKV;
+    const act_t *q = r.q, *kbase = r.k0, *vbase = r.v0;
     const act_t* go = dout + (b * T + t) * C + (size_t)h * HS;
-    const act_t* kbase = qkv + b * T * QKV + C + (size_t)kvh * HS;
-    const act_t* vbase = kbase + KVC;
     float lse = stats[row];
     float local = 0.0f;
     for (int s = threadIdx.x; s <= t; s += blockDim.x) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cuda_common.cuh"
+#include "op_math.h"
 #include "optim.h"
 
 /* ---------------------------------------------------------------- weights */
@@ -173,7 +174,7 @@ __global__ void rmsnorm_backward_kernel(act_t* dinp, float* dweight_partial, con
         for (int c = threadIdx.x; c < C; c += blockDim.x) {
             float g = bf16_to_f(dy[c]);
             float xh = bf16_to_f(x[c]) * r;
-            dx[c] = f_to_bf16(bf16_to_f(dx[c]) + r * (g * bf16_to_f(weight[c]) - xh * mean));
+            dx[c] = f_to_bf16(bf16_to_f(dx[c]) + rmsnorm_dx(g, bf16_to_f(weight[c]), xh, r, mean));
             dw[c] += g * xh;
         }
     }
@@ -224,9 +225,10 @@ __global__ void rope_kernel(act_t* qkv, const float* cos_t, const float* sin_t, 
         int t = (int)(bt % T);
         act_t* v = qkv + bt * QKV + (size_t)h * HS;
         float c = cos_t[t * half + i], s = direction * sin_t[t * half + i];
-        float x1 = bf16_to_f(v[i]), x2 = bf16_to_f(v[i + half]);
-        v[i] = f_to_bf16(x1 * c - x2 * s);
-        v[i + half] = f_to_bf16(x2 * c + x1 * s);
+        float o1, o2;
+        rope_rotate(bf16_to_f(v[i]), bf16_to_f(v[i + half]), c, s, &o1, &o2);
+        v[i] = f_to_bf16(o1);
+        v[i + half] = f_to_bf16(o2);
     }
 }
 
@@ -259,8 +261,7 @@ __global__ void swiglu_forward_kernel(act_t* out, const act_t* inp, size_t N, in
     size_t total = N * (size_t)F;
     for (size_t i = grid_index(); i < total; i += grid_stride()) {
         size_t row = i / (size_t)F, j = i % (size_t)F;
-        float a = bf16_to_f(inp[row * 2 * F + j]), b = bf16_to_f(inp[row * 2 * F + F + j]);
-        out[i] = f_to_bf16(a / (1.0f + expf(-a)) * b);
+        out[i] = f_to_bf16(swiglu(bf16_to_f(inp[row * 2 * F + j]), bf16_to_f(inp[row * 2 * F + F + j])));
     }
 }
 
@@ -274,10 +275,10 @@ __global__ void swiglu_backward_kernel(act_t* dinp, const act_t* dout, const act
     size_t total = N * (size_t)F;
     for (size_t i = grid_index(); i < total; i += grid_stride()) {
         size_t row = i / (size_t)F, j = i % (size_t)F;
-        float a = bf16_to_f(inp[row * 2 * F + j]), b = bf16_to_f(inp[row * 2 * F + F + j]), g = bf16_to_f(dout[i]);
-        float s = 1.0f / (1.0f + expf(-a));
-        dinp[row * 2 * F + j] = f_to_bf16(g * b * s * (1.0f + a * (1.0f - s)));
-        dinp[row * 2 * F + F + j] = f_to_bf16(g * a * s);
+        float da, db;
+        swiglu_backward(bf16_to_f(inp[row * 2 * F + j]), bf16_to_f(inp[row * 2 * F + F + j]), bf16_to_f(dout[i]), &da, &db);
+        dinp[row * 2 * F + j] = f_to_bf16(da);
+        dinp[row * 2 * F + F + j] = f_to_bf16(db);
     }
 }
 

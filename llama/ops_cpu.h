@@ -25,6 +25,7 @@
 
 #include "common.h"
 #include "config.h"
+#include "op_math.h"
 #include "optim.h"
 #include "../fp8/fp8.h"
 #include "../fp8/gemm.h"
@@ -134,8 +135,7 @@ static inline void op_rmsnorm_backward(act_t* dinp, float* dweight, const act_t*
         for (int c = 0; c < C; c++) dot += (double)dy[c] * weight[c] * (x[c] * r);
         float mean = (float)(dot / C);
         for (int c = 0; c < C; c++) {
-            float xh = x[c] * r;
-            dinp[i * C + c] = store(dinp[i * C + c] + r * (dy[c] * weight[c] - xh * mean));
+            dinp[i * C + c] = store(dinp[i * C + c] + rmsnorm_dx(dy[c], weight[c], x[c] * r, r, mean));
         }
     }
 #pragma omp parallel for schedule(static)
@@ -163,9 +163,10 @@ static inline void rope_apply(act_t* qkv, const float* cos_t, const float* sin_t
             act_t* v = row + (size_t)h * HS; /* q heads then k heads are contiguous */
             for (int i = 0; i < half; i++) {
                 float c = cos_t[t * half + i], s = direction * sin_t[t * half + i];
-                float x1 = v[i], x2 = v[i + half];
-                v[i] = store(x1 * c - x2 * s);
-                v[i + half] = store(x2 * c + x1 * s);
+                float o1, o2;
+                rope_rotate(v[i], v[i + half], c, s, &o1, &o2);
+                v[i] = store(o1);
+                v[i + half] = store(o2);
             }
         }
     }
@@ -289,8 +290,7 @@ static inline void op_swiglu_forward(act_t* out, const act_t* inp, size_t N, int
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < N; i++) {
         for (int j = 0; j < F; j++) {
-            float a = inp[i * 2 * F + j], b = inp[i * 2 * F + F + j];
-            out[i * F + j] = store(a / (1.0f + expf(-a)) * b);
+            out[i * F + j] = store(swiglu(inp[i * 2 * F + j], inp[i * 2 * F + F + j]));
         }
     }
 }
@@ -300,10 +300,10 @@ static inline void op_swiglu_backward(act_t* dinp, const act_t* dout, const act_
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < N; i++) {
         for (int j = 0; j < F; j++) {
-            float a = inp[i * 2 * F + j], b = inp[i * 2 * F + F + j], g = dout[i * F + j];
-            float s = 1.0f / (1.0f + expf(-a));
-            dinp[i * 2 * F + j] = store(g * b * s * (1.0f + a * (1.0f - s)));
-            dinp[i * 2 * F + F + j] = store(g * a * s);
+            float da, db;
+            swiglu_backward(inp[i * 2 * F + j], inp[i * 2 * F + F + j], dout[i * F + j], &da, &db);
+            dinp[i * 2 * F + j] = store(da);
+            dinp[i * 2 * F + F + j] = store(db);
         }
     }
 }
