@@ -22,12 +22,14 @@ endif
 
 # GPU build: sm_90 (H100/H200/H800) by default; `make train_llama GPU_ARCH=89` for Ada.
 GPU_ARCH ?= 90
+# --diag-error 114 ("referenced but not defined"): a backend function whose signature drifts from its
+# prototype in llama/backend.h is, in C++, a new overload; this makes the unmatched prototype an error.
 NVCC_FLAGS ?= -O3 -std=c++17 -gencode arch=compute_$(GPU_ARCH),code=sm_$(GPU_ARCH) --expt-relaxed-constexpr \
-	-Xcompiler -fopenmp -Xcompiler -Wall
+	-Xcompiler -fopenmp -Xcompiler -Wall --diag-error 114
 CUDA_LIBS = -lcublasLt -lgomp
 CXX ?= g++
 # The cuDNN frontend is header-only and ships in the nvidia-cudnn-frontend wheel; its attention graphs
-# live in one host-compiled file (llama/cudnn_att.cpp, ~45 s with g++) so editing the trainer never
+# live in one host-compiled file (cuda/cudnn_att.cpp, ~45 s with g++) so editing the trainer never
 # recompiles them. USE_CUDNN=0 builds the plain fallback attention instead.
 CUDNN_FRONTEND_INCLUDE ?= $(shell $(PYTHON) -c "import os,sysconfig; p=os.path.join(sysconfig.get_paths()['purelib'],'include'); print(p if os.path.exists(os.path.join(p,'cudnn_frontend.h')) else '')" 2>/dev/null)
 # A build/cudnn_att.o compiled elsewhere (same x86-64 Linux) is used as is when the headers are missing.
@@ -51,8 +53,10 @@ DATA_DIR ?= dev/data/tinyshakespeare
 TRAIN_DATA = $(DATA_DIR)/tiny_shakespeare_train.bin
 SETUP_STAMP = build/.setup-done
 
-HEADERS = $(wildcard llama/*.h fp8/*.h dataloader/*.h)
-CUDA_HEADERS = $(wildcard llama/*.cuh fp8/*.cuh)
+# One folder per layer (README "Repository layout"); every build depends on all of their headers.
+HEADERS = $(wildcard core/*.h fp8/*.h llama/*.h cpu/*.h dist/*.h train/*.h dataloader/*.h)
+CUDA_HEADERS = $(wildcard core/*.cuh fp8/*.cuh cuda/*.cuh cuda/*.h dist/*.cuh)
+TEST_HEADERS = $(wildcard dev/test/*.h)
 
 CPU_TARGETS = train_llama_cpu test_llama_cpu
 GPU_TARGETS = $(if $(NVCC),train_llama test_llama,)
@@ -83,10 +87,16 @@ setup:
 train_llama_cpu: train_llama.c $(HEADERS) | $(SETUP_STAMP)
 	$(CC) $(CFLAGS) $(CPU_INCLUDES) $< -o $@ $(CPU_LIBS)
 
-test_llama_cpu: test_llama.c train_llama.c $(HEADERS) | $(SETUP_STAMP)
+test_llama_cpu: test_llama.c train_llama.c $(HEADERS) $(TEST_HEADERS) | $(SETUP_STAMP)
 	$(CC) $(CFLAGS) $(CPU_INCLUDES) $< -o $@ $(CPU_LIBS)
 
-build/cudnn_att.o: $(if $(CUDNN_PREBUILT),,llama/cudnn_att.cpp llama/cudnn_att.h llama/common.h) | $(SETUP_STAMP)
+# The CPU backend as its own object with prefixed names (cpu_ref_*): what test_llama and the kernel
+# playground compare every GPU op with.
+build/cpu_reference.o: dev/cuda/cpu_reference.c dev/cuda/cpu_reference.h $(HEADERS) | $(SETUP_STAMP)
+	@mkdir -p build
+	$(CC) $(CFLAGS) $(CPU_INCLUDES) -c $< -o $@
+
+build/cudnn_att.o: $(if $(CUDNN_PREBUILT),,cuda/cudnn_att.cpp cuda/cudnn_att.h core/common.h core/cuda_check.h) | $(SETUP_STAMP)
 	@test -n "$(CUDNN_FRONTEND_INCLUDE)" || { echo "error: cuDNN frontend headers not found (pip install nvidia-cudnn-frontend), or build with USE_CUDNN=0"; exit 1; }
 	@mkdir -p build
 	$(CXX) $(CUDNN_ATT_FLAGS) -I$(CUDA_INCLUDE) -isystem $(CUDNN_FRONTEND_INCLUDE) -c $< -o $@
@@ -94,14 +104,14 @@ build/cudnn_att.o: $(if $(CUDNN_PREBUILT),,llama/cudnn_att.cpp llama/cudnn_att.h
 train_llama: train_llama.cu $(HEADERS) $(CUDA_HEADERS) $(CUDNN_OBJ) | $(SETUP_STAMP)
 	$(NVCC) $(NVCC_FLAGS) $< $(CUDNN_OBJ) -o $@ $(CUDA_LIBS)
 
-# test_llama holds both backends (the kernel checks compare each GPU op with its CPU op), so it also
-# needs the CPU build's includes and BLAS.
-test_llama: test_llama.cu train_llama.cu dev/cuda/kernel_cases.cuh $(HEADERS) $(CUDA_HEADERS) $(CUDNN_OBJ) | $(SETUP_STAMP)
-	$(NVCC) $(NVCC_FLAGS) $(CPU_INCLUDES) $< $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(CPU_LIBS)
+# test_llama links the CPU reference object (the kernel checks compare each GPU op with its CPU op), so
+# it also needs the CPU build's BLAS and OpenMP.
+test_llama: test_llama.cu train_llama.cu dev/cuda/kernel_cases.cuh build/cpu_reference.o $(HEADERS) $(CUDA_HEADERS) $(TEST_HEADERS) $(CUDNN_OBJ) | $(SETUP_STAMP)
+	$(NVCC) $(NVCC_FLAGS) $< build/cpu_reference.o $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(CPU_LIBS)
 
-# Kernel playground (not part of `all`): both backends in one nvcc translation unit, like test_llama.
-dev/cuda/bench_kernels: dev/cuda/bench_kernels.cu dev/cuda/kernel_cases.cuh $(HEADERS) $(CUDA_HEADERS) $(CUDNN_OBJ) | $(SETUP_STAMP)
-	$(NVCC) $(NVCC_FLAGS) $(CPU_INCLUDES) $< $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(CPU_LIBS)
+# Kernel playground (not part of `all`): every GPU op against the CPU reference object, like test_llama.
+dev/cuda/bench_kernels: dev/cuda/bench_kernels.cu dev/cuda/kernel_cases.cuh build/cpu_reference.o $(HEADERS) $(CUDA_HEADERS) $(CUDNN_OBJ) | $(SETUP_STAMP)
+	$(NVCC) $(NVCC_FLAGS) $< build/cpu_reference.o $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(CPU_LIBS)
 
 # Tokenized tiny-shakespeare (from ../shared/data when present, else downloaded: dev/data/llm8_data.py).
 $(TRAIN_DATA): dev/data/tinyshakespeare.py dev/data/llm8_data.py | $(SETUP_STAMP)

@@ -9,9 +9,9 @@
  * Random inputs are drawn from a fresh seed each run (printed; set LLM8_TEST_SEED to replay one).
  */
 #define TESTING
-#include "train_llama.c"
-#include "llama/reference_check.h"
-#include "llama/testing.h"
+#include "train_llama.c"              // the CPU trainer: backend, model, training program
+#include "dev/test/reference_check.h" // defines: reference_check, check_*_in (model-level checks, both builds)
+#include "dev/test/testing.h"         // defines: run_checks, fail, error_stats, RefState
 
 static uint64_t g_seed;
 
@@ -187,7 +187,10 @@ static int gemm_case(Fp8Format fb, int m, int n, int k, Rng* rng) {
     uint8_t* qb = policy_cast(b, (size_t)n, (size_t)k, fb, 0, &sb);
     float* d = (float*)mallocCheck((size_t)m * n * sizeof(float));
     for (size_t i = 0; i < (size_t)m * n; i++) d[i] = NAN;
-    op_gemm(d, DT_F32, qa, DT_E4M3, 1, qb, fb == FP8_E4M3 ? DT_E4M3 : DT_E5M2, 0, m, n, k, &sa.scale_inv, &sb.scale_inv, 0, 1);
+    /* D (m, n) = A (m, k) B (n, k)^T: an fprop with OC = m, N = n, C = k */
+    GemmCall g = gemm_fprop(d, DT_F32, gemm_operand_fp8(qa, DT_E4M3, &sa.scale_inv),
+                            gemm_operand_fp8(qb, fb == FP8_E4M3 ? DT_E4M3 : DT_E5M2, &sb.scale_inv), (size_t)n, (size_t)k, (size_t)m);
+    op_gemm(&g);
     int failures = 0;
     double worst_deq = 0.0, worst_q = 0.0, max_q_err = 0.0;
     for (int i = 0; i < m; i++) {
@@ -233,18 +236,27 @@ static int check_fp8_gemm(void) {
     failures += gemm_case(FP8_E5M2, 32, 64, 160, &rng);
     /* the shape and layout rules cuBLASLt imposes are rejected, naming what is wrong */
     char why[256];
-    struct { DType a; int ta; DType b; int tb; int m, n, k; const char* expect; } bad[] = {
+    float one = 1.0f;
+    struct { DType a; int ta; DType b; int tb; size_t m, n, k; const char* expect; } bad[] = {
         {DT_E4M3, 1, DT_E4M3, 0, 100, 32, 32, "m = 100"},
         {DT_E4M3, 1, DT_E4M3, 0, 32, 40, 32, "n = 40"},
         {DT_E4M3, 1, DT_E5M2, 0, 32, 32, 8, "k = 8"},
         {DT_E4M3, 0, DT_E4M3, 0, 32, 32, 32, "TN layout"},
         {DT_E5M2, 1, DT_E5M2, 0, 32, 32, 32, "E5M2 x E5M2"},
+        {DT_E4M3, 1, DT_ACT, 0, 32, 32, 32, "mixed operand types"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        if (!gemm_check(bad[i].a, bad[i].ta, bad[i].b, bad[i].tb, bad[i].m, bad[i].n, bad[i].k, why, sizeof(why)) || strstr(why, bad[i].expect) == NULL)
+        GemmCall g = {NULL, DT_F32, 0, {NULL, bad[i].a, &one}, {NULL, bad[i].b, &one}, bad[i].ta, bad[i].tb, bad[i].m, bad[i].n, bad[i].k, 0};
+        if (!gemm_check(&g, why, sizeof(why)) || strstr(why, bad[i].expect) == NULL)
             failures += fail("bad GEMM %zu not rejected with '%s' (got '%s')", i, bad[i].expect, why);
     }
-    if (gemm_check(DT_E4M3, 1, DT_E5M2, 0, 32, 48, 64, why, sizeof(why))) failures += fail("valid FP8 GEMM rejected: %s", why);
+    /* the operand map's FP8 GEMMs of a linear layer (N 48, C 64, OC 32) pass */
+    uint8_t codes[1];
+    GemmOperand e4 = gemm_operand_fp8(codes, DT_E4M3, &one), e5 = gemm_operand_fp8(codes, DT_E5M2, &one);
+    GemmCall ok[3] = {gemm_fprop(NULL, DT_ACT, e4, e4, 48, 64, 32), gemm_dgrad(NULL, DT_ACT, e4, e5, 48, 64, 32),
+                      gemm_wgrad(NULL, e4, e5, 48, 64, 32)};
+    for (int i = 0; i < 3; i++)
+        if (gemm_check(&ok[i], why, sizeof(why))) failures += fail("valid FP8 GEMM %d of a linear layer rejected: %s", i, why);
     return failures != 0;
 }
 

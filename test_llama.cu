@@ -11,10 +11,10 @@
  * Llama-2 7B/13B shapes) and --write-shard PATH TOKENS SEED (random tokens for throughput runs).
  */
 #define TESTING
-#include "train_llama.cu"
-#include "llama/reference_check.h"
-#include "llama/testing.h"
-#include "dev/cuda/kernel_cases.cuh"
+#include "train_llama.cu"              // the GPU trainer: backend, model, training program
+#include "dev/test/reference_check.h"  // defines: reference_check, check_*_in (model-level checks, both builds)
+#include "dev/test/testing.h"          // defines: run_checks, fail, RefState
+#include "dev/cuda/kernel_cases.cuh"   // defines: run_kernel_case (each GPU op vs build/cpu_reference.o)
 
 static uint64_t g_seed;
 
@@ -75,14 +75,13 @@ static const KernelShape SMALL_SHAPE = {2, 96, 192, 6, 2, 528, 4000};
 
 #define KERNEL_CHECK(family) \
     static int check_kernel_##family(void) { return run_kernel_case(#family, &SMALL_SHAPE, 0, g_seed) != 0; }
-KERNEL_CHECK(params)
+KERNEL_CHECK(optimizer)
 KERNEL_CHECK(encoder)
 KERNEL_CHECK(rmsnorm)
 KERNEL_CHECK(rope)
 KERNEL_CHECK(attention)
 KERNEL_CHECK(swiglu)
 KERNEL_CHECK(classifier)
-KERNEL_CHECK(sum_squares)
 KERNEL_CHECK(fp8_cast)
 KERNEL_CHECK(gemm)
 
@@ -110,28 +109,13 @@ static act_t* random_bf16(size_t n, uint32_t salt) {
 #define BENCH_WARMUP 3
 #define BENCH_ITERS 20
 
-typedef struct {
-    void* D;
-    DType dt;
-    const void* A;
-    DType at;
-    int ta;
-    const void* B;
-    DType bt;
-    int tb;
-    int m, n, k;
-    const float* sa;
-    const float* sb;
-    int acc, fast;
-} GemmCall;
-
 static double time_gemm(const GemmCall* g) {
     cudaEvent_t start, stop;
     cudaCheck(cudaEventCreate(&start));
     cudaCheck(cudaEventCreate(&stop));
-    for (int i = 0; i < BENCH_WARMUP; i++) op_gemm(g->D, g->dt, g->A, g->at, g->ta, g->B, g->bt, g->tb, g->m, g->n, g->k, g->sa, g->sb, g->acc, g->fast);
+    for (int i = 0; i < BENCH_WARMUP; i++) op_gemm(g);
     cudaCheck(cudaEventRecord(start));
-    for (int i = 0; i < BENCH_ITERS; i++) op_gemm(g->D, g->dt, g->A, g->at, g->ta, g->B, g->bt, g->tb, g->m, g->n, g->k, g->sa, g->sb, g->acc, g->fast);
+    for (int i = 0; i < BENCH_ITERS; i++) op_gemm(g);
     cudaCheck(cudaEventRecord(stop));
     cudaCheck(cudaEventSynchronize(stop));
     float ms;
@@ -150,15 +134,15 @@ static double time_gemm(const GemmCall* g) {
 static int bench_gemm(void) {
     backend_init(PRECISION_FP8);
     const char* names[2] = {"llama2-7b", "llama2-13b"};
-    const int M = 4096;
+    const size_t M = 4096;
     printf("%-11s %-5s %-6s %6s %6s %6s | %9s %9s | %7s\n", "model", "layer", "gemm", "m", "n", "k", "bf16 TF/s", "fp8 TF/s", "speedup");
     for (int mi = 0; mi < 2; mi++) {
         const LlamaConfig* c = llama_preset(names[mi]);
         double total_bf16 = 0.0, total_fp8 = 0.0;
         for (int lin = 0; lin < LIN_PER_LAYER; lin++) {
-            int OC, C;
-            llama_linear_dims(c, lin, &OC, &C);
-            size_t w_elems = (size_t)OC * C, x_elems = (size_t)M * C, y_elems = (size_t)M * OC;
+            size_t OC, C;
+            llama_linear_dims(c, (LinearId)lin, &OC, &C);
+            size_t w_elems = OC * C, x_elems = M * C, y_elems = M * OC;
             act_t* W = random_bf16(w_elems, 1);
             act_t* X = random_bf16(x_elems, 2);
             act_t* dY = random_bf16(y_elems, 3);
@@ -171,20 +155,20 @@ static int bench_gemm(void) {
             uint8_t *dy8 = (uint8_t*)dev_alloc(y_elems), *dyt8 = (uint8_t*)dev_alloc(y_elems);
             Fp8Scale* s = (Fp8Scale*)dev_alloc(3 * sizeof(Fp8Scale));
             op_amax(&s[0], W, w_elems);
-            op_cast_transpose(w8, wt8, W, (size_t)OC, (size_t)C, FP8_E4M3, &s[0], 0, NULL);
+            op_cast_transpose(w8, wt8, W, OC, C, FP8_E4M3, &s[0], 0, NULL);
             op_amax(&s[1], X, x_elems);
-            op_cast_transpose(x8, xt8, X, (size_t)M, (size_t)C, FP8_E4M3, &s[1], 0, NULL);
+            op_cast_transpose(x8, xt8, X, M, C, FP8_E4M3, &s[1], 0, NULL);
             op_amax(&s[2], dY, y_elems);
-            op_cast_transpose(dy8, dyt8, dY, (size_t)M, (size_t)OC, FP8_E5M2, &s[2], 0, NULL);
+            op_cast_transpose(dy8, dyt8, dY, M, OC, FP8_E5M2, &s[2], 0, NULL);
             GemmCall bf16[3] = {
-                {Y, DT_ACT, W, DT_ACT, 1, X, DT_ACT, 0, OC, M, C, NULL, NULL, 0, 0},
-                {dX, DT_ACT, W, DT_ACT, 0, dY, DT_ACT, 0, C, M, OC, NULL, NULL, 0, 0},
-                {dW, DT_F32, X, DT_ACT, 0, dY, DT_ACT, 1, C, OC, M, NULL, NULL, 1, 0},
+                gemm_fprop(Y, DT_ACT, gemm_operand(W, DT_ACT), gemm_operand(X, DT_ACT), M, C, OC),
+                gemm_dgrad(dX, DT_ACT, gemm_operand(W, DT_ACT), gemm_operand(dY, DT_ACT), M, C, OC),
+                gemm_wgrad(dW, gemm_operand(X, DT_ACT), gemm_operand(dY, DT_ACT), M, C, OC),
             };
             GemmCall fp8[3] = {
-                {Y, DT_ACT, w8, DT_E4M3, 1, x8, DT_E4M3, 0, OC, M, C, &s[0].scale_inv, &s[1].scale_inv, 0, 1},
-                {dX, DT_ACT, wt8, DT_E4M3, 1, dy8, DT_E5M2, 0, C, M, OC, &s[0].scale_inv, &s[2].scale_inv, 0, 0},
-                {dW, DT_F32, xt8, DT_E4M3, 1, dyt8, DT_E5M2, 0, C, OC, M, &s[1].scale_inv, &s[2].scale_inv, 1, 0},
+                gemm_fprop(Y, DT_ACT, gemm_operand_fp8(w8, DT_E4M3, &s[0].scale_inv), gemm_operand_fp8(x8, DT_E4M3, &s[1].scale_inv), M, C, OC),
+                gemm_dgrad(dX, DT_ACT, gemm_operand_fp8(wt8, DT_E4M3, &s[0].scale_inv), gemm_operand_fp8(dy8, DT_E5M2, &s[2].scale_inv), M, C, OC),
+                gemm_wgrad(dW, gemm_operand_fp8(xt8, DT_E4M3, &s[1].scale_inv), gemm_operand_fp8(dyt8, DT_E5M2, &s[2].scale_inv), M, C, OC),
             };
             const char* gemm_names[3] = {"fprop", "dgrad", "wgrad"};
             for (int g = 0; g < 3; g++) {
@@ -192,7 +176,7 @@ static int bench_gemm(void) {
                 double tb = time_gemm(&bf16[g]), tf = time_gemm(&fp8[g]);
                 total_bf16 += tb;
                 total_fp8 += tf;
-                printf("%-11s %-5s %-6s %6d %6d %6d | %9.1f %9.1f | %6.2fx\n", names[mi], LINEAR_NAMES[lin], gemm_names[g],
+                printf("%-11s %-5s %-6s %6zu %6zu %6zu | %9.1f %9.1f | %6.2fx\n", names[mi], LINEAR_NAMES[lin], gemm_names[g],
                        bf16[g].m, bf16[g].n, bf16[g].k, flops / tb / 1e9, flops / tf / 1e9, tb / tf);
             }
             void* bufs[] = {W, X, dY, Y, dX, dW, w8, wt8, x8, xt8, dy8, dyt8, s};
@@ -221,14 +205,13 @@ static Check CHECKS[] = {
     {"reference_fp8", check_reference_fp8, "GPU fp8 vs HF transformers (float64)"},
     {"cpu_vs_gpu_bf16", check_cpu_vs_gpu_bf16, "GPU bf16 vs the CPU build's bf16 on the same batch"},
     {"cpu_vs_gpu_fp8", check_cpu_vs_gpu_fp8, "GPU fp8 vs the CPU build's fp8 on the same batch"},
-    {"kernel_params", check_kernel_params, "params_from_master, AdamW vs CPU"},
+    {"kernel_optimizer", check_kernel_optimizer, "params_from_master, gradient-norm reduction, AdamW vs CPU"},
     {"kernel_encoder", check_kernel_encoder, "embedding forward/backward vs CPU"},
     {"kernel_rmsnorm", check_kernel_rmsnorm, "RMSNorm (+ fused residual) forward/backward vs CPU"},
     {"kernel_rope", check_kernel_rope, "RoPE forward/backward vs CPU"},
     {"kernel_attention", check_kernel_attention, "causal GQA attention forward/backward vs CPU"},
     {"kernel_swiglu", check_kernel_swiglu, "SwiGLU forward/backward vs CPU"},
     {"kernel_classifier", check_kernel_classifier, "fused softmax cross-entropy vs CPU"},
-    {"kernel_sum_squares", check_kernel_sum_squares, "gradient-norm reduction vs CPU"},
     {"kernel_fp8_cast", check_kernel_fp8_cast, "amax + FP8 cast-transpose bit-identical to CPU"},
     {"kernel_gemm", check_kernel_gemm, "cuBLASLt BF16/FP8 GEMMs vs the CPU emulation"},
     {"resume_bit_identical", check_resume_bit_identical, "GPU save -> load -> continue reproduces losses and weights"},

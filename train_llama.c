@@ -1,11 +1,11 @@
 /*
  * train_llama_cpu: the CPU reference build of the llm8 trainer. The model, recipe, files and command
- * line are the GPU trainer's (llama/model.h, llama/trainer.h); only the ops differ (llama/ops_cpu.h,
- * FP32 math that emulates the GPU's BF16 and FP8 numerics). See README.md for usage.
+ * line are the GPU trainer's; only the backend differs (FP32 math that emulates the GPU's BF16 and FP8
+ * numerics). See README.md for usage.
  */
-#include "llama/ops_cpu.h"
-#include "llama/model.h"
-#include "llama/trainer.h"
+#include "cpu/backend.h"    // defines: act_t = float, dev_* (host memory), op_* (OpenMP loops, the FP8 library's CPU emulation)
+#include "llama/model.h"    // defines: Llama, llama_build, llama_forward, llama_backward, llama_update
+#include "train/trainer.h"  // defines: train_main (command line, data, step loop, checkpoints, logs)
 
 #ifndef TESTING
 int main(int argc, char** argv) { return train_main(argc, argv); }

@@ -1,11 +1,11 @@
 /*
  * train_llama: the GPU build of the llm8 trainer. The model, recipe, files and command line are the CPU
- * reference's (llama/model.h, llama/trainer.h); only the backend differs (llama/ops_cuda.cuh: BF16
- * activations, cuBLASLt FP8/BF16 GEMMs, cuDNN attention). See README.md for usage.
+ * reference's; only the backend differs (BF16 activations, cuBLASLt FP8/BF16 GEMMs, cuDNN attention).
+ * See README.md for usage.
  */
-#include "llama/ops_cuda.cuh"
-#include "llama/model.h"
-#include "llama/trainer.h"
+#include "cuda/backend.cuh"  // defines: act_t = __nv_bfloat16, dev_* (device memory), op_* (kernels, cuBLASLt, cuDNN)
+#include "llama/model.h"     // defines: Llama, llama_build, llama_forward, llama_backward, llama_update
+#include "train/trainer.h"   // defines: train_main (command line, data, step loop, checkpoints, logs)
 
 #ifndef TESTING
 int main(int argc, char** argv) { return train_main(argc, argv); }

@@ -19,8 +19,8 @@
 #include <glob.h>
 #include <stdint.h>
 
-#include "../llama/common.h"
-#include "../llama/rng.h"
+#include "../core/common.h"
+#include "../core/rng.h"
 
 #define SHARD_MAGIC 20240520
 #define SHARD_HEADER_INTS 256

@@ -6,7 +6,7 @@
  */
 #pragma once
 
-#include "../llama/common.h"
+#include "../core/common.h"
 
 #define TOKENIZER_MAGIC 20251202
 #define TOKENIZER_HEADER_INTS 256

@@ -7,6 +7,9 @@
  *     (cuda_fp8.h's __nv_cvt_float_to_fp8 with __NV_SATFINITE, the conversion the GPU uses, bit for bit),
  *   - BF16 round-to-nearest-even, which the CPU build applies wherever the GPU stores BF16.
  * Vocabulary: `scale` multiplies before the cast, `scale_inv` = 1 / scale is what the GEMM receives.
+ * The rest of the FP8 library builds on this file: the GEMM contract and operand map (gemm.h), the casts
+ * and GEMMs of the CPU emulation (cast_cpu.h, gemm_cpu.h) and of the GPU (cast_cuda.cuh,
+ * gemm_cublaslt.cuh). The library depends on core/ only and knows nothing of the model.
  * References: OCP 8-bit Floating Point Specification (OFP8) rev 1.0; Micikevicius et al., "FP8 Formats
  * for Deep Learning" (2022); Transformer Engine docs, "Using FP8 with Transformer Engine".
  */
@@ -19,16 +22,12 @@
 
 #include <cuda_fp8.h>
 
-#include "../llama/common.h"
+#include "../core/common.h"
 
 typedef enum { FP8_E4M3 = 0, FP8_E5M2 = 1 } Fp8Format;
 
 #define E4M3_MAX 448.0f
-#define E4M3_MIN_NORMAL 0x1p-6f
-#define E4M3_MIN_SUBNORMAL 0x1p-9f
 #define E5M2_MAX 57344.0f
-#define E5M2_MIN_NORMAL 0x1p-14f
-#define E5M2_MIN_SUBNORMAL 0x1p-16f
 
 /* FP8 GEMMs (cuBLASLt on Hopper) need every dimension to be a multiple of this. */
 #define FP8_DIM_MULTIPLE 16

@@ -1,15 +1,24 @@
 /*
- * op_gemm of the CUDA backend: fp8/gemm.h's column-major contract on cuBLASLt, for BF16 x BF16 and the
- * FP8 GEMMs of the recipe (E4M3 x E4M3 fprop, E4M3 x E5M2 dgrad/wgrad), FP32 compute and scale type,
- * output BF16 or FP32 (wgrad accumulates into the FP32 gradient with beta = 1, C = D). FP8 operands
- * carry per-tensor scale_inv values in device memory that cuBLASLt reads as its A/B scale pointers, so no
- * host synchronization is needed between the cast that produces a scale and the GEMM that uses it.
- * The heuristic's algorithm is looked up once per GEMM shape and kept in a small table.
+ * gemm.h's column-major contract on cuBLASLt, for BF16 x BF16 and the FP8 GEMMs of the recipe
+ * (E4M3 x E4M3 fprop, E4M3 x E5M2 dgrad/wgrad), FP32 compute and scale type, output BF16 (DT_ACT) or FP32
+ * (wgrad accumulates into the FP32 gradient with beta = 1, C = D). FP8 operands carry per-tensor
+ * scale_inv values in device memory that cuBLASLt reads as its A/B scale pointers, so no host
+ * synchronization is needed between the cast that produces a scale and the GEMM that uses it. The
+ * heuristic's algorithm is looked up once per GEMM shape and kept in a small table.
  */
 #pragma once
 
+#include <cublasLt.h>
+
 #include "gemm.h"
-#include "../llama/cuda_common.cuh"
+#include "../core/cuda_utils.cuh"
+
+/* The cuBLAS / cuBLASLt status check every cuBLASLt call goes through. */
+static inline void cublas_check(cublasStatus_t status, const char* call, const char* file, int line) {
+    if (status != CUBLAS_STATUS_SUCCESS)
+        die("cuBLASLt error at %s:%d: %s: %s (%s)", file, line, call, cublasLtGetStatusString(status), cublasLtGetStatusName(status));
+}
+#define cublasCheck(call) cublas_check((call), #call, __FILE__, __LINE__)
 
 /* cuBLASLt workspace; 32 MiB is what NVIDIA recommends for Hopper (cuBLAS docs, cublasSetWorkspace). */
 #define CUBLASLT_WORKSPACE_BYTES ((size_t)32 << 20)
@@ -25,7 +34,8 @@ static void* g_cublaslt_workspace = NULL;
 typedef struct {
     int used;
     DType dt, at, bt;
-    int transA, transB, m, n, k, accumulate, fast_accum;
+    int transA, transB, accumulate, fast_accum;
+    size_t m, n, k;
     unsigned int align_a, align_b, align_d;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a_layout, b_layout, d_layout;
@@ -36,7 +46,7 @@ static GemmPlan g_gemm_plans[GEMM_CACHE_SIZE];
 static int g_gemm_next_victim = 0;
 
 /* Creates the cuBLASLt handle and workspace (once). */
-static inline void gemm_init(void) {
+static inline void gemm_cublaslt_init(void) {
     if (g_cublaslt) return;
     cublasCheck(cublasLtCreate(&g_cublaslt));
     cudaCheck(cudaMalloc(&g_cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES));
@@ -88,11 +98,11 @@ static inline void gemm_plan_build(GemmPlan* p, const GemmPlan* key) {
         cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
     }
     /* column-major layouts: op(A) m x k stored (transA ? k x m : m x k), op(B) k x n likewise, D m x n */
-    cublasCheck(cublasLtMatrixLayoutCreate(&p->a_layout, gemm_cuda_type(p->at), p->transA ? p->k : p->m,
-                                           p->transA ? p->m : p->k, p->transA ? p->k : p->m));
-    cublasCheck(cublasLtMatrixLayoutCreate(&p->b_layout, gemm_cuda_type(p->bt), p->transB ? p->n : p->k,
-                                           p->transB ? p->k : p->n, p->transB ? p->n : p->k));
-    cublasCheck(cublasLtMatrixLayoutCreate(&p->d_layout, gemm_cuda_type(p->dt), p->m, p->n, p->m));
+    uint64_t a_rows = p->transA ? p->k : p->m, a_cols = p->transA ? p->m : p->k;
+    uint64_t b_rows = p->transB ? p->n : p->k, b_cols = p->transB ? p->k : p->n;
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->a_layout, gemm_cuda_type(p->at), a_rows, a_cols, (int64_t)a_rows));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->b_layout, gemm_cuda_type(p->bt), b_rows, b_cols, (int64_t)b_rows));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->d_layout, gemm_cuda_type(p->dt), p->m, p->n, (int64_t)p->m));
 
     cublasLtMatmulPreference_t pref;
     cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
@@ -111,8 +121,9 @@ static inline void gemm_plan_build(GemmPlan* p, const GemmPlan* key) {
                                                            p->d_layout, pref, 1, &result, &found);
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
     if (status != CUBLAS_STATUS_NOT_SUPPORTED) cublasCheck(status);
-    if (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0)
-        die("cuBLASLt has no algorithm for the GEMM m %d n %d k %d, A %s%s, B %s%s, D %s%s, fast_accum %d "
+    /* the heuristic can return a result whose own state says it is unusable (cuBLASLt docs, cublasLtMatmulHeuristicResult_t) */
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
+        die("cuBLASLt has no algorithm for the GEMM m %zu n %zu k %zu, A %s%s, B %s%s, D %s%s, fast_accum %d "
             "(pointer alignments A %u B %u D %u bytes)",
             p->m, p->n, p->k, dtype_name(p->at), p->transA ? "^T" : "", dtype_name(p->bt), p->transB ? "^T" : "",
             dtype_name(p->dt), p->accumulate ? " +=" : "", p->fast_accum, p->align_a, p->align_b, p->align_d);
@@ -139,46 +150,40 @@ static inline GemmPlan* gemm_plan_get(const GemmPlan* key) {
 }
 
 /*
- * The GEMM contract of fp8/gemm.h (column-major, cuBLASLt semantics): D (m x n, ld m) =
- * scale_a * scale_b * op(A) op(B) [+ D], op(A) m x k (lda = transA ? k : m), op(B) k x n
- * (ldb = transB ? n : k), FP32 accumulation. D is DT_ACT (BF16) or DT_F32. For FP8 operands
- * scale_inv_a / scale_inv_b are DEVICE pointers to the operands' scale_inv (ignored otherwise);
- * fast_accum selects Hopper's FP8 fast accumulation. Stops with gemm_check's reason for a GEMM
- * cuBLASLt cannot run, and names the shape when the heuristic finds no algorithm. Asynchronous.
+ * Runs g (gemm.h: column-major, cuBLASLt semantics) on device memory: D (m x n) = scale_a * scale_b *
+ * op(A) op(B) [+ D] with FP32 accumulation; for FP8 operands the scale_inv pointers are DEVICE pointers.
+ * Stops with gemm_check's reason for a GEMM cuBLASLt cannot run, and names the shape when the heuristic
+ * finds no algorithm. Asynchronous (default stream).
  */
-static inline void op_gemm(void* D, DType dt, const void* A, DType at, int transA, const void* B, DType bt, int transB,
-                           int m, int n, int k, const float* scale_inv_a, const float* scale_inv_b, int accumulate,
-                           int fast_accum) {
+static inline void gemm_cublaslt(const GemmCall* g) {
     char why[256];
-    if (gemm_check(at, transA, bt, transB, m, n, k, why, sizeof(why))) die("%s", why);
-    if (dt != DT_F32 && dt != DT_ACT) die("GEMM output type %s is not supported", dtype_name(dt));
-    int fp8 = dtype_is_fp8(at);
-    if (fp8 && (scale_inv_a == NULL || scale_inv_b == NULL)) die("FP8 GEMM m %d n %d k %d without scale_inv pointers", m, n, k);
+    if (gemm_check(g, why, sizeof(why))) die("%s", why);
+    int fp8 = dtype_is_fp8(g->a.dtype);
     GemmPlan key;
     memset(&key, 0, sizeof(key));
-    key.dt = dt;
-    key.at = at;
-    key.bt = bt;
-    key.transA = transA ? 1 : 0;
-    key.transB = transB ? 1 : 0;
-    key.m = m;
-    key.n = n;
-    key.k = k;
-    key.accumulate = accumulate ? 1 : 0;
-    key.fast_accum = fp8 && fast_accum ? 1 : 0;
-    key.align_a = gemm_alignment(A);
-    key.align_b = gemm_alignment(B);
-    key.align_d = gemm_alignment(D);
+    key.dt = g->d_type;
+    key.at = g->a.dtype;
+    key.bt = g->b.dtype;
+    key.transA = g->trans_a ? 1 : 0;
+    key.transB = g->trans_b ? 1 : 0;
+    key.m = g->m;
+    key.n = g->n;
+    key.k = g->k;
+    key.accumulate = g->accumulate ? 1 : 0;
+    key.fast_accum = fp8 && g->fast_accum ? 1 : 0;
+    key.align_a = gemm_alignment(g->a.data);
+    key.align_b = gemm_alignment(g->b.data);
+    key.align_d = gemm_alignment(g->d);
     key.used = 1;
     GemmPlan* p = gemm_plan_get(&key);
     if (fp8) {
         /* the pointers change per call (one Fp8Scale per operand); the algorithm does not depend on them */
-        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_inv_a,
-                                                   sizeof(scale_inv_a)));
-        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_inv_b,
-                                                   sizeof(scale_inv_b)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g->a.scale_inv,
+                                                   sizeof(g->a.scale_inv)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g->b.scale_inv,
+                                                   sizeof(g->b.scale_inv)));
     }
-    float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    cublasCheck(cublasLtMatmul(g_cublaslt, p->desc, &alpha, A, p->a_layout, B, p->b_layout, &beta, D, p->d_layout, D,
-                               p->d_layout, &p->algo, g_cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, 0));
+    float alpha = 1.0f, beta = g->accumulate ? 1.0f : 0.0f;
+    cublasCheck(cublasLtMatmul(g_cublaslt, p->desc, &alpha, g->a.data, p->a_layout, g->b.data, p->b_layout, &beta, g->d,
+                               p->d_layout, g->d, p->d_layout, &p->algo, g_cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, 0));
 }

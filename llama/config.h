@@ -9,7 +9,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "common.h"
+#include "../core/common.h"
 #include "../fp8/fp8.h"
 
 typedef struct {

@@ -1,11 +1,11 @@
 /*
  * The Llama-2 model as both builds run it: the buffers (one allocation each for parameters, gradients,
- * optimizer state, activations and FP8 copies, laid out by tables and printed in MiB), the forward and
- * backward passes as straight sequences of named ops, the FP8 recipe of the linear layers, and the
- * AdamW update. This header is compiled twice: by gcc into train_llama_cpu, after llama/ops_cpu.h, and by
- * nvcc into train_llama, after llama/ops_cuda.cuh. The included backend defines `act_t` (float on the
- * CPU, __nv_bfloat16 on the GPU), the dev_* memory functions and the op_* ops whose contracts are
- * written in ops_cpu.h; pointers below are device pointers on the GPU.
+ * optimizer state, activations and FP8 copies, laid out by tables and printed in MiB), the linear layers
+ * with their FP8 recipe, the forward and backward passes as straight sequences of named ops, and the
+ * AdamW update. This header is compiled twice: by gcc into train_llama_cpu, after cpu/backend.h, and by
+ * nvcc into train_llama, after cuda/backend.cuh. The backend defines `act_t` (float on the CPU,
+ * __nv_bfloat16 on the GPU) and the functions of the contract llama/backend.h, which is all this file
+ * calls; pointers below are device pointers on the GPU.
  *
  * Model (HF LlamaForCausalLM): x = embed(tokens); per layer
  *   h = x + wo(attn(rope(wqkv(rmsnorm(x)))));  x = h + w2(silu(w1 rmsnorm(h)) * w3 rmsnorm(h));
@@ -17,7 +17,7 @@
 
 #include <math.h>
 
-#include "checkpoint.h"
+#include "backend.h"
 #include "config.h"
 #include "optim.h"
 #include "params.h"
@@ -27,9 +27,15 @@
 typedef PARAM_TENSORS_STRUCT(act_t) ParamTensors;
 typedef PARAM_TENSORS_STRUCT(float) GradTensors;
 
-/* The four FP8 linear layers of a block; slot = layer * LIN_PER_LAYER + which. */
-enum { LIN_QKV, LIN_WO, LIN_W13, LIN_W2, LIN_PER_LAYER };
-static const char* const LINEAR_NAMES[LIN_PER_LAYER] = {"wqkv", "wo", "w13", "w2"};
+/*
+ * The linear layers: four per block (wqkv, wo, w13, w2: the FP8 GEMMs of -p fp8, slot = layer *
+ * LIN_PER_LAYER + which) and the output layer, which stays in the activation type (DESIGN.md section 3).
+ */
+typedef enum { LIN_QKV, LIN_WO, LIN_W13, LIN_W2, LIN_OUTPUT } LinearId;
+#define LIN_PER_LAYER 4
+static const char* const LINEAR_NAMES[] = {"wqkv", "wo", "w13", "w2", "output"};
+/* The `layer` argument of the output layer, which belongs to no block. */
+#define NO_LAYER (-1)
 /* The three FP8 operands of a linear layer: weight (E4M3), input X (E4M3), output gradient dY (E5M2). */
 enum { FP8_OP_W, FP8_OP_X, FP8_OP_DY, FP8_OPS };
 static const char* const FP8_OPERAND_NAMES[FP8_OPS] = {"W", "X", "dY"};
@@ -39,8 +45,6 @@ typedef struct {
     uint8_t* w;   /* (OC, C) E4M3 copy of W, made once per optimizer step: fprop's A operand */
     uint8_t* wt;  /* (C, OC) E4M3 copy of W^T from the same cast: dgrad's A operand */
     uint8_t* xt;  /* (C, N) E4M3 copy of X^T saved by fprop: wgrad's A operand */
-    int in_dim;   /* C */
-    int out_dim;  /* OC */
 } Fp8Linear;
 
 typedef struct {
@@ -52,7 +56,7 @@ typedef struct {
     act_t* ln_attn;    /* (L, N, C), or (N, C) scratch when backward does not need it (FP8 keeps xt; -r 1 recomputes) */
     act_t* qkv;        /* (L, N, QKV) q, k after RoPE, v */
     act_t* att;        /* (L, N, C) attention output, before wo */
-    float* att_stats;  /* (L, ATT_STATS_SIZE(B, NH, T)) what attention backward needs, backend-specific */
+    float* att_stats;  /* (L, att_stats_size(B, NH, T)) what attention backward needs, backend-specific */
     act_t* ln_ffn;     /* (L, N, C) or (N, C) scratch, as ln_attn */
     act_t* fc;         /* (L, N, 2F) [w1 x, w3 x] */
     act_t* swiglu;     /* (L, N, F) or (N, F) scratch, as ln_attn */
@@ -105,6 +109,9 @@ typedef struct {
     float* losses_host;        /* (B*T) */
     int last_B, last_T;        /* shape of the last forward */
 } Llama;
+
+/* Activation buffers (the fields of Acts): the size of the table llama_acts_table fills. */
+#define NUM_ACT_BUFFERS (sizeof(Acts) / sizeof(void*))
 
 /* One named buffer of a layout table. */
 typedef struct {
@@ -167,7 +174,7 @@ static inline int llama_acts_table(Llama* m, BufferSpec* s) {
     SPEC(ln_attn, keep * N * C, a);
     SPEC(qkv, L * N * QKV, a);
     SPEC(att, L * N * C, a);
-    SPEC(att_stats, L * (size_t)ATT_STATS_SIZE(m->B, c->n_heads, m->T), f);
+    SPEC(att_stats, L * att_stats_size((size_t)m->B, c->n_heads, m->T), f);
     SPEC(ln_ffn, keep * N * C, a);
     SPEC(fc, L * N * 2 * F, a);
     SPEC(swiglu, keep * N * F, a);
@@ -186,24 +193,17 @@ static inline int llama_acts_table(Llama* m, BufferSpec* s) {
     SPEC(dy8, fp8 ? N * (dmax > C ? dmax : C) : 0, 1);
     SPEC(dyt8, fp8 ? N * (dmax > C ? dmax : C) : 0, 1);
 #undef SPEC
+    if ((size_t)n != NUM_ACT_BUFFERS) die("activation table has %d buffers, Acts has %zu fields", n, NUM_ACT_BUFFERS);
     return n;
 }
 
 /* Output width OC and input width C of linear layer `lin`. */
-static inline void llama_linear_dims(const LlamaConfig* c, int lin, int* out_dim, int* in_dim) {
-    int C = c->dim, F = c->ffn_dim;
-    int outs[LIN_PER_LAYER] = {llama_qkv_dim(c), C, 2 * F, C};
-    int ins[LIN_PER_LAYER] = {C, C, C, F};
+static inline void llama_linear_dims(const LlamaConfig* c, LinearId lin, size_t* out_dim, size_t* in_dim) {
+    size_t C = (size_t)c->dim, F = (size_t)c->ffn_dim;
+    size_t outs[] = {(size_t)llama_qkv_dim(c), C, 2 * F, C, (size_t)c->vocab_size};
+    size_t ins[] = {C, C, C, F, C};
     *out_dim = outs[lin];
     *in_dim = ins[lin];
-}
-
-/* The working weight (OC, C) of linear layer `lin` of `layer`. */
-static inline act_t* llama_linear_weight(Llama* m, int layer, int lin) {
-    int OC, C;
-    llama_linear_dims(&m->cfg, lin, &OC, &C);
-    act_t* base[LIN_PER_LAYER] = {m->params.wqkv, m->params.wo, m->params.w13, m->params.w2};
-    return base[lin] + (size_t)layer * OC * C;
 }
 
 /*
@@ -241,7 +241,7 @@ static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision preci
     dev_zero(m->adam_v, P * sizeof(float));
     dev_zero(m->grads_memory, P * sizeof(float));
 
-    BufferSpec acts[32];
+    BufferSpec acts[NUM_ACT_BUFFERS];
     int nacts = llama_acts_table(m, acts);
     m->acts_bytes = buffers_bytes(acts, nacts);
     buffers_print("activations", acts, nacts);
@@ -257,9 +257,9 @@ static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision preci
     if (precision == PRECISION_FP8) {
         size_t per_layer = 0;
         for (int lin = 0; lin < LIN_PER_LAYER; lin++) {
-            int OC, C;
-            llama_linear_dims(cfg, lin, &OC, &C);
-            per_layer += 2 * (size_t)OC * C;
+            size_t OC, C;
+            llama_linear_dims(cfg, (LinearId)lin, &OC, &C);
+            per_layer += 2 * OC * C;
         }
         printf("| FP8 weight copies (W and W^T): %.1f MiB\n", mib(L * per_layer));
         m->fp8_weights = (uint8_t*)dev_alloc(L * per_layer);
@@ -269,13 +269,13 @@ static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision preci
         for (size_t l = 0; l < L; l++) {
             for (int lin = 0; lin < LIN_PER_LAYER; lin++) {
                 Fp8Linear* f = &m->fp8_linear[llama_slot((int)l, lin)];
-                llama_linear_dims(cfg, lin, &f->out_dim, &f->in_dim);
-                size_t elems = (size_t)f->out_dim * f->in_dim;
+                size_t OC, C;
+                llama_linear_dims(cfg, (LinearId)lin, &OC, &C);
                 f->w = w;
-                f->wt = w + elems;
-                w += 2 * elems;
+                f->wt = w + OC * C;
+                w += 2 * OC * C;
                 f->xt = xt;
-                xt += (size_t)f->in_dim * N;
+                xt += C * N;
             }
         }
     }
@@ -327,66 +327,108 @@ static inline void llama_get_params(Llama* m, float* params) {
     dev_download(params, m->master, m->num_params * sizeof(float));
 }
 
+/* A linear layer as its GEMMs see it: y (N, OC) = x (N, C) weight^T. */
+typedef struct {
+    act_t* weight;  /* (OC, C) working weight */
+    float* dweight; /* (OC, C) FP32 gradient */
+    size_t in_dim;  /* C */
+    size_t out_dim; /* OC */
+    Fp8Linear* fp8; /* its FP8 buffers when it runs FP8 GEMMs, else NULL */
+    size_t slot;    /* index of its FP8 scales and counts (fp8 only) */
+} Linear;
+
+/* Linear layer `lin` of block `layer` (NO_LAYER for LIN_OUTPUT). */
+static inline Linear llama_linear(Llama* m, int layer, LinearId lin) {
+    Linear x;
+    memset(&x, 0, sizeof(x));
+    llama_linear_dims(&m->cfg, lin, &x.out_dim, &x.in_dim);
+    if (lin == LIN_OUTPUT) {
+        x.weight = m->params.output;
+        x.dweight = m->grads.output;
+        return x;
+    }
+    act_t* weights[LIN_PER_LAYER] = {m->params.wqkv, m->params.wo, m->params.w13, m->params.w2};
+    float* grads[LIN_PER_LAYER] = {m->grads.wqkv, m->grads.wo, m->grads.w13, m->grads.w2};
+    size_t per_layer = x.out_dim * x.in_dim;
+    x.weight = weights[lin] + (size_t)layer * per_layer;
+    x.dweight = grads[lin] + (size_t)layer * per_layer;
+    x.slot = llama_slot(layer, lin);
+    if (m->precision == PRECISION_FP8) x.fp8 = &m->fp8_linear[x.slot];
+    return x;
+}
+
+/* Tokens of the last forward's micro-batch: the N of every GEMM. */
+static inline size_t llama_tokens(const Llama* m) { return (size_t)m->last_B * m->last_T; }
+
 /*
- * Casts every linear weight to E4M3 with its own current scale, writing W and W^T in one pass
+ * Casts every FP8 linear weight to E4M3 with its own current scale, writing W and W^T in one pass
  * (DESIGN.md: once per optimizer step, reused by every micro-batch, bytes and scale always in step).
  */
 static inline void llama_fp8_refresh_weights(Llama* m) {
     for (int l = 0; l < m->cfg.n_layers; l++) {
         for (int lin = 0; lin < LIN_PER_LAYER; lin++) {
-            size_t slot = llama_slot(l, lin);
-            Fp8Linear* f = &m->fp8_linear[slot];
-            const act_t* w = llama_linear_weight(m, l, lin);
-            Fp8Scale* s = fp8_scale(m, slot, FP8_OP_W);
-            op_amax(s, w, (size_t)f->out_dim * f->in_dim);
-            op_cast_transpose(f->w, f->wt, w, (size_t)f->out_dim, (size_t)f->in_dim, FP8_E4M3, s, m->pow2_scales,
-                              fp8_counts(m, slot, FP8_OP_W));
+            Linear x = llama_linear(m, l, (LinearId)lin);
+            if (x.fp8 == NULL) continue;
+            Fp8Scale* s = fp8_scale(m, x.slot, FP8_OP_W);
+            op_amax(s, x.weight, x.out_dim * x.in_dim);
+            op_cast_transpose(x.fp8->w, x.fp8->wt, x.weight, x.out_dim, x.in_dim, FP8_E4M3, s, m->pow2_scales,
+                              fp8_counts(m, x.slot, FP8_OP_W));
         }
     }
     m->fp8_weights_valid = 1;
 }
 
 /*
- * fprop of a linear layer: out (N, OC) = inp (N, C) W^T, W (OC, C). slot >= 0 and -p fp8: an FP8 GEMM
- * (E4M3 x E4M3, fast accumulation) on inp cast with its just-in-time scale; the cast also writes X^T,
- * kept in the slot for wgrad. Otherwise a GEMM in the activation type with FP32 accumulation.
+ * fprop of linear layer `lin` of block `layer`: out (N, OC) = inp (N, C) W^T, N = the forward's B*T.
+ * An FP8 layer casts inp to E4M3 with its just-in-time scale, keeping the X^T copy for wgrad, and runs
+ * E4M3 x E4M3 with fast accumulation; any other layer runs a GEMM in the activation type.
  */
-static inline void linear_forward(Llama* m, act_t* out, const act_t* inp, const act_t* weight, int slot, size_t N,
-                                  int C, int OC) {
-    if (slot < 0 || m->precision != PRECISION_FP8) {
-        op_gemm(out, DT_ACT, weight, DT_ACT, 1, inp, DT_ACT, 0, OC, (int)N, C, NULL, NULL, 0, 0);
+static inline void linear_forward(Llama* m, int layer, LinearId lin, act_t* out, const act_t* inp) {
+    Linear x = llama_linear(m, layer, lin);
+    size_t N = llama_tokens(m), C = x.in_dim, OC = x.out_dim;
+    if (x.fp8 == NULL) {
+        GemmCall g = gemm_fprop(out, DT_ACT, gemm_operand(x.weight, DT_ACT), gemm_operand(inp, DT_ACT), N, C, OC);
+        op_gemm(&g);
         return;
     }
-    Fp8Linear* f = &m->fp8_linear[slot];
-    Fp8Scale* sx = fp8_scale(m, (size_t)slot, FP8_OP_X);
-    op_amax(sx, inp, N * (size_t)C);
-    op_cast_transpose(m->acts.x8, f->xt, inp, N, (size_t)C, FP8_E4M3, sx, m->pow2_scales, fp8_counts(m, (size_t)slot, FP8_OP_X));
-    op_gemm(out, DT_ACT, f->w, DT_E4M3, 1, m->acts.x8, DT_E4M3, 0, OC, (int)N, C,
-            &fp8_scale(m, (size_t)slot, FP8_OP_W)->scale_inv, &sx->scale_inv, 0, 1);
+    Fp8Scale* sw = fp8_scale(m, x.slot, FP8_OP_W);
+    Fp8Scale* sx = fp8_scale(m, x.slot, FP8_OP_X);
+    op_amax(sx, inp, N * C);
+    op_cast_transpose(m->acts.x8, x.fp8->xt, inp, N, C, FP8_E4M3, sx, m->pow2_scales, fp8_counts(m, x.slot, FP8_OP_X));
+    GemmCall g = gemm_fprop(out, DT_ACT, gemm_operand_fp8(x.fp8->w, DT_E4M3, &sw->scale_inv),
+                            gemm_operand_fp8(m->acts.x8, DT_E4M3, &sx->scale_inv), N, C, OC);
+    op_gemm(&g);
 }
 
 /*
- * dgrad and wgrad of a linear layer: dinp (N, C) = dout (N, OC) W; dweight (OC, C) += dout^T inp (FP32).
- * In -p fp8, dout is cast to E5M2 (and E5M2 dout^T) with its just-in-time scale; dgrad multiplies the
- * E4M3 W^T copy, wgrad the E4M3 X^T saved by fprop; fast accumulation is off for both (TE's default
- * for the backward GEMMs). Otherwise GEMMs in the activation type.
+ * dgrad and wgrad of linear layer `lin` of block `layer`: dinp (N, C) = dout (N, OC) W and
+ * dW (OC, C) FP32 += dout^T inp. An FP8 layer casts dout to E5M2 (and dout^T) with its just-in-time
+ * scale; dgrad multiplies the E4M3 W^T copy, wgrad the E4M3 X^T saved by fprop (inp is not read); fast
+ * accumulation is off for both (TE's default for the backward GEMMs). Otherwise GEMMs in the activation
+ * type.
  */
-static inline void linear_backward(Llama* m, act_t* dinp, float* dweight, const act_t* dout, const act_t* inp,
-                                   const act_t* weight, int slot, size_t N, int C, int OC) {
-    if (slot < 0 || m->precision != PRECISION_FP8) {
-        op_gemm(dinp, DT_ACT, weight, DT_ACT, 0, dout, DT_ACT, 0, C, (int)N, OC, NULL, NULL, 0, 0);
-        op_gemm(dweight, DT_F32, inp, DT_ACT, 0, dout, DT_ACT, 1, C, OC, (int)N, NULL, NULL, 1, 0);
+static inline void linear_backward(Llama* m, int layer, LinearId lin, act_t* dinp, const act_t* dout, const act_t* inp) {
+    Linear x = llama_linear(m, layer, lin);
+    size_t N = llama_tokens(m), C = x.in_dim, OC = x.out_dim;
+    if (x.fp8 == NULL) {
+        GemmCall dgrad = gemm_dgrad(dinp, DT_ACT, gemm_operand(x.weight, DT_ACT), gemm_operand(dout, DT_ACT), N, C, OC);
+        op_gemm(&dgrad);
+        GemmCall wgrad = gemm_wgrad(x.dweight, gemm_operand(inp, DT_ACT), gemm_operand(dout, DT_ACT), N, C, OC);
+        op_gemm(&wgrad);
         return;
     }
-    Fp8Linear* f = &m->fp8_linear[slot];
-    Fp8Scale* sdy = fp8_scale(m, (size_t)slot, FP8_OP_DY);
-    op_amax(sdy, dout, N * (size_t)OC);
-    op_cast_transpose(m->acts.dy8, m->acts.dyt8, dout, N, (size_t)OC, FP8_E5M2, sdy, m->pow2_scales,
-                      fp8_counts(m, (size_t)slot, FP8_OP_DY));
-    op_gemm(dinp, DT_ACT, f->wt, DT_E4M3, 1, m->acts.dy8, DT_E5M2, 0, C, (int)N, OC,
-            &fp8_scale(m, (size_t)slot, FP8_OP_W)->scale_inv, &sdy->scale_inv, 0, 0);
-    op_gemm(dweight, DT_F32, f->xt, DT_E4M3, 1, m->acts.dyt8, DT_E5M2, 0, C, OC, (int)N,
-            &fp8_scale(m, (size_t)slot, FP8_OP_X)->scale_inv, &sdy->scale_inv, 1, 0);
+    Fp8Scale* sw = fp8_scale(m, x.slot, FP8_OP_W);
+    Fp8Scale* sx = fp8_scale(m, x.slot, FP8_OP_X);
+    Fp8Scale* sdy = fp8_scale(m, x.slot, FP8_OP_DY);
+    op_amax(sdy, dout, N * OC);
+    op_cast_transpose(m->acts.dy8, m->acts.dyt8, dout, N, OC, FP8_E5M2, sdy, m->pow2_scales,
+                      fp8_counts(m, x.slot, FP8_OP_DY));
+    GemmCall dgrad = gemm_dgrad(dinp, DT_ACT, gemm_operand_fp8(x.fp8->wt, DT_E4M3, &sw->scale_inv),
+                                gemm_operand_fp8(m->acts.dy8, DT_E5M2, &sdy->scale_inv), N, C, OC);
+    op_gemm(&dgrad);
+    GemmCall wgrad = gemm_wgrad(x.dweight, gemm_operand_fp8(x.fp8->xt, DT_E4M3, &sx->scale_inv),
+                                gemm_operand_fp8(m->acts.dyt8, DT_E5M2, &sdy->scale_inv), N, C, OC);
+    op_gemm(&wgrad);
 }
 
 /* Pointer to layer l's slice of a per-layer activation buffer of `per` elements per layer. */
@@ -407,7 +449,7 @@ static inline float llama_forward(Llama* m, const int* inputs, const int* target
     int C = c->dim, L = c->n_layers, NH = c->n_heads, NKV = c->n_kv_heads, HS = llama_head_dim(c);
     int F = c->ffn_dim, V = c->vocab_size, QKV = llama_qkv_dim(c);
     int keep = llama_keeps_linear_inputs(m);
-    size_t NC = N * C, NF = N * F, stats_per = (size_t)ATT_STATS_SIZE(m->B, NH, m->T);
+    size_t NC = N * C, NF = N * F, stats_per = att_stats_size((size_t)m->B, NH, m->T);
     Acts* a = &m->acts;
     ParamTensors* p = &m->params;
     if (m->precision == PRECISION_FP8 && !m->fp8_weights_valid) llama_fp8_refresh_weights(m);
@@ -434,18 +476,18 @@ static inline float llama_forward(Llama* m, const int* inputs, const int* target
         float* next_rstd = last ? a->rstd_final : LAYER(a->rstd_attn, l + 1, N);
         const act_t* next_norm = last ? p->norm : LAYER(p->attn_norm, l + 1, C);
 
-        linear_forward(m, qkv, ln_attn, llama_linear_weight(m, l, LIN_QKV), (int)llama_slot(l, LIN_QKV), N, C, QKV);
+        linear_forward(m, l, LIN_QKV, qkv, ln_attn);
         op_rope_forward(qkv, m->rope_cos, m->rope_sin, B, T, NH, NKV, HS);
         op_attention_forward(att, stats, qkv, B, T, NH, NKV, HS);
-        linear_forward(m, a->branch, att, llama_linear_weight(m, l, LIN_WO), (int)llama_slot(l, LIN_WO), N, C, C);
+        linear_forward(m, l, LIN_WO, a->branch, att);
         op_residual_rmsnorm_forward(mid, ln_ffn, LAYER(a->rstd_ffn, l, N), x, a->branch, LAYER(p->ffn_norm, l, C), N, C,
                                     c->norm_eps);
-        linear_forward(m, fc, ln_ffn, llama_linear_weight(m, l, LIN_W13), (int)llama_slot(l, LIN_W13), N, C, 2 * F);
+        linear_forward(m, l, LIN_W13, fc, ln_ffn);
         op_swiglu_forward(sw, fc, N, F);
-        linear_forward(m, a->branch, sw, llama_linear_weight(m, l, LIN_W2), (int)llama_slot(l, LIN_W2), N, F, C);
+        linear_forward(m, l, LIN_W2, a->branch, sw);
         op_residual_rmsnorm_forward(next, next_ln, next_rstd, mid, a->branch, next_norm, N, C, c->norm_eps);
     }
-    linear_forward(m, a->logits, a->ln_final, p->output, -1, N, C, V);                          /* (N, V) */
+    linear_forward(m, NO_LAYER, LIN_OUTPUT, a->logits, a->ln_final);                              /* (N, V) */
     if (targets == NULL) return 0.0f;
     dev_upload(m->targets, targets, N * sizeof(int));
     op_classifier(a->logits, a->losses, m->targets, N, V, dloss);
@@ -464,16 +506,16 @@ static inline void llama_backward(Llama* m) {
     int B = m->last_B, T = m->last_T;
     size_t N = (size_t)B * T;
     int C = c->dim, L = c->n_layers, NH = c->n_heads, NKV = c->n_kv_heads, HS = llama_head_dim(c);
-    int F = c->ffn_dim, V = c->vocab_size, QKV = llama_qkv_dim(c);
+    int F = c->ffn_dim, QKV = llama_qkv_dim(c);
     int keep = llama_keeps_linear_inputs(m);
     int fp8 = m->precision == PRECISION_FP8;
-    size_t NC = N * C, NF = N * F, stats_per = (size_t)ATT_STATS_SIZE(m->B, NH, m->T);
+    size_t NC = N * C, NF = N * F, stats_per = att_stats_size((size_t)m->B, NH, m->T);
     Acts* a = &m->acts;
     ParamTensors* p = &m->params;
     GradTensors* g = &m->grads;
 
     dev_zero(a->d_resid, NC * sizeof(act_t));
-    linear_backward(m, a->d_ln, g->output, a->logits, a->ln_final, p->output, -1, N, C, V);      /* (N, C) */
+    linear_backward(m, NO_LAYER, LIN_OUTPUT, a->d_ln, a->logits, a->ln_final);                   /* (N, C) */
     op_rmsnorm_backward(a->d_resid, g->norm, a->d_ln, LAYER(a->resid, L, NC), p->norm, a->rstd_final, N, C);
     for (int l = L - 1; l >= 0; l--) {
         act_t* x = LAYER(a->resid, l, NC);
@@ -494,19 +536,15 @@ static inline void llama_backward(Llama* m) {
             op_rmsnorm_forward(ln_ffn, rstd_ffn, mid, LAYER(p->ffn_norm, l, C), N, C, c->norm_eps);
             op_swiglu_forward(sw, fc, N, F);
         }
-        linear_backward(m, a->d_swiglu, LAYER(g->w2, l, (size_t)C * F), a->d_resid, sw, llama_linear_weight(m, l, LIN_W2),
-                        (int)llama_slot(l, LIN_W2), N, F, C);                                     /* (N, F) */
+        linear_backward(m, l, LIN_W2, a->d_swiglu, a->d_resid, sw);                               /* (N, F) */
         op_swiglu_backward(a->d_fc, a->d_swiglu, fc, N, F);                                       /* (N, 2F) */
-        linear_backward(m, a->d_ln, LAYER(g->w13, l, (size_t)2 * F * C), a->d_fc, ln_ffn, llama_linear_weight(m, l, LIN_W13),
-                        (int)llama_slot(l, LIN_W13), N, C, 2 * F);                                /* (N, C) */
+        linear_backward(m, l, LIN_W13, a->d_ln, a->d_fc, ln_ffn);                                 /* (N, C) */
         op_rmsnorm_backward(a->d_resid, LAYER(g->ffn_norm, l, C), a->d_ln, mid, LAYER(p->ffn_norm, l, C), rstd_ffn, N, C);
-        linear_backward(m, a->d_att, LAYER(g->wo, l, (size_t)C * C), a->d_resid, att, llama_linear_weight(m, l, LIN_WO),
-                        (int)llama_slot(l, LIN_WO), N, C, C);                                     /* (N, C) */
+        linear_backward(m, l, LIN_WO, a->d_att, a->d_resid, att);                                 /* (N, C) */
         op_attention_backward(a->d_qkv, a->d_att, qkv, att, stats, B, T, NH, NKV, HS);            /* (N, QKV) */
         op_rope_backward(a->d_qkv, m->rope_cos, m->rope_sin, B, T, NH, NKV, HS);
         if (!keep && !fp8) op_rmsnorm_forward(ln_attn, rstd_attn, x, LAYER(p->attn_norm, l, C), N, C, c->norm_eps);
-        linear_backward(m, a->d_ln, LAYER(g->wqkv, l, (size_t)QKV * C), a->d_qkv, ln_attn, llama_linear_weight(m, l, LIN_QKV),
-                        (int)llama_slot(l, LIN_QKV), N, C, QKV);                                  /* (N, C) */
+        linear_backward(m, l, LIN_QKV, a->d_ln, a->d_qkv, ln_attn);                               /* (N, C) */
         op_rmsnorm_backward(a->d_resid, LAYER(g->attn_norm, l, C), a->d_ln, x, LAYER(p->attn_norm, l, C), rstd_attn, N, C);
     }
     op_encoder_backward(g->tok_embeddings, a->d_resid, m->inputs, m->inputs_host, N, C);
@@ -521,15 +559,22 @@ typedef struct {
     size_t offset, count;
 } GradSegment;
 
-/* Number of gradient segments: tok_embeddings, six per-layer tensors per layer, norm, output. */
-#define LLAMA_GRAD_SEGMENTS(L) (3 + 6 * (size_t)(L))
+/* Per-layer tensors (attn_norm, wqkv, wo, ffn_norm, w13, w2) and the others (tok_embeddings, norm, output). */
+static inline int param_is_per_layer(int tensor) { return tensor != P_TOK_EMBEDDINGS && tensor != P_NORM && tensor != P_OUTPUT; }
 
-/* Splits the gradient into per-tensor, per-layer segments; returns how many (LLAMA_GRAD_SEGMENTS). */
+/* Number of gradient segments: one per tensor that is not per layer, one per layer of the others. */
+static inline size_t llama_grad_segment_count(int n_layers) {
+    size_t n = 0;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) n += param_is_per_layer(t) ? (size_t)n_layers : 1;
+    return n;
+}
+
+/* Splits the gradient into per-tensor, per-layer segments; returns how many (llama_grad_segment_count). */
 static inline int llama_grad_segments(const Llama* m, GradSegment* seg) {
     size_t off = 0;
     int n = 0;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        int per_layer = t != P_TOK_EMBEDDINGS && t != P_NORM && t != P_OUTPUT;
+        int per_layer = param_is_per_layer(t);
         int parts = per_layer ? m->cfg.n_layers : 1;
         size_t each = m->param_sizes[t] / (size_t)parts;
         for (int k = 0; k < parts; k++) {
@@ -549,7 +594,7 @@ static inline int llama_grad_segments(const Llama* m, GradSegment* seg) {
  * (llama_grad_segments order) whose sum of squares is not finite, else -1.
  */
 static inline float llama_grad_norm(Llama* m, int* bad) {
-    GradSegment* seg = (GradSegment*)mallocCheck(LLAMA_GRAD_SEGMENTS(m->cfg.n_layers) * sizeof(GradSegment));
+    GradSegment* seg = (GradSegment*)mallocCheck(llama_grad_segment_count(m->cfg.n_layers) * sizeof(GradSegment));
     int n = llama_grad_segments(m, seg);
     double total = 0.0;
     *bad = -1;
@@ -564,7 +609,7 @@ static inline float llama_grad_norm(Llama* m, int* bad) {
 
 /* "wqkv[layer 3]" style name of gradient segment `index`. */
 static inline void llama_segment_name(const Llama* m, int index, char* out, size_t len) {
-    GradSegment* seg = (GradSegment*)mallocCheck(LLAMA_GRAD_SEGMENTS(m->cfg.n_layers) * sizeof(GradSegment));
+    GradSegment* seg = (GradSegment*)mallocCheck(llama_grad_segment_count(m->cfg.n_layers) * sizeof(GradSegment));
     llama_grad_segments(m, seg);
     if (seg[index].layer < 0) snprintf(out, len, "%s", PARAM_NAMES[seg[index].tensor]);
     else snprintf(out, len, "%s[layer %d]", PARAM_NAMES[seg[index].tensor], seg[index].layer);

@@ -1,13 +1,13 @@
 /*
- * The per-element math of the model's ops, written once for both backends (llama/ops_cpu.h loops over
- * it, llama/kernels.cuh runs it per thread), so the two builds evaluate the same formulas and differ only
+ * The per-element math of the model's ops, written once for both backends (cpu/backend.h loops over
+ * it, the kernels of cuda/ run it per thread), so the two builds evaluate the same formulas and differ only
  * in how they sum and where they round. Host + device; inputs and results in FP32.
  */
 #pragma once
 
 #include <math.h>
 
-#include "common.h"
+#include "../core/common.h"
 
 /* RoPE, HF rotate-half: (x1, x2) = (x_i, x_{i+HS/2}) rotated by the angle whose cos/sin are c, s. The
    backward pass applies the transpose rotation, i.e. the same with -s. */

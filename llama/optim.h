@@ -7,7 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "common.h"
+#include "../core/common.h"
 
 #define ADAMW_BETA1 0.9f
 #define ADAMW_BETA2 0.95f

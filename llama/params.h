@@ -11,7 +11,7 @@
 #include <math.h>
 
 #include "config.h"
-#include "rng.h"
+#include "../core/rng.h"
 
 enum {
     P_TOK_EMBEDDINGS, /* (V, C) */
@@ -131,9 +131,4 @@ static inline void llama_init_params_range(const LlamaConfig* c, uint64_t seed, 
             }
         }
     }
-}
-
-/* The whole parameter vector (param_count(c) floats), as llama_init_params_range. */
-static inline void llama_init_params(const LlamaConfig* c, float* params, uint64_t seed) {
-    llama_init_params_range(c, seed, 0, param_count(c), params);
 }

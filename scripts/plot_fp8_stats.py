@@ -3,7 +3,7 @@
     python scripts/plot_fp8_stats.py runs/cmp_fp8            # reads runs/cmp_fp8/fp8_stats.csv
     python scripts/plot_fp8_stats.py some/fp8_stats.csv --out stats.png
 
-The CSV is llama/logger.h's fp8_stats.csv: one row per FP8 GEMM operand and layer on each logged step,
+The CSV is train/logger.h's fp8_stats.csv: one row per FP8 GEMM operand and layer on each logged step,
 `step,layer,gemm,operand,format,amax,scale,saturated_frac,underflow_frac`. amax is max|x| of the tensor
 before the cast; saturated_frac is the fraction of its elements whose FP8 code is +-fp8_max (under
 current scaling the amax element itself is one, so it is rarely 0) and underflow_frac the fraction of

@@ -1,12 +1,11 @@
 /*
  * bench_kernels: the kernel playground. Runs kernel families of dev/cuda/kernel_cases.cuh at a Llama-2
- * shape: each GPU op against the CPU op of the same name (llama/ops_cpu.h), then timed, and ends with a
+ * shape: each GPU op against the CPU op of the same name (build/cpu_reference.o), then timed, and ends with a
  * summary table. Not part of `make all`; build with `make dev/cuda/bench_kernels`.
  *
  *   ./dev/cuda/bench_kernels [family ...] [--shape 7b|13b|small] [--iters N] [--seed S]
  *
- * Families (default all): params encoder rmsnorm rope attention swiglu classifier sum_squares fp8_cast
- * gemm. Shapes: 7b (default: B 1, T 4096, C 4096, NH 32, NKV 32, F 11008, V 32000), 13b (C 5120, NH 40,
+ * Families (default all): optimizer encoder rmsnorm rope attention swiglu classifier fp8_cast gemm. Shapes: 7b (default: B 1, T 4096, C 4096, NH 32, NKV 32, F 11008, V 32000), 13b (C 5120, NH 40,
  * NKV 40, F 13824), small (B 2, T 256, C 512, NH 8, NKV 2, F 1376: GQA, seconds on any host).
  * --iters: timed launches per op after one warm-up (default 20; 0 checks only). --seed: replay a run.
  * Exit status 1 when any comparison fails.
@@ -23,7 +22,7 @@
 #include <time.h>
 
 #include "kernel_cases.cuh"
-#include "../../llama/cli.h"
+#include "../../train/cli.h"
 
 #define DEFAULT_ITERS 20
 
@@ -87,7 +86,7 @@ int main(int argc, char** argv) {
     }
 
     backend_init(PRECISION_FP8);
-    cpu::backend_init(PRECISION_BF16);
+    cpu_ref_init(PRECISION_BF16);
     const KernelShape* s = &shape->shape;
     printf("| bench_kernels: shape %s (B %d T %d C %d NH %d NKV %d F %d V %d), %d timed iterations, seed %llu, "
            "%d CPU threads\n",

@@ -1,15 +1,15 @@
 /*
- * Kernel cases: every GPU op of llama/ops_cuda.cuh checked against the CPU op of the same name in
- * llama/ops_cpu.h (the contract), one case per family, optionally timed. Used by the kernel playground
- * dev/cuda/bench_kernels.cu (Llama-2 7B/13B shapes, with timings) and by test_llama.cu (a small shape,
- * no timings).
+ * Kernel cases: every GPU op of the CUDA backend (cuda/backend.cuh) checked against the CPU op of the same
+ * name (llama/backend.h is the contract both follow), one case per op family (one file of cuda/ or of
+ * the FP8 library each), optionally timed. Used by the kernel playground dev/cuda/bench_kernels.cu
+ * (Llama-2 7B/13B shapes, with timings) and by test_llama.cu (a small shape, no timings).
  *
- * Both backends live in this one nvcc translation unit: the GPU backend as usual, the CPU backend inside
- * `namespace cpu` (cpu::act_t is float, cpu:: ops take host pointers, GPU ops device pointers). The CPU
- * backend must be in BF16 mode (cpu::backend_init(PRECISION_BF16), done by run_kernel_case) so that it
- * rounds to BF16 wherever the GPU stores BF16.
+ * The GPU ops take device pointers; the CPU ops are the CPU backend compiled on its own
+ * (build/cpu_reference.o, names cpu_ref_*: dev/cuda/cpu_reference.h) and take host floats. The CPU side
+ * runs in BF16 mode (cpu_ref_init(PRECISION_BF16), done by run_kernel_case) so that it rounds to BF16
+ * wherever the GPU stores BF16.
  *
- * Every case draws fresh inputs from its seed (llama/rng.h), rounds them to BF16 values where the GPU
+ * Every case draws fresh inputs from its seed (core/rng.h), rounds them to BF16 values where the GPU
  * reads BF16 so that both sides see identical inputs, poisons the outputs (0xFF bytes on the GPU = NaN
  * in BF16 and FP32; NaN on the CPU), runs both ops, compares every output against a stated tolerance
  * and prints one line per output; with iters > 0 it then times the GPU op with CUDA events. A case
@@ -18,31 +18,12 @@
  */
 #pragma once
 
-/* ops_cpu.h must be seen for the first time inside namespace cpu below (it is `#pragma once`). */
-#ifdef REDUCE_CHUNK
-#error "llama/ops_cpu.h was included before dev/cuda/kernel_cases.cuh; it must only be included inside namespace cpu"
-#endif
-
 #include <math.h>
 #include <omp.h>
 
-#ifndef LLM8_NO_BLAS
-#include <cblas.h>
-#endif
-
-#include "../../llama/ops_cuda.cuh"
-#include "../../llama/rng.h"
-
-#pragma push_macro("ATT_STATS_SIZE")
-#undef ATT_STATS_SIZE
-namespace cpu {
-#include "../../llama/ops_cpu.h"
-}
-#undef ATT_STATS_SIZE
-#pragma pop_macro("ATT_STATS_SIZE")
-
-/* The CPU attention keeps its probabilities (B, NH, T, T) for backward; ATT_STATS_SIZE is the GPU's (B, NH, T). */
-#define CPU_ATT_STATS_SIZE(B, NH, T) ((size_t)(B) * (NH) * (T) * (T))
+#include "cpu_reference.h"
+#include "../../core/rng.h"
+#include "../../cuda/backend.cuh"
 
 /* Shape of a case: batch, sequence, model width, query heads, kv heads, SwiGLU hidden size, vocabulary. */
 typedef struct {
@@ -333,7 +314,7 @@ static int kc_case_params(const KernelShape* s, int iters, uint64_t seed) {
 
     float* ref = kc_host(n);
     kc_nan_fill(ref, n);
-    cpu::op_params_from_master(ref, master, n);
+    cpu_ref_params_from_master(ref, master, n);
     act_t* d_out = (act_t*)dev_alloc(n * sizeof(act_t));
     kc_poison(d_out, n * sizeof(act_t));
     op_params_from_master(d_out, d_master, n);
@@ -360,7 +341,7 @@ static int kc_case_params(const KernelShape* s, int iters, uint64_t seed) {
     const int step = 10;
     float lr = 3e-4f, wd = 0.1f, grad_scale = 0.5f;
     float bc1 = 1.0f - powf(ADAMW_BETA1, (float)step), bc2_sqrt = sqrtf(1.0f - powf(ADAMW_BETA2, (float)step));
-    cpu::op_adamw(master, m, v, grads, n, lr, wd, bc1, bc2_sqrt, grad_scale);
+    cpu_ref_adamw(master, m, v, grads, n, lr, wd, bc1, bc2_sqrt, grad_scale);
     op_adamw(d_master, d_m, d_v, d_grads, n, lr, wd, bc1, bc2_sqrt, grad_scale);
     float* got_master = kc_get_f32(d_master, n);
     float* got_m = kc_get_f32(d_m, n);
@@ -421,7 +402,7 @@ static int kc_case_encoder(const KernelShape* s, int iters, uint64_t seed) {
     act_t* d_wte = kc_dev_act(wte, V * C);
     float* ref = kc_host(N * C);
     kc_nan_fill(ref, N * C);
-    cpu::op_encoder_forward(ref, tokens, wte, N, (int)C);
+    cpu_ref_encoder_forward(ref, tokens, wte, N, (int)C);
     act_t* d_out = (act_t*)dev_alloc(N * C * sizeof(act_t));
     kc_poison(d_out, N * C * sizeof(act_t));
     op_encoder_forward(d_out, d_tokens, d_wte, N, (int)C);
@@ -440,7 +421,7 @@ static int kc_case_encoder(const KernelShape* s, int iters, uint64_t seed) {
     kc_fill_normal(dout, N * C, splitmix64(&stream), 0.0f, 1.0f, 1);
     float* d_dwte = kc_dev_f32(dwte, V * C);
     act_t* d_dout = kc_dev_act(dout, N * C);
-    cpu::op_encoder_backward(dwte, dout, tokens, tokens, N, (int)C);
+    cpu_ref_encoder_backward(dwte, dout, tokens, N, (int)C);
     op_encoder_backward(d_dwte, d_dout, d_tokens, tokens, N, (int)C);
     got = kc_get_f32(d_dwte, V * C);
     failed += kc_compare_ulps("encoder_backward dwte", got, dwte, V * C, KC_F32_MANT, 0.0, 0.0);
@@ -485,7 +466,7 @@ static int kc_case_rmsnorm(const KernelShape* s, int iters, uint64_t seed) {
     /* forward */
     kc_nan_fill(out, NC);
     kc_nan_fill(rstd, N);
-    cpu::op_rmsnorm_forward(out, rstd, inp, weight, N, (int)C, KC_RMS_EPS);
+    cpu_ref_rmsnorm_forward(out, rstd, inp, weight, N, (int)C, KC_RMS_EPS);
     kc_poison(d_out, NC * sizeof(act_t));
     kc_poison(d_rstd, N * sizeof(float));
     op_rmsnorm_forward(d_out, d_rstd, d_inp, d_weight, N, (int)C, KC_RMS_EPS);
@@ -508,7 +489,7 @@ static int kc_case_rmsnorm(const KernelShape* s, int iters, uint64_t seed) {
     kc_nan_fill(resid, NC);
     kc_nan_fill(norm, NC);
     kc_nan_fill(rstd2, N);
-    cpu::op_residual_rmsnorm_forward(resid, norm, rstd2, inp, branch, weight, N, (int)C, KC_RMS_EPS);
+    cpu_ref_residual_rmsnorm_forward(resid, norm, rstd2, inp, branch, weight, N, (int)C, KC_RMS_EPS);
     act_t* d_resid = (act_t*)dev_alloc(NC * sizeof(act_t));
     kc_poison(d_resid, NC * sizeof(act_t));
     kc_poison(d_out, NC * sizeof(act_t));
@@ -544,7 +525,7 @@ static int kc_case_rmsnorm(const KernelShape* s, int iters, uint64_t seed) {
     float* d_dweight = kc_dev_f32(dweight, C);
     act_t* d_dout = kc_dev_act(dout, NC);
     dev_upload(d_rstd, rstd, N * sizeof(float));
-    cpu::op_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, (int)C);
+    cpu_ref_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, (int)C);
     op_rmsnorm_backward(d_dinp, d_dweight, d_dout, d_inp, d_weight, d_rstd, N, (int)C);
     got = kc_get_act(d_dinp, NC);
     float* got_dw = kc_get_f32(d_dweight, C);
@@ -596,10 +577,10 @@ static int kc_case_rope(const KernelShape* s, int iters, uint64_t seed) {
         kc_fill_normal(x, n, splitmix64(&stream), 0.0f, 1.0f, 1);
         act_t* d_x = kc_dev_act(x, n); /* in place: the input is the output */
         if (dir == 0) {
-            cpu::op_rope_forward(x, cos_t, sin_t, B, T, NH, NKV, HS);
+            cpu_ref_rope_forward(x, cos_t, sin_t, B, T, NH, NKV, HS);
             op_rope_forward(d_x, d_cos, d_sin, B, T, NH, NKV, HS);
         } else {
-            cpu::op_rope_backward(x, cos_t, sin_t, B, T, NH, NKV, HS);
+            cpu_ref_rope_backward(x, cos_t, sin_t, B, T, NH, NKV, HS);
             op_rope_backward(d_x, d_cos, d_sin, B, T, NH, NKV, HS);
         }
         float* got = kc_get_act(d_x, n);
@@ -671,10 +652,10 @@ static int kc_attention_compare(const char* label, int B, int T, int NH, int NKV
     act_t* d_qkv = kc_dev_act(qkv, BT * QKV);
     act_t* d_dout = kc_dev_act(dout, BT * C);
     act_t* d_out = (act_t*)dev_alloc(BT * C * sizeof(act_t));
-    float* d_stats = (float*)dev_alloc(ATT_STATS_SIZE(B, NH, T) * sizeof(float));
+    float* d_stats = (float*)dev_alloc(att_stats_size((size_t)B, NH, T) * sizeof(float));
     act_t* d_dqkv = (act_t*)dev_alloc(BT * QKV * sizeof(act_t));
     kc_poison(d_out, BT * C * sizeof(act_t));
-    kc_poison(d_stats, ATT_STATS_SIZE(B, NH, T) * sizeof(float));
+    kc_poison(d_stats, att_stats_size((size_t)B, NH, T) * sizeof(float));
     kc_poison(d_dqkv, BT * QKV * sizeof(act_t));
     op_attention_forward(d_out, d_stats, d_qkv, B, T, NH, NKV, HS);
     op_attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_stats, B, T, NH, NKV, HS);
@@ -693,12 +674,12 @@ static int kc_attention_compare(const char* label, int B, int T, int NH, int NKV
     float* dout_c = kc_host(BTc * Cc);
     kc_copy_cols(dout_c, Cc, 0, dout, C, 0, Cc, BTc);
     float* out_c = kc_host(BTc * Cc);
-    float* probs = kc_host(CPU_ATT_STATS_SIZE(Bc, NHc, T));
+    float* probs = kc_host(cpu_ref_att_stats_size((size_t)Bc, NHc, T));
     float* dqkv_c = kc_host(BTc * QKVc);
     kc_nan_fill(out_c, BTc * Cc);
     kc_nan_fill(dqkv_c, BTc * QKVc);
-    cpu::op_attention_forward(out_c, probs, qkv_c, Bc, T, NHc, NKVc, HS);
-    cpu::op_attention_backward(dqkv_c, dout_c, qkv_c, out_c, probs, Bc, T, NHc, NKVc, HS);
+    cpu_ref_attention_forward(out_c, probs, qkv_c, Bc, T, NHc, NKVc, HS);
+    cpu_ref_attention_backward(dqkv_c, dout_c, qkv_c, out_c, probs, Bc, T, NHc, NKVc, HS);
 
     float* got = kc_host(BTc * Cc);
     float* ref = kc_host(BTc * Cc);
@@ -772,7 +753,7 @@ static int kc_case_swiglu(const KernelShape* s, int iters, uint64_t seed) {
     act_t* d_inp = kc_dev_act(inp, N * 2 * F);
     float* out = kc_host(N * F);
     kc_nan_fill(out, N * F);
-    cpu::op_swiglu_forward(out, inp, N, (int)F);
+    cpu_ref_swiglu_forward(out, inp, N, (int)F);
     act_t* d_out = (act_t*)dev_alloc(N * F * sizeof(act_t));
     kc_poison(d_out, N * F * sizeof(act_t));
     op_swiglu_forward(d_out, d_inp, N, (int)F);
@@ -788,7 +769,7 @@ static int kc_case_swiglu(const KernelShape* s, int iters, uint64_t seed) {
     act_t* d_dout = kc_dev_act(dout, N * F);
     float* dinp = kc_host(N * 2 * F);
     kc_nan_fill(dinp, N * 2 * F);
-    cpu::op_swiglu_backward(dinp, dout, inp, N, (int)F);
+    cpu_ref_swiglu_backward(dinp, dout, inp, N, (int)F);
     act_t* d_dinp = (act_t*)dev_alloc(N * 2 * F * sizeof(act_t));
     kc_poison(d_dinp, N * 2 * F * sizeof(act_t));
     op_swiglu_backward(d_dinp, d_dout, d_inp, N, (int)F);
@@ -829,7 +810,7 @@ static int kc_case_classifier(const KernelShape* s, int iters, uint64_t seed) {
     act_t* d_logits = kc_dev_act(logits, N * V); /* in place: overwritten with dlogits */
     float* losses = kc_host(N);
     kc_nan_fill(losses, N);
-    cpu::op_classifier(logits, losses, targets, N, (int)V, dloss);
+    cpu_ref_classifier(logits, losses, targets, N, (int)V, dloss);
     float* d_losses = (float*)dev_alloc(N * sizeof(float));
     kc_poison(d_losses, N * sizeof(float));
     op_classifier(d_logits, d_losses, d_targets, N, (int)V, dloss);
@@ -861,7 +842,7 @@ static int kc_case_sum_squares(const KernelShape* s, int iters, uint64_t seed) {
     float* x = kc_host(n);
     kc_fill_normal(x, n, splitmix64(&stream), 0.0f, 1e-3f, 0);
     float* d_x = kc_dev_f32(x, n);
-    double ref = cpu::op_sum_squares(x, n);
+    double ref = cpu_ref_sum_squares(x, n);
     double got = op_sum_squares(d_x, n);
     double err = fabs(got - ref), rel = ref != 0.0 ? err / fabs(ref) : err;
     int failed = !(rel <= 1e-10);
@@ -948,8 +929,8 @@ static int kc_case_fp8_cast(const KernelShape* s, int iters, uint64_t seed) {
             Fp8Counts cc = counts0;
             memset(codes, 0xFF, n);
             memset(codes_t, 0xFF, n);
-            cpu::op_amax(&sc, x, n);
-            cpu::op_cast_transpose(va->out ? codes : NULL, va->out_t ? codes_t : NULL, x, ts->rows, ts->cols, va->f, &sc,
+            cpu_ref_amax(&sc, x, n);
+            cpu_ref_cast_transpose(va->out ? codes : NULL, va->out_t ? codes_t : NULL, x, ts->rows, ts->cols, va->f, &sc,
                                    va->pow2, va->counts ? &cc : NULL);
             /* GPU */
             kc_poison(d_scale, sizeof(Fp8Scale));
@@ -1014,14 +995,11 @@ static int kc_case_fp8_cast(const KernelShape* s, int iters, uint64_t seed) {
 
 /* ------------------------------------------------------------ gemm */
 
-/* One op_gemm call in both backends' terms (fp8/gemm.h: column-major, cuBLASLt semantics). */
+/* One GEMM on both sides: the same call on host operands (CPU) and device operands (GPU); D is set by kc_gemm_run. */
 typedef struct {
     const char* name;
-    DType dt, at, bt;
-    int transA, transB, m, n, k, accumulate, fast_accum;
-    const void *A_cpu, *B_cpu, *A_gpu, *B_gpu;
-    const float *sa_cpu, *sb_cpu, *sa_gpu, *sb_gpu; /* scale_inv: host pointers for the CPU, device for the GPU */
-    const float* D0;                                 /* initial FP32 D when accumulating */
+    GemmCall cpu, gpu;
+    const float* D0; /* initial FP32 D when accumulating */
     double rel_l2_tol, max_abs_frac;
 } KcGemm;
 
@@ -1043,51 +1021,49 @@ typedef struct {
  * with the same columns of the full-size GPU D, all of which must be finite.
  */
 static inline int kc_gemm_run(const KcGemm* g, int iters) {
-    size_t nd = (size_t)g->m * g->n;
-    size_t elem = g->dt == DT_F32 ? sizeof(float) : sizeof(act_t);
-    double mk = (double)g->m * g->k;
+    GemmCall cpu = g->cpu, gpu = g->gpu;
+    size_t nd = gpu.m * gpu.n;
+    size_t elem = gpu.d_type == DT_F32 ? sizeof(float) : sizeof(act_t);
+    double mk = (double)gpu.m * gpu.k;
     /* a multiple of 16, as FP8 GEMM dimensions must be (gemm_check runs on the CPU side too) */
-    int nc = g->n;
-    if (mk * g->n > KC_GEMM_CPU_WORK) nc = (int)fmin((double)g->n, 16.0 * fmax(1.0, floor(KC_GEMM_CPU_WORK / mk / 16.0)));
-    size_t ndc = (size_t)g->m * nc;
-    const void* B_cpu = g->B_cpu;
+    size_t nc = gpu.n;
+    if (mk * gpu.n > KC_GEMM_CPU_WORK) nc = (size_t)fmin((double)gpu.n, 16.0 * fmax(1.0, floor(KC_GEMM_CPU_WORK / mk / 16.0)));
     float* B_sub = NULL;
-    if (nc < g->n && g->transB) {
+    if (nc < gpu.n && cpu.trans_b) {
         /* op(B) = B^T with B (n x k, ld n): its first nc columns are the first nc rows of B, re-packed with ld nc */
-        if (g->bt != DT_ACT) die("kernel case %s: transposed B must be BF16", g->name);
-        B_sub = kc_host((size_t)nc * g->k);
-        const float* b = (const float*)g->B_cpu;
+        if (cpu.b.dtype != DT_ACT) die("kernel case %s: transposed B must be BF16", g->name);
+        B_sub = kc_host(nc * cpu.k);
+        const float* b = (const float*)cpu.b.data;
 #pragma omp parallel for schedule(static)
-        for (int p = 0; p < g->k; p++) memcpy(B_sub + (size_t)p * nc, b + (size_t)p * g->n, (size_t)nc * sizeof(float));
-        B_cpu = B_sub;
+        for (size_t p = 0; p < cpu.k; p++) memcpy(B_sub + p * nc, b + p * gpu.n, nc * sizeof(float));
+        cpu.b.data = B_sub;
     }
+    cpu.n = nc;
+    size_t ndc = cpu.m * nc;
     float* ref = kc_host(ndc);
     void* d = dev_alloc(nd * elem);
-    if (g->accumulate) {
-        if (g->dt != DT_F32) die("kernel case %s: accumulation is checked into FP32 only", g->name);
+    if (gpu.accumulate) {
+        if (gpu.d_type != DT_F32) die("kernel case %s: accumulation is checked into FP32 only", g->name);
         memcpy(ref, g->D0, ndc * sizeof(float));
         dev_upload(d, g->D0, nd * sizeof(float));
     } else {
         kc_nan_fill(ref, ndc);
         kc_poison(d, nd * elem);
     }
-    cpu::op_gemm(ref, g->dt, g->A_cpu, g->at, g->transA, B_cpu, g->bt, g->transB, g->m, nc, g->k, g->sa_cpu, g->sb_cpu,
-                 g->accumulate, g->fast_accum);
-    op_gemm(d, g->dt, g->A_gpu, g->at, g->transA, g->B_gpu, g->bt, g->transB, g->m, g->n, g->k, g->sa_gpu, g->sb_gpu,
-            g->accumulate, g->fast_accum);
-    float* got = g->dt == DT_F32 ? kc_get_f32((const float*)d, nd) : kc_get_act((const act_t*)d, nd);
+    cpu.d = ref;
+    gpu.d = d;
+    cpu_ref_gemm(&cpu);
+    op_gemm(&gpu);
+    float* got = gpu.d_type == DT_F32 ? kc_get_f32((const float*)d, nd) : kc_get_act((const act_t*)d, nd);
     int failed = 0;
-    if (nc < g->n) {
+    if (nc < gpu.n) {
         size_t nonfinite = kc_count_nonfinite(got, nd);
-        printf("    %s: CPU reference on columns 0..%d of %d; full-size GPU output: %zu non-finite of %zu, tol 0%s\n", g->name,
-               nc - 1, g->n, nonfinite, nd, nonfinite ? "  FAIL" : "");
+        printf("    %s: CPU reference on columns 0..%zu of %zu; full-size GPU output: %zu non-finite of %zu, tol 0%s\n", g->name,
+               nc - 1, gpu.n, nonfinite, nd, nonfinite ? "  FAIL" : "");
         failed += nonfinite != 0;
     }
     failed += kc_compare_norm(g->name, got, ref, ndc, g->rel_l2_tol, g->max_abs_frac);
-    kc_time(g->name, iters, 0.0, 2.0 * g->m * g->n * (double)g->k, [&] {
-        op_gemm(d, g->dt, g->A_gpu, g->at, g->transA, g->B_gpu, g->bt, g->transB, g->m, g->n, g->k, g->sa_gpu, g->sb_gpu,
-                g->accumulate, g->fast_accum);
-    });
+    kc_time(g->name, iters, 0.0, 2.0 * gpu.m * gpu.n * (double)gpu.k, [&] { op_gemm(&gpu); });
     free(got);
     free(ref);
     free(B_sub);
@@ -1098,7 +1074,7 @@ static inline int kc_gemm_run(const KcGemm* g, int iters) {
 /*
  * The three GEMMs of a linear layer X (N, C) -> Y (N, OC) with OC = F (the w1 shape), in BF16 and in FP8
  * (DESIGN.md section 3's operand map). The FP8 operands, their transposes and scales come from the CPU cast
- * (cpu::op_amax + cpu::op_cast_transpose) and are uploaded, so both sides multiply the same codes; the
+ * (cpu_ref_amax + cpu_ref_cast_transpose) and are uploaded, so both sides multiply the same codes; the
  * GPU gets scale_inv through device pointers.
  *
  * Tolerances. Products of BF16 (or FP8) values are exact in FP32 on both sides; what differs is the
@@ -1115,8 +1091,8 @@ static inline int kc_gemm_run(const KcGemm* g, int iters) {
 static int kc_case_gemm(const KernelShape* s, int iters, uint64_t seed) {
     uint64_t stream = seed;
     int failed = 0;
-    int N = s->B * s->T, C = s->C, OC = s->F;
-    size_t NC = (size_t)N * C, OCC = (size_t)OC * C, NOC = (size_t)N * OC;
+    size_t N = (size_t)s->B * s->T, C = (size_t)s->C, OC = (size_t)s->F;
+    size_t NC = N * C, OCC = OC * C, NOC = N * OC;
     float* X = kc_host(NC);
     float* W = kc_host(OCC);
     float* dY = kc_host(NOC);
@@ -1137,12 +1113,12 @@ static int kc_case_gemm(const KernelShape* s, int iters, uint64_t seed) {
     uint8_t* X8t = (uint8_t*)mallocCheck(NC);
     uint8_t* dY8 = (uint8_t*)mallocCheck(NOC);
     uint8_t* dY8t = (uint8_t*)mallocCheck(NOC);
-    cpu::op_amax(&sc[0], W, OCC);
-    cpu::op_cast_transpose(W8, W8t, W, (size_t)OC, (size_t)C, FP8_E4M3, &sc[0], 0, NULL);
-    cpu::op_amax(&sc[1], X, NC);
-    cpu::op_cast_transpose(X8, X8t, X, (size_t)N, (size_t)C, FP8_E4M3, &sc[1], 0, NULL);
-    cpu::op_amax(&sc[2], dY, NOC);
-    cpu::op_cast_transpose(dY8, dY8t, dY, (size_t)N, (size_t)OC, FP8_E5M2, &sc[2], 0, NULL);
+    cpu_ref_amax(&sc[0], W, OCC);
+    cpu_ref_cast_transpose(W8, W8t, W, OC, C, FP8_E4M3, &sc[0], 0, NULL);
+    cpu_ref_amax(&sc[1], X, NC);
+    cpu_ref_cast_transpose(X8, X8t, X, N, C, FP8_E4M3, &sc[1], 0, NULL);
+    cpu_ref_amax(&sc[2], dY, NOC);
+    cpu_ref_cast_transpose(dY8, dY8t, dY, N, OC, FP8_E5M2, &sc[2], 0, NULL);
     uint8_t* d_W8 = (uint8_t*)kc_dev_bytes(W8, OCC);
     uint8_t* d_W8t = (uint8_t*)kc_dev_bytes(W8t, OCC);
     uint8_t* d_X8 = (uint8_t*)kc_dev_bytes(X8, NC);
@@ -1151,21 +1127,30 @@ static int kc_case_gemm(const KernelShape* s, int iters, uint64_t seed) {
     uint8_t* d_dY8t = (uint8_t*)kc_dev_bytes(dY8t, NOC);
     Fp8Scale* d_sc = (Fp8Scale*)kc_dev_bytes(sc, sizeof(sc));
 
+    /* host and device views of every operand: the same values, so both sides multiply the same numbers */
+    GemmOperand hW = gemm_operand(W, DT_ACT), hX = gemm_operand(X, DT_ACT), hdY = gemm_operand(dY, DT_ACT);
+    GemmOperand gW = gemm_operand(d_W, DT_ACT), gX = gemm_operand(d_X, DT_ACT), gdY = gemm_operand(d_dY, DT_ACT);
+    GemmOperand hW8 = gemm_operand_fp8(W8, DT_E4M3, &sc[0].scale_inv), gW8 = gemm_operand_fp8(d_W8, DT_E4M3, &d_sc[0].scale_inv);
+    GemmOperand hW8t = gemm_operand_fp8(W8t, DT_E4M3, &sc[0].scale_inv), gW8t = gemm_operand_fp8(d_W8t, DT_E4M3, &d_sc[0].scale_inv);
+    GemmOperand hX8 = gemm_operand_fp8(X8, DT_E4M3, &sc[1].scale_inv), gX8 = gemm_operand_fp8(d_X8, DT_E4M3, &d_sc[1].scale_inv);
+    GemmOperand hX8t = gemm_operand_fp8(X8t, DT_E4M3, &sc[1].scale_inv), gX8t = gemm_operand_fp8(d_X8t, DT_E4M3, &d_sc[1].scale_inv);
+    GemmOperand hdY8 = gemm_operand_fp8(dY8, DT_E5M2, &sc[2].scale_inv), gdY8 = gemm_operand_fp8(d_dY8, DT_E5M2, &d_sc[2].scale_inv);
+    GemmOperand hdY8t = gemm_operand_fp8(dY8t, DT_E5M2, &sc[2].scale_inv), gdY8t = gemm_operand_fp8(d_dY8t, DT_E5M2, &d_sc[2].scale_inv);
     const KcGemm gemms[] = {
-        {"gemm bf16 fprop TN (N,OC)=X.W^T", DT_ACT, DT_ACT, DT_ACT, 1, 0, OC, N, C, 0, 0, W, X, d_W, d_X, NULL, NULL, NULL,
-         NULL, NULL, 5e-3, 2e-2},
-        {"gemm bf16 dgrad NN (N,C)=dY.W", DT_ACT, DT_ACT, DT_ACT, 0, 0, C, N, OC, 0, 0, W, dY, d_W, d_dY, NULL, NULL, NULL,
-         NULL, NULL, 5e-3, 2e-2},
-        {"gemm bf16 wgrad NT (OC,C)+=dY^T.X f32", DT_F32, DT_ACT, DT_ACT, 0, 1, C, OC, N, 1, 0, X, dY, d_X, d_dY, NULL, NULL,
-         NULL, NULL, dW0, 1e-4, 1e-3},
-        {"gemm fp8 fprop E4M3xE4M3 fast_accum bf16", DT_ACT, DT_E4M3, DT_E4M3, 1, 0, OC, N, C, 0, 1, W8, X8, d_W8, d_X8,
-         &sc[0].scale_inv, &sc[1].scale_inv, &d_sc[0].scale_inv, &d_sc[1].scale_inv, NULL, 2e-2, 6e-2},
-        {"gemm fp8 dgrad E4M3xE5M2 bf16", DT_ACT, DT_E4M3, DT_E5M2, 1, 0, C, N, OC, 0, 0, W8t, dY8, d_W8t, d_dY8,
-         &sc[0].scale_inv, &sc[2].scale_inv, &d_sc[0].scale_inv, &d_sc[2].scale_inv, NULL, 1e-2, 3e-2},
-        {"gemm fp8 wgrad E4M3xE5M2 f32 +=", DT_F32, DT_E4M3, DT_E5M2, 1, 0, C, OC, N, 1, 0, X8t, dY8t, d_X8t, d_dY8t,
-         &sc[1].scale_inv, &sc[2].scale_inv, &d_sc[1].scale_inv, &d_sc[2].scale_inv, dW0, 5e-3, 2e-2},
+        {"gemm bf16 fprop TN (N,OC)=X.W^T", gemm_fprop(NULL, DT_ACT, hW, hX, N, C, OC), gemm_fprop(NULL, DT_ACT, gW, gX, N, C, OC),
+         NULL, 5e-3, 2e-2},
+        {"gemm bf16 dgrad NN (N,C)=dY.W", gemm_dgrad(NULL, DT_ACT, hW, hdY, N, C, OC), gemm_dgrad(NULL, DT_ACT, gW, gdY, N, C, OC),
+         NULL, 5e-3, 2e-2},
+        {"gemm bf16 wgrad NT (OC,C)+=dY^T.X f32", gemm_wgrad(NULL, hX, hdY, N, C, OC), gemm_wgrad(NULL, gX, gdY, N, C, OC), dW0,
+         1e-4, 1e-3},
+        {"gemm fp8 fprop E4M3xE4M3 fast_accum bf16", gemm_fprop(NULL, DT_ACT, hW8, hX8, N, C, OC),
+         gemm_fprop(NULL, DT_ACT, gW8, gX8, N, C, OC), NULL, 2e-2, 6e-2},
+        {"gemm fp8 dgrad E4M3xE5M2 bf16", gemm_dgrad(NULL, DT_ACT, hW8t, hdY8, N, C, OC),
+         gemm_dgrad(NULL, DT_ACT, gW8t, gdY8, N, C, OC), NULL, 1e-2, 3e-2},
+        {"gemm fp8 wgrad E4M3xE5M2 f32 +=", gemm_wgrad(NULL, hX8t, hdY8t, N, C, OC), gemm_wgrad(NULL, gX8t, gdY8t, N, C, OC), dW0,
+         5e-3, 2e-2},
     };
-    printf("    X (%d, %d), W (%d, %d), dY (%d, %d); FP8 scales W %.6g X %.6g dY %.6g\n", N, C, OC, C, N, OC, sc[0].scale,
+    printf("    X (%zu, %zu), W (%zu, %zu), dY (%zu, %zu); FP8 scales W %.6g X %.6g dY %.6g\n", N, C, OC, C, N, OC, sc[0].scale,
            sc[1].scale, sc[2].scale);
     for (size_t i = 0; i < sizeof(gemms) / sizeof(gemms[0]); i++) failed += kc_gemm_run(&gemms[i], iters);
 
@@ -1192,17 +1177,22 @@ static int kc_case_gemm(const KernelShape* s, int iters, uint64_t seed) {
     return failed;
 }
 
+/* ------------------------------------------------------------ optimizer: cuda/optimizer.cuh */
+
+static int kc_case_optimizer(const KernelShape* s, int iters, uint64_t seed) {
+    return kc_case_params(s, iters, seed) + kc_case_sum_squares(s, iters, splitmix64(&seed));
+}
+
 /* ------------------------------------------------------------ the table */
 
 static const KernelCase KERNEL_CASES[] = {
-    {"params", "op_params_from_master, op_adamw", kc_case_params},
+    {"optimizer", "op_params_from_master, op_sum_squares, op_adamw", kc_case_optimizer},
     {"encoder", "op_encoder_forward, op_encoder_backward", kc_case_encoder},
     {"rmsnorm", "op_rmsnorm_forward, op_residual_rmsnorm_forward, op_rmsnorm_backward", kc_case_rmsnorm},
     {"rope", "op_rope_forward, op_rope_backward", kc_case_rope},
     {"attention", "op_attention_forward, op_attention_backward (causal, GQA)", kc_case_attention},
     {"swiglu", "op_swiglu_forward, op_swiglu_backward", kc_case_swiglu},
     {"classifier", "op_classifier (losses and dlogits)", kc_case_classifier},
-    {"sum_squares", "op_sum_squares", kc_case_sum_squares},
     {"fp8_cast", "op_amax, op_cast_transpose (E4M3, E5M2)", kc_case_fp8_cast},
     {"gemm", "op_gemm (BF16 and FP8 fprop, dgrad, wgrad)", kc_case_gemm},
 };
@@ -1235,7 +1225,7 @@ static inline int run_kernel_case(const char* family, const KernelShape* s, int 
     if (s->NH % s->NKV != 0) die("kernel shape: NH %d is not a multiple of NKV %d", s->NH, s->NKV);
     if ((s->C / s->NH) % 2 != 0) die("kernel shape: head size %d is odd (RoPE rotates pairs)", s->C / s->NH);
     backend_init(PRECISION_BF16);
-    cpu::backend_init(PRECISION_BF16);
+    cpu_ref_init(PRECISION_BF16);
     g_kernel_case_slowest_us = 0.0;
     g_kernel_case_slowest_op[0] = '\0';
     printf("[ %s ] %s; B %d T %d C %d NH %d NKV %d F %d V %d, seed %llu\n", kc->family, kc->ops, s->B, s->T, s->C, s->NH,

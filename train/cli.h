@@ -10,7 +10,7 @@
 #include <limits.h>
 #include <math.h>
 
-#include "config.h"
+#include "../llama/config.h"
 
 typedef struct {
     const char* train_pattern;  /* -i */

@@ -1,23 +1,39 @@
 /*
- * The CUDA backend of llama/model.h: the same names, signatures and semantics as llama/ops_cpu.h (the
- * contract), with BF16 storage (act_t = __nv_bfloat16), FP32 math, FP32 master weights and optimizer
- * state, cuBLASLt GEMMs (FP8 in -p fp8) and cuDNN attention. This file holds the memory functions and
- * the backend queries; the ops live in the headers it includes:
- *   llama/kernels.cuh         embedding, RMSNorm, RoPE, SwiGLU, classifier, gradient norm, AdamW
- *   llama/attention_cuda.cuh  attention (cuDNN SDPA, or the plain fallback without USE_CUDNN)
- *   fp8/cast_transpose.cuh    amax and the fused FP8 cast + transpose
- *   fp8/gemm_cublaslt.cuh     op_gemm
- * Pointers passed to ops are device pointers, Fp8Scale and Fp8Counts included. Ops are asynchronous
- * on the default stream except where a host value is returned (op_sum_squares) or host data is read.
+ * The CUDA backend: llama/backend.h's contract on the GPU, with BF16 storage (act_t = __nv_bfloat16),
+ * FP32 math, FP32 master weights and optimizer state, cuBLASLt GEMMs (FP8 in -p fp8) and cuDNN attention.
+ * This file holds the memory functions and the backend queries; the ops live in one file per op family
+ * (the families of dev/cuda/kernel_cases.cuh and the sections of cpu/backend.h):
+ *   cuda/optimizer.cuh   working weights from master, gradient sum of squares, AdamW
+ *   cuda/encoder.cuh     embedding forward/backward
+ *   cuda/rmsnorm.cuh     RMSNorm (+ fused residual) forward/backward
+ *   cuda/rope.cuh        RoPE
+ *   cuda/attention.cuh   attention (cuDNN SDPA, or the plain fallback without USE_CUDNN)
+ *   cuda/swiglu.cuh      SwiGLU
+ *   cuda/classifier.cuh  fused softmax cross-entropy
+ * and the FP8 library's GPU half (fp8/cast_cuda.cuh amax and cast-transpose, fp8/gemm_cublaslt.cuh).
+ * Ops are asynchronous on the default stream except where a host value is returned (op_sum_squares) or
+ * host data is read (op_encoder_backward).
  */
 #pragma once
 
-#include "config.h"
-#include "cuda_common.cuh"
-#include "kernels.cuh"
-#include "attention_cuda.cuh"
-#include "../fp8/cast_transpose.cuh"
+#include <cuda_bf16.h>
+
+#include "../core/cuda_utils.cuh"
+#include "../fp8/cast_cuda.cuh"
 #include "../fp8/gemm_cublaslt.cuh"
+
+/* Activations and working weights are BF16 on the GPU; every op computes in FP32. */
+typedef __nv_bfloat16 act_t;
+#define LLM8_BACKEND "cuda"
+
+#include "../llama/backend.h"
+#include "optimizer.cuh"
+#include "encoder.cuh"
+#include "rmsnorm.cuh"
+#include "rope.cuh"
+#include "attention.cuh"
+#include "swiglu.cuh"
+#include "classifier.cuh"
 
 /* ---------------------------------------------------------------- memory (device memory) */
 
@@ -82,7 +98,7 @@ static inline void backend_init(Precision p) {
                 g_device_prop.name, g_device_prop.major, g_device_prop.minor, cudaGetErrorString(err), g_device_prop.major,
                 g_device_prop.minor);
         }
-        gemm_init();
+        gemm_cublaslt_init();
         attention_init();
         printf("| device: %s, compute capability %d.%d, %.1f GiB; cuBLASLt workspace %.0f MiB; attention: %s\n",
                g_device_prop.name, g_device_prop.major, g_device_prop.minor, mib(g_device_prop.totalGlobalMem) / 1024.0,
@@ -132,3 +148,17 @@ static inline double backend_memory_mib(void) {
     cudaCheck(cudaMemGetInfo(&free_bytes, &total));
     return mib(total - free_bytes);
 }
+
+/* Attention keeps the softmax log-sum-exp per (b, head, query): (B, NH, T) floats per layer. */
+static inline size_t att_stats_size(size_t B, int NH, int T) { return B * (size_t)NH * (size_t)T; }
+
+/* ---------------------------------------------------------------- FP8 and GEMM (the FP8 library's GPU half) */
+
+static inline void op_amax(Fp8Scale* s, const act_t* x, size_t n) { fp8_amax_cuda(s, x, n); }
+
+static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols, Fp8Format f,
+                                     Fp8Scale* s, int pow2, Fp8Counts* counts) {
+    fp8_cast_transpose_cuda(out, out_t, x, rows, cols, f, s, pow2, counts);
+}
+
+static inline void op_gemm(const GemmCall* g) { gemm_cublaslt(g); }

@@ -1,5 +1,5 @@
 /*
- * cuDNN SDPA for llama/cudnn_att.h: forward (training mode, with the softmax statistics) and backward
+ * cuDNN SDPA for cuda/cudnn_att.h: forward (training mode, with the softmax statistics) and backward
  * graphs of the cuDNN frontend graph API, one per shape, built on first use and cached. q, k, v are read
  * straight from the fused qkv buffer and dq, dk, dv written straight into dqkv through strides, so no
  * permute kernels run around attention; grouped-query attention is native (K/V tensors with NKV heads).
@@ -18,8 +18,8 @@
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 
-#include "common.h"
-#include "cuda_check.h"
+#include "../core/common.h"
+#include "../core/cuda_check.h"
 
 namespace fe = cudnn_frontend;
 

@@ -11,7 +11,7 @@
  */
 #pragma once
 
-#include "common.h"
+#include "../core/common.h"
 
 typedef struct {
     FILE* main_log;

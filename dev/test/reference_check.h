@@ -5,12 +5,12 @@
  *     loss, every gradient, the losses of the reference's AdamW steps), compared with a reference state
  *     (HF transformers' float64 run, or a CPU run dumped in the same format for the GPU to match);
  *   - save -> load -> continue is bit-identical; gradient accumulation; recompute.
- * Included after llama/model.h.
+ * Included after a backend (cpu/backend.h or cuda/backend.cuh).
  */
 #pragma once
 
-#include "model.h"
 #include "testing.h"
+#include "../../llama/model.h"
 
 typedef struct {
     double logits_max_abs;  /* max |logit - ref| */
@@ -81,7 +81,7 @@ static inline int reference_compare(const RefState* got, const RefState* want, c
     memset(&shape, 0, sizeof(shape));
     shape.cfg = *cfg;
     param_sizes(cfg, shape.param_sizes);
-    GradSegment* seg = (GradSegment*)mallocCheck(LLAMA_GRAD_SEGMENTS(cfg->n_layers) * sizeof(GradSegment));
+    GradSegment* seg = (GradSegment*)mallocCheck(llama_grad_segment_count(cfg->n_layers) * sizeof(GradSegment));
     int nseg = llama_grad_segments(&shape, seg);
     double worst = -1.0;
     int worst_seg = 0;

@@ -1,13 +1,13 @@
 /*
- * Base of the CUDA backend: the activation type, the error-checking macros every CUDA and cuBLASLt call
- * goes through, the launch check that follows every kernel launch, and small device helpers shared by
- * the kernel headers (llama/kernels.cuh, fp8/cast_transpose.cuh, fp8/gemm_cublaslt.cuh,
- * llama/attention_cuda.cuh). Everything runs on the legacy default stream, so ops are ordered with each
- * other and with the synchronous cudaMemcpy uploads and downloads of model.h without explicit events.
+ * Device-side helpers shared by every CUDA file of the project (the FP8 kernels in fp8/, the backend's
+ * kernels in cuda/): launch geometry of grid-stride loops, BF16 <-> FP32 conversions with the rounding
+ * the CPU reference emulates, deterministic block reductions (CUB), grow-only scratch buffers and the
+ * shared-memory opt-in. Knows nothing of the model: no activation type, no ops. Everything runs on the
+ * legacy default stream, so ops are ordered with each other and with the synchronous cudaMemcpy
+ * uploads and downloads without explicit events.
  */
 #pragma once
 
-#include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -15,19 +15,6 @@
 
 #include "common.h"
 #include "cuda_check.h"
-
-/* Activations and working weights are BF16 on the GPU; every op computes in FP32. */
-typedef __nv_bfloat16 act_t;
-
-/* The same for cuBLAS / cuBLASLt status codes. */
-static inline void cublas_check(cublasStatus_t status, const char* call, const char* file, int line) {
-    if (status != CUBLAS_STATUS_SUCCESS)
-        die("cuBLASLt error at %s:%d: %s: %s (%s)", file, line, call, cublasLtGetStatusString(status), cublasLtGetStatusName(status));
-}
-#define cublasCheck(call) cublas_check((call), #call, __FILE__, __LINE__)
-
-/* Follows every kernel launch: catches bad launch configurations (and earlier asynchronous faults). */
-#define launchCheck() cuda_check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
 
 #define WARP_SIZE 32
 /* Threads per block of the row-wise and elementwise kernels. */
@@ -41,9 +28,9 @@ static inline unsigned int grid_for(size_t n, unsigned int threads) {
     return (unsigned int)(blocks < MAX_GRID_BLOCKS ? blocks : MAX_GRID_BLOCKS);
 }
 
-__device__ __forceinline__ float bf16_to_f(act_t x) { return __bfloat162float(x); }
-/* Round-to-nearest-even, as the CPU reference's bf16_round. */
-__device__ __forceinline__ act_t f_to_bf16(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ float bf16_to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+/* Round-to-nearest-even, as the CPU reference's bf16_round (fp8/fp8.h). */
+__device__ __forceinline__ __nv_bfloat16 f_to_bf16(float x) { return __float2bfloat16_rn(x); }
 
 /* Global thread index and stride of a 1-D grid-stride loop, in size_t (tensors exceed 2^31 elements). */
 __device__ __forceinline__ size_t grid_index(void) { return (size_t)blockIdx.x * blockDim.x + threadIdx.x; }

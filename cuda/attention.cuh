@@ -1,23 +1,20 @@
 /*
  * Attention ops of the CUDA backend. With USE_CUDNN (the default when the cuDNN frontend headers are
- * installed) they call cuDNN's fused SDPA through llama/cudnn_att.h. Without it, a plain fallback runs
+ * installed) they call cuDNN's fused SDPA through cuda/cudnn_att.h. Without it, a plain fallback runs
  * here: correct and deterministic but slow (one block per query or key row, O(T^2 HS) work per head, no
  * tensor cores); it is meant for builds without the frontend, not for throughput.
  *
- * Both paths share the contract of ops_cpu.h except for what is kept between forward and backward:
- * stats (B, NH, T) FP32 holds each query row's softmax log-sum-exp (cuDNN's "Stats"), not the probability
- * matrix, so backward recomputes the probabilities (flash-attention style, Dao et al. 2022).
+ * Both paths keep between forward and backward stats (B, NH, T) FP32: each query row's softmax
+ * log-sum-exp (cuDNN's "Stats"), not the probability matrix, so backward recomputes the probabilities
+ * (flash-attention style, Dao et al. 2022). Kernel family "attention".
  */
 #pragma once
 
-#include "cuda_common.cuh"
+#include "../core/cuda_utils.cuh"
 
 #ifdef USE_CUDNN
 #include "cudnn_att.h"
 #endif
-
-/* Saved by attention forward for backward: the softmax log-sum-exp per (b, head, query). */
-#define ATT_STATS_SIZE(B, NH, T) ((size_t)(B) * (NH) * (T))
 
 static inline void attention_init(void) {
 #ifdef USE_CUDNN
@@ -182,7 +179,7 @@ static DeviceScratch g_attention_scratch;
 /*
  * Causal attention with grouped-query heads: qkv (B, T, QKV) rows [q (NH*HS) | k (NKV*HS) | v (NKV*HS)],
  * query head h reads kv head h / (NH / NKV); out (B, T, NH*HS) = softmax(q k^T / sqrt(HS)) v, BF16;
- * stats (ATT_STATS_SIZE floats) keeps the softmax log-sum-exp for backward.
+ * stats (att_stats_size floats: (B, NH, T)) keeps the softmax log-sum-exp for backward.
  */
 static inline void op_attention_forward(act_t* out, float* stats, const act_t* qkv, int B, int T, int NH, int NKV, int HS) {
 #ifdef USE_CUDNN

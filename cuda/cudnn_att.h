@@ -1,6 +1,6 @@
 /*
  * Causal grouped-query attention through cuDNN's fused SDPA (flash attention) kernels, behind a plain C
- * interface. The implementation (llama/cudnn_att.cpp) is host-only C++ on the cuDNN frontend graph API,
+ * interface. The implementation (cuda/cudnn_att.cpp) is host-only C++ on the cuDNN frontend graph API,
  * compiled once by g++ into build/cudnn_att.o: the frontend headers take minutes to compile, so the CUDA
  * trainer's translation unit never includes them (DESIGN.md section 9, build targets).
  *

@@ -1,39 +1,32 @@
 /*
- * The CPU backend of llama/model.h: memory functions (plain malloc) and every op of the model, in FP32
- * with OpenMP over rows and OpenBLAS for the GEMMs. It is the reference the GPU build is checked
- * against, so it emulates the GPU's numerics: in -p bf16 and fp8 every op rounds the values it stores
- * to BF16 (bf16_round) exactly where the GPU stores BF16, FP8 operands go through the same casts
- * (fp8/fp8.h) and an FP8 GEMM multiplies the exact FP8 values with FP32 accumulation before applying
- * scale_inv_a * scale_inv_b, as cuBLASLt does. The casts are bit-identical to the GPU's; the rest differs
- * in the last bits: summation order, the tensor cores' accumulators (FP8 fast accumulation), cuDNN's
- * flash attention rounding P and dS to BF16, RMSNorm and softmax sums in double here against FP32
- * there, and glibc's expf against CUDA's. dev/cuda/kernel_cases.cuh states each op's tolerance.
- * Reductions use fixed chunking, so results do not depend on the thread count and a resumed run repeats
- * the uninterrupted one bit for bit.
- *
- * Contracts (shared with llama/ops_cuda.cuh): tensors are row-major; "store" means the value is written
- * in the activation type (BF16-rounded here in bf16/fp8 mode); gradient outputs named "+=" accumulate.
+ * The CPU backend: llama/backend.h's contract in FP32 with OpenMP over rows and the FP8 library's CPU
+ * emulation (fp8/cast_cpu.h, fp8/gemm_cpu.h: OpenBLAS GEMMs). It is the reference the GPU build is checked
+ * against, so it emulates the GPU's numerics: in -p bf16 and fp8 every op rounds the values it stores to
+ * BF16 (bf16_round) exactly where the GPU stores BF16, FP8 operands go through the same casts, and an FP8
+ * GEMM multiplies the exact FP8 values with FP32 accumulation before applying scale_inv_a * scale_inv_b,
+ * as cuBLASLt does. The casts are bit-identical to the GPU's; the rest differs in the last bits:
+ * summation order, the tensor cores' accumulators (FP8 fast accumulation), cuDNN's flash attention
+ * rounding P and dS to BF16, RMSNorm and softmax sums in double here against FP32 there, and glibc's expf
+ * against CUDA's. dev/cuda/kernel_cases.cuh states each op's tolerance. Reductions use fixed chunking,
+ * so results do not depend on the thread count and a resumed run repeats the uninterrupted one bit for
+ * bit. Sections follow the GPU kernel files of cuda/ and the op families of dev/cuda.
  */
 #pragma once
 
 #include <math.h>
 #include <omp.h>
 
-#ifndef LLM8_NO_BLAS
-#include <cblas.h>
-#endif
+#include "../core/common.h"
+#include "../fp8/cast_cpu.h"
+#include "../fp8/gemm_cpu.h"
 
-#include "common.h"
-#include "config.h"
-#include "op_math.h"
-#include "optim.h"
-#include "../fp8/fp8.h"
-#include "../fp8/gemm.h"
-
+/* Activations and working weights are floats here, rounded to BF16 values in -p bf16 and fp8. */
 typedef float act_t;
+#define LLM8_BACKEND "cpu"
 
-/* Attention backward needs the softmax probabilities: (B, NH, T, T) floats per layer. */
-#define ATT_STATS_SIZE(B, NH, T) ((size_t)(B) * (NH) * (T) * (T))
+#include "../llama/backend.h"
+#include "../llama/op_math.h"
+#include "../llama/optim.h"
 
 static int g_round_bf16 = 0; /* set by backend_init from -p: activations are stored as BF16 values */
 
@@ -63,6 +56,8 @@ static inline double backend_peak_flops(Precision p) {
     return 0.0;
 }
 static inline double backend_memory_mib(void) { return 0.0; }
+/* Attention backward reads the softmax probabilities: (B, NH, T, T) floats per layer. */
+static inline size_t att_stats_size(size_t B, int NH, int T) { return B * (size_t)NH * (size_t)T * (size_t)T; }
 
 /* ---------------------------------------------------------------- elementwise and row ops */
 
@@ -357,140 +352,21 @@ static inline void op_adamw(float* master, float* m, float* v, const float* grad
     for (size_t i = 0; i < n; i++) adamw_update(&master[i], &m[i], &v[i], grads[i] * grad_scale, lr, wd, bc1, bc2_sqrt);
 }
 
-/* ---------------------------------------------------------------- FP8 */
+/* ---------------------------------------------------------------- FP8 and GEMM (the FP8 library's CPU emulation) */
 
-/* s->amax = max |x| over n values; NaN if any is NaN (amax_combine). */
-static inline void op_amax(Fp8Scale* s, const act_t* x, size_t n) {
-    size_t chunks = ceil_div(n, REDUCE_CHUNK);
-    float* part = (float*)mallocCheck(chunks * sizeof(float));
-#pragma omp parallel for schedule(static)
-    for (size_t k = 0; k < chunks; k++) {
-        size_t end = (k + 1) * REDUCE_CHUNK < n ? (k + 1) * REDUCE_CHUNK : n;
-        float a = 0.0f;
-        for (size_t i = k * REDUCE_CHUNK; i < end; i++) a = amax_combine(a, fabsf(x[i]));
-        part[k] = a;
-    }
-    float a = 0.0f;
-    for (size_t k = 0; k < chunks; k++) a = amax_combine(a, part[k]);
-    free(part);
-    s->amax = a;
-}
+static inline void op_amax(Fp8Scale* s, const act_t* x, size_t n) { fp8_amax_cpu(s, x, n); }
 
-/*
- * Sets s->scale / s->scale_inv from s->amax (fp8_compute_scale), then casts x (rows, cols) into codes
- * out (rows, cols) and out_t (cols, rows); either may be NULL. counts (may be NULL) accumulates the
- * cast statistics (fp8.h Fp8Counts).
- */
 static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols, Fp8Format f,
                                      Fp8Scale* s, int pow2, Fp8Counts* counts) {
-    fp8_scale_set(s, s->amax, f, pow2);
-    float scale = s->scale;
-    unsigned long long sat = 0, under = 0, nonzero = 0;
-#pragma omp parallel for schedule(static) reduction(+ : sat, under, nonzero)
-    for (size_t i = 0; i < rows; i++) {
-        for (size_t j = 0; j < cols; j++) {
-            float v = x[i * cols + j];
-            uint8_t code = fp8_quantize(v, scale, f);
-            if (out) out[i * cols + j] = code;
-            if (out_t) out_t[j * rows + i] = code;
-            sat += (unsigned long long)fp8_is_max(code, f);
-            nonzero += v != 0.0f;
-            under += v != 0.0f && fp8_is_zero(code);
-        }
-    }
-    if (counts) {
-        counts->saturated += sat;
-        counts->underflow += under;
-        counts->nonzero += nonzero;
-        counts->count += (unsigned long long)rows * cols;
-    }
+    fp8_cast_transpose_cpu(out, out_t, x, rows, cols, f, s, pow2, counts);
 }
 
-/* ---------------------------------------------------------------- GEMM */
-
-static float g_fp8_lut[2][256];
-static int g_fp8_lut_ready = 0;
-
-/* Decodes n FP8 codes to floats (exact). */
-static inline void fp8_decode(float* out, const uint8_t* codes, size_t n, Fp8Format f) {
-    if (!g_fp8_lut_ready) {
-        for (int c = 0; c < 256; c++) {
-            g_fp8_lut[0][c] = fp8_to_float((uint8_t)c, FP8_E4M3);
-            g_fp8_lut[1][c] = fp8_to_float((uint8_t)c, FP8_E5M2);
-        }
-        g_fp8_lut_ready = 1;
-    }
-    const float* lut = g_fp8_lut[f];
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) out[i] = lut[codes[i]];
-}
-
-/* Grow-only scratch for decoded FP8 operands (ops run one at a time). */
-static float* g_gemm_scratch[2] = {NULL, NULL};
-static size_t g_gemm_scratch_len[2] = {0, 0};
-
-static inline const float* gemm_operand(const void* p, DType t, size_t n, int which) {
-    if (!dtype_is_fp8(t)) return (const float*)p;
-    if (g_gemm_scratch_len[which] < n) {
-        free(g_gemm_scratch[which]);
-        g_gemm_scratch[which] = (float*)mallocCheck(n * sizeof(float));
-        g_gemm_scratch_len[which] = n;
-    }
-    fp8_decode(g_gemm_scratch[which], (const uint8_t*)p, n, t == DT_E4M3 ? FP8_E4M3 : FP8_E5M2);
-    return g_gemm_scratch[which];
-}
-
-#ifdef LLM8_NO_BLAS
-/*
- * Column-major SGEMM for machines without OpenBLAS (make BLAS=none, e.g. a GPU host where nothing can be
- * installed): C (m x n, ldc) = alpha op(A) op(B) + beta C with FP32 accumulation, one column per thread.
- * Slow; enough for the reference model and the kernel checks' small shapes.
- */
-static inline void sgemm_fallback(int transA, int transB, int m, int n, int k, float alpha, const float* A, int lda,
-                                  const float* B, int ldb, float beta, float* C, int ldc) {
-#pragma omp parallel for schedule(static)
-    for (int j = 0; j < n; j++) {
-        for (int i = 0; i < m; i++) {
-            float acc = 0.0f;
-            for (int p = 0; p < k; p++) {
-                float a = transA ? A[(size_t)i * lda + p] : A[(size_t)p * lda + i];
-                float b = transB ? B[(size_t)p * ldb + j] : B[(size_t)j * ldb + p];
-                acc += a * b;
-            }
-            float* c = &C[(size_t)j * ldc + i];
-            *c = alpha * acc + (beta != 0.0f ? beta * *c : 0.0f);
-        }
-    }
-}
-#endif
-
-/*
- * The GEMM contract of fp8/gemm.h (column-major, cuBLASLt semantics):
- * D (m x n) = scale_a * scale_b * op(A) op(B) [+ D], accumulated in FP32 (OpenBLAS sgemm); a DT_ACT D is
- * then stored in the activation type. scale_inv_a / scale_inv_b point to the FP8 operands' scale_inv
- * (NULL for non-FP8 operands). fast_accum has no CPU counterpart (FP32 accumulation throughout).
- * Stops with gemm_check's reason for a GEMM cuBLASLt could not run.
- */
-static inline void op_gemm(void* D, DType dt, const void* A, DType at, int transA, const void* B, DType bt, int transB,
-                           int m, int n, int k, const float* scale_inv_a, const float* scale_inv_b, int accumulate,
-                           int fast_accum) {
-    (void)fast_accum;
-    char why[256];
-    if (gemm_check(at, transA, bt, transB, m, n, k, why, sizeof(why))) die("%s", why);
-    if (dt != DT_F32 && dt != DT_ACT) die("GEMM output type %s is not supported", dtype_name(dt));
-    float alpha = 1.0f;
-    if (dtype_is_fp8(at)) alpha = *scale_inv_a * *scale_inv_b;
-    const float* a = gemm_operand(A, at, (size_t)m * k, 0);
-    const float* b = gemm_operand(B, bt, (size_t)k * n, 1);
-    float* d = (float*)D;
-#ifdef LLM8_NO_BLAS
-    sgemm_fallback(transA, transB, m, n, k, alpha, a, transA ? k : m, b, transB ? n : k, accumulate ? 1.0f : 0.0f, d, m);
-#else
-    cblas_sgemm(CblasColMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
-                transA ? k : m, b, transB ? n : k, accumulate ? 1.0f : 0.0f, d, m);
-#endif
-    if (dt == DT_ACT && g_round_bf16) {
-        size_t total = (size_t)m * n;
+/* gemm_cpu, then a DT_ACT output rounded to BF16 values where the GPU stores BF16. */
+static inline void op_gemm(const GemmCall* g) {
+    gemm_cpu(g);
+    if (g->d_type == DT_ACT && g_round_bf16) {
+        float* d = (float*)g->d;
+        size_t total = g->m * g->n;
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < total; i++) d[i] = bf16_round(d[i]);
     }

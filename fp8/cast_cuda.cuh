@@ -1,14 +1,14 @@
 /*
- * The FP8 current-scaling kernels of the CUDA backend: op_amax (max |x| of a BF16 tensor into its
- * device-side Fp8Scale) and op_cast_transpose (scale from that amax, then the cast to E4M3/E5M2 codes
- * written row-major and/or transposed in one pass). The policy and the cast are fp8/fp8.h's functions,
- * the same ones the CPU reference runs, so the codes are bit-identical to the CPU's. Neither op
+ * The FP8 current-scaling kernels of the GPU: fp8_amax_cuda (max |x| of a BF16 tensor into its
+ * device-side Fp8Scale) and fp8_cast_transpose_cuda (scale from that amax, then the cast to E4M3/E5M2
+ * codes written row-major and/or transposed in one pass). The policy and the cast are fp8.h's functions,
+ * the same ones the CPU emulation (cast_cpu.h) runs, so the codes are bit-identical to the CPU's. Neither
  * synchronizes with the host: the scale lives in device memory and the GEMM reads it there.
  */
 #pragma once
 
 #include "fp8.h"
-#include "../llama/cuda_common.cuh"
+#include "../core/cuda_utils.cuh"
 
 /* BF16 elements per 16-byte vector load. */
 #define BF16_PER_VEC 8
@@ -19,7 +19,7 @@
  * order of the magnitudes, +Inf (0x7f80) above every finite value and every NaN above +Inf, so a NaN
  * anywhere yields a NaN amax as amax_combine demands. Two 16-bit lanes per 32-bit word (__vmaxu2).
  */
-__global__ void amax_kernel(unsigned int* amax_bits, const act_t* x, size_t n, int vectorized) {
+__global__ void amax_kernel(unsigned int* amax_bits, const __nv_bfloat16* x, size_t n, int vectorized) {
     unsigned int m2 = 0; /* two running 16-bit maxima */
     size_t done = 0;
     if (vectorized) {
@@ -47,7 +47,7 @@ __global__ void amax_kernel(unsigned int* amax_bits, const act_t* x, size_t n, i
  * and recomputed on every call; the atomicMax on the value's bits is order-independent, so the result is
  * deterministic. No host synchronization.
  */
-static inline void op_amax(Fp8Scale* s, const act_t* x, size_t n) {
+static inline void fp8_amax_cuda(Fp8Scale* s, const __nv_bfloat16* x, size_t n) {
     cudaCheck(cudaMemsetAsync(&s->amax, 0, sizeof(float), 0));
     int vectorized = ((uintptr_t)x % sizeof(uint4)) == 0;
     amax_kernel<<<grid_for(ceil_div(n, BF16_PER_VEC), BLOCK_THREADS), BLOCK_THREADS>>>((unsigned int*)&s->amax, x, n,
@@ -69,7 +69,7 @@ static inline void op_amax(Fp8Scale* s, const act_t* x, size_t n) {
  * shared memory and writes them to out_t (cols, rows) along the transposed rows, both coalesced.
  * Block 0 publishes scale and scale_inv; amax is only read.
  */
-__global__ void __launch_bounds__(CT_THREADS) cast_transpose_kernel(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows,
+__global__ void __launch_bounds__(CT_THREADS) cast_transpose_kernel(uint8_t* out, uint8_t* out_t, const __nv_bfloat16* x, size_t rows,
                                                                     size_t cols, size_t tiles_x, Fp8Scale* s, Fp8Format f,
                                                                     int pow2, Fp8Counts* counts) {
     __shared__ uint8_t tile[CT_TILE][CT_TILE + CT_PAD];
@@ -129,8 +129,8 @@ __global__ void __launch_bounds__(CT_THREADS) cast_transpose_kernel(uint8_t* out
  * into FP8 codes out (rows, cols) and out_t (cols, rows); either may be NULL. counts (device, may be
  * NULL) accumulates the cast statistics (fp8.h Fp8Counts) with integer atomics.
  */
-static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols, Fp8Format f,
-                                     Fp8Scale* s, int pow2, Fp8Counts* counts) {
+static inline void fp8_cast_transpose_cuda(uint8_t* out, uint8_t* out_t, const __nv_bfloat16* x, size_t rows, size_t cols,
+                                           Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts) {
     /* an empty tensor still gets one block, which publishes the scale */
     size_t tiles_x = cols > 0 ? ceil_div(cols, CT_TILE) : 1, tiles = rows > 0 ? ceil_div(rows, CT_TILE) * tiles_x : 1;
     if (tiles > INT32_MAX) die("cast-transpose of a (%zu, %zu) tensor needs more than 2^31 tiles", rows, cols);

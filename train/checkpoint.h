@@ -1,11 +1,11 @@
 /*
- * Model checkpoints and training state, read and written by both builds (README "File formats").
+ * Training checkpoints, read and written by both builds (README "File formats"): a step's model
+ * checkpoint (llama/model_file.h), every rank's training state and the DONE marker.
  *
- * A model checkpoint is a 256-word header (magic, version, every config field, dtype) followed by the
- * float32 parameters in params.h's order. The training state of a rank holds what exact resume needs
- * beyond the weights: step, data position, sampling RNG, skip counter, AdamW moments and this rank's
- * FP32 master weights, plus the run settings that must not change across a resume (compared field by
- * field, so a mismatch names the setting) and a hash of them.
+ * The training state of a rank holds what exact resume needs beyond the weights: step, data position,
+ * sampling RNG, skip counter, AdamW moments and this rank's FP32 master weights, plus the run settings
+ * that must not change across a resume (compared field by field, so a mismatch names the setting) and a
+ * hash of them.
  *
  * Every file is written to "<name>.tmp", fsynced and renamed; the step's DONE_<step> marker is written
  * the same way only after the model and every state file exist, and resume picks the newest marker, so
@@ -15,110 +15,12 @@
 
 #include <dirent.h>
 
-#include "config.h"
-#include "params.h"
-#include "rng.h"
+#include "../core/rng.h"
 #include "../dataloader/dataloader.h"
+#include "../llama/model_file.h"
 
-#define MODEL_MAGIC 20251129
-#define MODEL_VERSION 1
 #define STATE_MAGIC 20251130
 #define STATE_VERSION 1
-#define HEADER_INTS 256
-#define DTYPE_FLOAT32 0
-
-static inline int32_t f32_word(float x) {
-    int32_t w;
-    memcpy(&w, &x, 4);
-    return w;
-}
-
-static inline float word_f32(int32_t w) {
-    float x;
-    memcpy(&x, &w, 4);
-    return x;
-}
-
-static inline void config_to_header(const LlamaConfig* c, int32_t* h) {
-    h[2] = c->dim;
-    h[3] = c->n_layers;
-    h[4] = c->n_heads;
-    h[5] = c->n_kv_heads;
-    h[6] = c->ffn_dim;
-    h[7] = c->vocab_size;
-    h[8] = c->max_seq_len;
-    h[9] = f32_word(c->norm_eps);
-    h[10] = f32_word(c->rope_theta);
-    h[11] = DTYPE_FLOAT32;
-}
-
-/*
- * Opens a model checkpoint, checks magic, version, dtype and that the file size matches the header,
- * and returns the file positioned at the parameters. Stops with one line naming the file otherwise.
- */
-static inline FILE* checkpoint_open(const char* path, LlamaConfig* cfg) {
-    FILE* f = fopenCheck(path, "rb");
-    size_t bytes = file_size(f, path);
-    if (bytes < HEADER_INTS * sizeof(int32_t)) die("%s: truncated model checkpoint: %zu bytes, shorter than its header", path, bytes);
-    int32_t h[HEADER_INTS];
-    freadCheck(h, sizeof(int32_t), HEADER_INTS, f, path);
-    if (h[0] != MODEL_MAGIC) die("%s: bad magic %d in model checkpoint (expected %d)", path, h[0], MODEL_MAGIC);
-    if (h[1] != MODEL_VERSION) die("%s: unsupported model checkpoint version %d (expected %d)", path, h[1], MODEL_VERSION);
-    if (h[11] != DTYPE_FLOAT32) die("%s: unsupported parameter dtype %d (expected 0 = float32)", path, h[11]);
-    cfg->dim = h[2];
-    cfg->n_layers = h[3];
-    cfg->n_heads = h[4];
-    cfg->n_kv_heads = h[5];
-    cfg->ffn_dim = h[6];
-    cfg->vocab_size = h[7];
-    cfg->max_seq_len = h[8];
-    cfg->norm_eps = word_f32(h[9]);
-    cfg->rope_theta = word_f32(h[10]);
-    if (cfg->dim <= 0 || cfg->n_layers <= 0 || cfg->n_heads <= 0 || cfg->n_kv_heads <= 0 || cfg->ffn_dim <= 0 || cfg->vocab_size <= 0)
-        die("%s: model checkpoint header has a non-positive dimension", path);
-    size_t expected = HEADER_INTS * sizeof(int32_t) + param_count(cfg) * sizeof(float);
-    if (bytes != expected)
-        die("%s: truncated or oversized model checkpoint: expected %zu bytes for this config, found %zu", path, expected, bytes);
-    return f;
-}
-
-/* Reads the config of a checkpoint (validating the file). */
-static inline void checkpoint_read_config(const char* path, LlamaConfig* cfg) {
-    FILE* f = checkpoint_open(path, cfg);
-    fcloseCheck(f, path);
-}
-
-/* Reads the parameters (float32, param_count(cfg) elements) of a checkpoint whose config is *cfg. */
-static inline void checkpoint_read_params(const char* path, const LlamaConfig* cfg, float* params) {
-    LlamaConfig file_cfg;
-    FILE* f = checkpoint_open(path, &file_cfg);
-    if (memcmp(&file_cfg, cfg, sizeof(LlamaConfig)) != 0) die("%s: model config differs from the run's", path);
-    freadCheck(params, sizeof(float), param_count(cfg), f, path);
-    fcloseCheck(f, path);
-}
-
-/*
- * Starts a model checkpoint: opens "<path>.tmp" (name in tmp) and writes the header; the caller writes
- * the param_count(cfg) float32 parameters and finishes with atomic_commit(f, tmp, path).
- */
-static inline FILE* checkpoint_write_begin(const char* path, char* tmp, size_t tmp_len, const LlamaConfig* cfg) {
-    int32_t h[HEADER_INTS];
-    memset(h, 0, sizeof(h));
-    h[0] = MODEL_MAGIC;
-    h[1] = MODEL_VERSION;
-    config_to_header(cfg, h);
-    FILE* f = atomic_open(path, tmp, tmp_len);
-    fwriteCheck(h, sizeof(int32_t), HEADER_INTS, f, tmp);
-    return f;
-}
-
-/* Writes a model checkpoint atomically. params: float32, param_count(cfg) elements, on the host. */
-static inline void checkpoint_write(const char* path, const LlamaConfig* cfg, const float* params) {
-    char tmp[TMP_PATH_LEN];
-    FILE* f = checkpoint_write_begin(path, tmp, sizeof(tmp), cfg);
-    fwriteCheck(params, sizeof(float), param_count(cfg), f, tmp);
-    atomic_commit(f, tmp, path);
-}
 
 /*
  * Settings a resume must keep: changing any of them would change the run's batches or numerics.
@@ -131,9 +33,39 @@ typedef struct {
     int64_t total_batch, seed;
 } RunIdentity;
 
-static const char* const RUN_IDENTITY_FIELDS[] = {
-    "model config (-e)", "-b", "-t", "number of ranks", "-z", "-p", "--shuffle", "--pow2-scales", "-r", "-d", "--seed",
+/* One setting of RunIdentity besides the model config: the flag that sets it and where it is. */
+typedef struct {
+    const char* flag;
+    size_t offset;
+    size_t size; /* 4 or 8 bytes */
+} RunSetting;
+
+#define RUN_SETTING(flag, field) {flag, offsetof(RunIdentity, field), sizeof(((RunIdentity*)0)->field)}
+static const RunSetting RUN_SETTINGS[] = {
+    RUN_SETTING("-b", B),
+    RUN_SETTING("-t", T),
+    RUN_SETTING("number of ranks", world),
+    RUN_SETTING("-z", zero_stage),
+    RUN_SETTING("-p", precision),
+    RUN_SETTING("--shuffle", shuffle),
+    RUN_SETTING("--pow2-scales", pow2_scales),
+    RUN_SETTING("-r", recompute),
+    RUN_SETTING("-d", total_batch),
+    RUN_SETTING("--seed", seed),
 };
+#define NUM_RUN_SETTINGS (sizeof(RUN_SETTINGS) / sizeof(RUN_SETTINGS[0]))
+
+static inline long long run_setting_value(const RunIdentity* id, const RunSetting* s) {
+    const char* p = (const char*)id + s->offset;
+    if (s->size == sizeof(int64_t)) {
+        int64_t v;
+        memcpy(&v, p, sizeof(v));
+        return v;
+    }
+    int32_t v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
 
 /* FNV-1a hash of the run identity (the "config hash" of the training state). */
 static inline uint32_t run_identity_hash(const RunIdentity* id) {
@@ -149,20 +81,19 @@ static inline uint32_t run_identity_hash(const RunIdentity* id) {
  */
 static inline int run_identity_diff(const RunIdentity* a, const RunIdentity* b, char* why, size_t len) {
     if (memcmp(&a->cfg, &b->cfg, sizeof(a->cfg)) != 0) {
-        snprintf(why, len, "%s (checkpoint dim %d / %d layers, now dim %d / %d layers)", RUN_IDENTITY_FIELDS[0], a->cfg.dim,
+        snprintf(why, len, "model config (-e) (checkpoint dim %d / %d layers, now dim %d / %d layers)", a->cfg.dim,
                  a->cfg.n_layers, b->cfg.dim, b->cfg.n_layers);
         return 1;
     }
-    long long x[10] = {a->B, a->T, a->world, a->zero_stage, a->precision, a->shuffle, a->pow2_scales, a->recompute,
-                       (long long)a->total_batch, (long long)a->seed};
-    long long y[10] = {b->B, b->T, b->world, b->zero_stage, b->precision, b->shuffle, b->pow2_scales, b->recompute,
-                       (long long)b->total_batch, (long long)b->seed};
-    for (int i = 0; i < 10; i++) {
-        if (x[i] != y[i]) {
-            if (i == 4) snprintf(why, len, "-p (checkpoint %s, now %s)", precision_name((Precision)x[i]), precision_name((Precision)y[i]));
-            else snprintf(why, len, "%s (checkpoint %lld, now %lld)", RUN_IDENTITY_FIELDS[1 + i], x[i], y[i]);
-            return 1;
-        }
+    for (size_t i = 0; i < NUM_RUN_SETTINGS; i++) {
+        const RunSetting* s = &RUN_SETTINGS[i];
+        long long x = run_setting_value(a, s), y = run_setting_value(b, s);
+        if (x == y) continue;
+        if (s->offset == offsetof(RunIdentity, precision))
+            snprintf(why, len, "-p (checkpoint %s, now %s)", precision_name((Precision)x), precision_name((Precision)y));
+        else
+            snprintf(why, len, "%s (checkpoint %lld, now %lld)", s->flag, x, y);
+        return 1;
     }
     return 0;
 }

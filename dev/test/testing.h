@@ -7,8 +7,8 @@
 
 #include <math.h>
 
-#include "checkpoint.h"
-#include "common.h"
+#include "../../core/common.h"
+#include "../../llama/model_file.h"
 
 /* ------------------------------------------------------------ registry */
 

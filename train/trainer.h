@@ -1,8 +1,8 @@
 /*
  * The training program both builds run: arguments, model and data set-up, the step loop (validation,
  * samples, checkpoints, gradient accumulation, clipping, AdamW, skip of non-finite steps), logging and
- * exact resume. Included after a backend and llama/model.h; train_llama.c and train_llama.cu are this
- * file plus a backend.
+ * exact resume. Included after a backend (cpu/backend.h or cuda/backend.cuh): train_llama.c and
+ * train_llama.cu are this file plus a backend.
  *
  * Step k (0-based) of -x K: validation when k % -v == 0 or k == K; at k == K also the final checkpoint;
  * then, for k < K, grad_accum_steps micro-steps of forward + backward, the global gradient norm, and
@@ -13,9 +13,9 @@
 #include "checkpoint.h"
 #include "cli.h"
 #include "logger.h"
-#include "model.h"
 #include "../dataloader/dataloader.h"
 #include "../dataloader/tokenizer.h"
+#include "../llama/model.h"
 
 typedef struct {
     TrainArgs args;
@@ -34,6 +34,9 @@ typedef struct {
     int total_skips;
     int overfit_loaded;     /* -a 1: the one batch is in tr->train */
 } Trainer;
+
+/* Mixed into --seed for the sampling generator, so samples do not replay the init's draws ("sample" in ASCII). */
+#define SAMPLE_SEED_SALT 0x73616d706c65ull
 
 /* llm.c / PaLM (Chowdhery et al. 2022, appendix B) FLOPs per token of a training step: 6 N + 12 L C T. */
 static inline double flops_per_token(const LlamaConfig* c, int T) {
@@ -301,7 +304,7 @@ static inline void trainer_init(Trainer* tr, int argc, char** argv) {
     trainer_load_weights(tr);
     printf("+-----------------------------------------------------------------------\n");
 
-    rng_seed(&tr->sample_rng, (uint64_t)a->seed ^ 0x73616d706c65ull);
+    rng_seed(&tr->sample_rng, (uint64_t)a->seed ^ SAMPLE_SEED_SALT);
     if (a->resume) trainer_resume(tr);
     if (tr->rank == 0)
         logger_init(&tr->logger, a->output_dir, a->resume ? tr->step : -1,

@@ -1,0 +1,45 @@
+/*
+ * The CPU backend (cpu/backend.h) as its own object, build/cpu_reference.o, compiled by gcc with OpenMP
+ * and BLAS, under names with a cpu_ref_ prefix: what test_llama and the kernel playground
+ * (dev/cuda/kernel_cases.cuh) compare every GPU op with. Each function is the CPU op of the same name in
+ * llama/backend.h's contract with act_t = float (host pointers); the object is put in BF16 mode by
+ * cpu_ref_init(PRECISION_BF16) so that it rounds to BF16 wherever the GPU stores BF16.
+ */
+#pragma once
+
+#include "../../fp8/gemm.h"
+#include "../../llama/config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+void cpu_ref_init(Precision p);
+size_t cpu_ref_att_stats_size(size_t B, int NH, int T);
+void cpu_ref_params_from_master(float* out, const float* master, size_t n);
+void cpu_ref_encoder_forward(float* out, const int* tokens, const float* wte, size_t N, int C);
+void cpu_ref_encoder_backward(float* dwte, const float* dout, const int* tokens, size_t N, int C);
+void cpu_ref_rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, size_t N, int C, float eps);
+void cpu_ref_residual_rmsnorm_forward(float* resid_out, float* norm_out, float* rstd, const float* resid_in,
+                                      const float* branch, const float* weight, size_t N, int C, float eps);
+void cpu_ref_rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                              const float* rstd, size_t N, int C);
+void cpu_ref_rope_forward(float* qkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int NKV, int HS);
+void cpu_ref_rope_backward(float* dqkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int NKV, int HS);
+void cpu_ref_attention_forward(float* out, float* stats, const float* qkv, int B, int T, int NH, int NKV, int HS);
+void cpu_ref_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* stats, int B,
+                                int T, int NH, int NKV, int HS);
+void cpu_ref_swiglu_forward(float* out, const float* inp, size_t N, int F);
+void cpu_ref_swiglu_backward(float* dinp, const float* dout, const float* inp, size_t N, int F);
+void cpu_ref_classifier(float* logits, float* losses, const int* targets, size_t N, int V, float dloss);
+double cpu_ref_sum_squares(const float* x, size_t n);
+void cpu_ref_adamw(float* master, float* m, float* v, const float* grads, size_t n, float lr, float wd, float bc1,
+                   float bc2_sqrt, float grad_scale);
+void cpu_ref_amax(Fp8Scale* s, const float* x, size_t n);
+void cpu_ref_cast_transpose(uint8_t* out, uint8_t* out_t, const float* x, size_t rows, size_t cols, Fp8Format f,
+                            Fp8Scale* s, int pow2, Fp8Counts* counts);
+void cpu_ref_gemm(const GemmCall* g);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,128 @@
+/*
+ * The backend contract: every function the model (llama/model.h) and the training program (train/)
+ * call on a backend, with shapes, types and error behaviour. Each backend (cpu/backend.h,
+ * cuda/backend.cuh) defines `act_t` and LLM8_BACKEND, includes this header, then defines every function
+ * below, so a definition whose signature drifts from its prototype is a compile error: "conflicting
+ * types" in C (gcc), and "referenced but not defined" for nvcc, which the Makefile turns into an error
+ * (--diag-error 114) because C++ would otherwise take the drifted definition for an overload.
+ *
+ * Conventions: tensors are row-major and contiguous; pointers are device pointers on the GPU (host
+ * memory on the CPU), Fp8Scale and Fp8Counts included; "act" is act_t, the activation type (BF16 on the
+ * GPU; float on the CPU, rounded to BF16 values in -p bf16/fp8 wherever the GPU stores BF16); every op
+ * computes in FP32; gradient outputs marked "+=" accumulate into what is there. Ops are asynchronous on
+ * the GPU unless they return a host value. Errors (a failing library call, out of memory, a GEMM the
+ * FP8 rules forbid) stop the program with one line naming the call; nothing returns an error code.
+ * N = B*T tokens, C model width, F SwiGLU width, V vocabulary, NH/NKV query/kv heads of HS dims each,
+ * QKV = (NH + 2 NKV) HS. The formulas are op_math.h's.
+ */
+#pragma once
+
+#ifndef LLM8_BACKEND
+#error "include a backend (cpu/backend.h or cuda/backend.cuh) before llama/backend.h"
+#endif
+
+#include "config.h"
+#include "../fp8/fp8.h"
+#include "../fp8/gemm.h"
+
+/* ---------------------------------------------------------------- memory */
+
+/* `bytes` of backend memory (device memory on the GPU); stops naming the size when it cannot. */
+static inline void* dev_alloc(size_t bytes);
+static inline void dev_free(void* p);
+/* Host -> backend and backend -> host copies; synchronous (ordered after all queued work). */
+static inline void dev_upload(void* dst, const void* src, size_t bytes);
+static inline void dev_download(void* dst, const void* src, size_t bytes);
+static inline void dev_zero(void* p, size_t bytes);
+/* out (n) host floats = x (n) act values (exact). */
+static inline void act_to_float_host(float* out, const act_t* x, size_t n);
+
+/* ---------------------------------------------------------------- backend */
+
+/* Prepares the backend for precision p (GPU: device, cuBLASLt, cuDNN); stops when it cannot run p. */
+static inline void backend_init(Precision p);
+/* Waits for all queued work; surfaces asynchronous faults. */
+static inline void backend_synchronize(void);
+static inline const char* backend_name(void);
+/* Peak FLOP/s of the device in precision p, for MFU; 0 when unknown. */
+static inline double backend_peak_flops(Precision p);
+/* Backend memory in use, MiB (0 when not meaningful). */
+static inline double backend_memory_mib(void);
+/* Floats op_attention_forward keeps per layer for backward (the CPU keeps probabilities, the GPU log-sum-exps). */
+static inline size_t att_stats_size(size_t B, int NH, int T);
+
+/* ---------------------------------------------------------------- weights and embedding */
+
+/* out (n) act = master (n) FP32, rounded to nearest even. */
+static inline void op_params_from_master(act_t* out, const float* master, size_t n);
+/* out (N, C) = wte[tokens] with wte (V, C); tokens (N) backend int. */
+static inline void op_encoder_forward(act_t* out, const int* tokens, const act_t* wte, size_t N, int C);
+/* dwte (V, C) FP32 += scatter of dout (N, C) by token, each column summed in token-position order
+   (deterministic); tokens: the backend copy, tokens_host: the same tokens on the host. */
+static inline void op_encoder_backward(float* dwte, const act_t* dout, const int* tokens, const int* tokens_host, size_t N,
+                                       int C);
+
+/* ---------------------------------------------------------------- RMSNorm */
+
+/* out (N, C) = inp * rstd * weight, rstd (N) FP32 = 1 / sqrt(mean(inp^2) + eps) (HF LlamaRMSNorm). */
+static inline void op_rmsnorm_forward(act_t* out, float* rstd, const act_t* inp, const act_t* weight, size_t N, int C,
+                                      float eps);
+/* resid_out (N, C) = resid_in + branch (stored act), then norm_out, rstd = RMSNorm(resid_out), fused. */
+static inline void op_residual_rmsnorm_forward(act_t* resid_out, act_t* norm_out, float* rstd, const act_t* resid_in,
+                                               const act_t* branch, const act_t* weight, size_t N, int C, float eps);
+/* With xh = inp * rstd: dinp (N, C) += rstd * (g - xh * mean(g * xh)), g = dout * weight (stored act);
+   dweight (C) FP32 += sum over rows of dout * xh, deterministic. */
+static inline void op_rmsnorm_backward(act_t* dinp, float* dweight, const act_t* dout, const act_t* inp,
+                                       const act_t* weight, const float* rstd, size_t N, int C);
+
+/* ---------------------------------------------------------------- RoPE */
+
+/* RoPE in place on the q (NH heads) and k (NKV heads) parts of qkv (B, T, QKV), HF rotate-half:
+   (x_i, x_{i+HS/2}) rotates by pos * theta^(-2i/HS); tables cos_t, sin_t (T, HS/2) FP32. */
+static inline void op_rope_forward(act_t* qkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int NKV,
+                                   int HS);
+/* The transpose rotation, on the gradients dqkv (B, T, QKV). */
+static inline void op_rope_backward(act_t* dqkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int NKV,
+                                    int HS);
+
+/* ---------------------------------------------------------------- attention */
+
+/* Causal grouped-query attention: qkv (B, T, QKV) rows [q (NH HS) | k (NKV HS) | v (NKV HS)], query head
+   h reads kv head h / (NH / NKV) (HF repeat_kv); out (B, T, NH HS) = softmax(q k^T / sqrt(HS)) v; stats
+   (att_stats_size floats) keeps what backward needs. */
+static inline void op_attention_forward(act_t* out, float* stats, const act_t* qkv, int B, int T, int NH, int NKV, int HS);
+/* dqkv (B, T, QKV) = gradients of q, k, v (every element written; k and v summed over their group's
+   heads) given dout (B, T, NH HS) and the forward's qkv, out and stats. */
+static inline void op_attention_backward(act_t* dqkv, const act_t* dout, const act_t* qkv, const act_t* out,
+                                         const float* stats, int B, int T, int NH, int NKV, int HS);
+
+/* ---------------------------------------------------------------- SwiGLU and classifier */
+
+/* out (N, F) = silu(a) * b with inp (N, 2F) = [a | b] per row (SwiGLU, Shazeer 2020). */
+static inline void op_swiglu_forward(act_t* out, const act_t* inp, size_t N, int F);
+/* dinp (N, 2F) = [dout * b * silu'(a) | dout * silu(a)]. */
+static inline void op_swiglu_backward(act_t* dinp, const act_t* dout, const act_t* inp, size_t N, int F);
+/* Fused softmax cross-entropy: losses (N) FP32 = logsumexp(logits_i) - logits_i[target_i]; logits (N, V)
+   is overwritten with dloss * (softmax(logits_i) - onehot(target_i)). targets (N) backend int. */
+static inline void op_classifier(act_t* logits, float* losses, const int* targets, size_t N, int V, float dloss);
+
+/* ---------------------------------------------------------------- reductions and optimizer */
+
+/* Sum of x^2 over n FP32 values, returned to the host; deterministic (independent of thread counts). */
+static inline double op_sum_squares(const float* x, size_t n);
+/* AdamW (optim.h's adamw_update) on n FP32 master weights with moments m, v and grads * grad_scale. */
+static inline void op_adamw(float* master, float* m, float* v, const float* grads, size_t n, float lr, float wd, float bc1,
+                            float bc2_sqrt, float grad_scale);
+
+/* ---------------------------------------------------------------- FP8 and GEMM */
+
+/* s->amax = max |x| over n act values; NaN when any is NaN (fp8.h amax_combine). */
+static inline void op_amax(Fp8Scale* s, const act_t* x, size_t n);
+/* s->scale, s->scale_inv from s->amax (fp8_compute_scale); then x (rows, cols) cast to codes of format f,
+   written to out (rows, cols) and/or out_t (cols, rows) (either may be NULL); counts (may be NULL)
+   accumulates the cast statistics. Codes are bit-identical across backends. */
+static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols, Fp8Format f,
+                                     Fp8Scale* s, int pow2, Fp8Counts* counts);
+/* Runs a GEMM (fp8/gemm.h: build it with gemm_fprop / gemm_dgrad / gemm_wgrad); DT_ACT outputs are
+   stored in the activation type. Stops with gemm_check's reason for a GEMM the FP8 rules forbid. */
+static inline void op_gemm(const GemmCall* g);
