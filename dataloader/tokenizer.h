@@ -18,7 +18,11 @@ typedef struct {
     int ok;               /* 0 when no table was found: decoding prints ids instead */
 } Tokenizer;
 
-/* Loads `path`; a missing file leaves the tokenizer unusable (ok = 0) with a warning, a bad one stops. */
+/*
+ * Loads `path`; a missing file leaves the tokenizer unusable (ok = 0) with a warning, a bad one stops:
+ * wrong magic or version, a vocabulary larger than the file could hold (checked before allocating for
+ * it), a piece cut short, or bytes left after the last piece.
+ */
 static inline void tokenizer_init(Tokenizer* t, const char* path) {
     memset(t, 0, sizeof(*t));
     FILE* f = fopen(path, "rb");
@@ -27,10 +31,15 @@ static inline void tokenizer_init(Tokenizer* t, const char* path) {
         return;
     }
     int32_t header[TOKENIZER_HEADER_INTS];
-    freadCheck(header, sizeof(int32_t), TOKENIZER_HEADER_INTS, f, path);
+    size_t bytes = file_size(f, path);
+    freadCheck(header, sizeof(int32_t), TOKENIZER_HEADER_INTS, f, path); /* stops on a file shorter than the header */
+    size_t table_bytes = bytes - sizeof(header);
     if (header[0] != TOKENIZER_MAGIC) die("%s: bad magic %d in tokenizer header (expected %d)", path, header[0], TOKENIZER_MAGIC);
     if (header[1] != 1) die("%s: unsupported tokenizer version %d (expected 1)", path, header[1]);
     if (header[2] <= 0) die("%s: bad vocabulary size %d", path, header[2]);
+    /* every piece takes at least its length byte */
+    if ((size_t)header[2] > table_bytes)
+        die("%s: vocabulary size %d does not fit the %zu bytes after the header", path, header[2], table_bytes);
     t->vocab_size = header[2];
     t->bos_id = header[3];
     t->eos_id = header[4];
@@ -42,6 +51,7 @@ static inline void tokenizer_init(Tokenizer* t, const char* path) {
         if (len > 0) freadCheck(t->pieces[i], 1, len, f, path);
         t->pieces[i][len] = '\0';
     }
+    if (ftell(f) != (long)bytes) die("%s: %zu bytes after the last of the %d pieces", path, bytes - (size_t)ftell(f), t->vocab_size);
     fcloseCheck(f, path);
     t->ok = 1;
 }

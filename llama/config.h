@@ -77,19 +77,46 @@ static inline int precision_parse(const char* s) {
 }
 
 /*
+ * Largest value of any config dimension. Llama-2 70B's widest is 28672 (ffn); with every dimension at
+ * most 2^20 and the divisibility rules below, q/k/v widths fit an int and the parameter count (< 2^63)
+ * a size_t, so a corrupt checkpoint header cannot make the size arithmetic overflow.
+ */
+#define LLAMA_MAX_DIM (1 << 20)
+
+/*
+ * The model's invariants: returns 0 when the config keeps them, else 1 with the first one it breaks in
+ * `why` (one line). Checkpoint readers call it on a header before computing any size from it.
+ */
+static inline int llama_config_problem(const LlamaConfig* c, char* why, size_t len) {
+    const int dims[] = {c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab_size, c->max_seq_len};
+    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++) {
+        if (dims[i] <= 0 || dims[i] > LLAMA_MAX_DIM) {
+            snprintf(why, len, "every dimension must be in [1, %d] (dim %d, n_layers %d, n_heads %d, n_kv_heads %d, ffn_dim %d, vocab_size %d, max_seq_len %d)",
+                     LLAMA_MAX_DIM, c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab_size, c->max_seq_len);
+            return 1;
+        }
+    }
+    if (c->dim % c->n_heads != 0) {
+        snprintf(why, len, "dim %d is not a multiple of n_heads %d", c->dim, c->n_heads);
+    } else if (c->n_heads % c->n_kv_heads != 0) {
+        snprintf(why, len, "n_heads %d is not a multiple of n_kv_heads %d", c->n_heads, c->n_kv_heads);
+    } else if (llama_head_dim(c) % 2 != 0) {
+        snprintf(why, len, "head dim %d must be even for RoPE", llama_head_dim(c));
+    } else if (!(c->norm_eps > 0.0f) || !(c->rope_theta > 0.0f)) {
+        snprintf(why, len, "norm_eps and rope_theta must be positive");
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/*
  * Checks a configuration against the model's invariants and, for -p fp8, against the FP8 GEMM's shape
  * rule; stops with one line naming the first offending dimension. B, T: micro-batch and sequence length.
  */
 static inline void llama_config_validate(const LlamaConfig* c, int B, int T, Precision p) {
-    if (c->dim <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 || c->ffn_dim <= 0 ||
-        c->vocab_size <= 0 || c->max_seq_len <= 0)
-        die("model config: every dimension must be positive (dim %d, n_layers %d, n_heads %d, n_kv_heads %d, ffn_dim %d, vocab_size %d, max_seq_len %d)",
-            c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab_size, c->max_seq_len);
-    if (c->dim % c->n_heads != 0) die("model config: dim %d is not a multiple of n_heads %d", c->dim, c->n_heads);
-    if (c->n_heads % c->n_kv_heads != 0)
-        die("model config: n_heads %d is not a multiple of n_kv_heads %d", c->n_heads, c->n_kv_heads);
-    if (llama_head_dim(c) % 2 != 0) die("model config: head dim %d must be even for RoPE", llama_head_dim(c));
-    if (!(c->norm_eps > 0.0f) || !(c->rope_theta > 0.0f)) die("model config: norm_eps and rope_theta must be positive");
+    char why[256];
+    if (llama_config_problem(c, why, sizeof(why))) die("model config: %s", why);
     if (B <= 0 || T <= 0) die("micro-batch size -b %d and sequence length -t %d must be positive", B, T);
     if (T > c->max_seq_len) die("sequence length -t %d exceeds the model's max_seq_len %d", T, c->max_seq_len);
     if (p != PRECISION_FP8) return;

@@ -45,8 +45,9 @@ static inline float word_f32(int32_t w) {
 }
 
 /*
- * Opens a model checkpoint, checks magic, version, dtype and that the file size matches the header,
- * and returns the file positioned at the parameters. Stops with one line naming the file otherwise.
+ * Opens a model checkpoint, checks magic, version, dtype, the model's invariants on the header's config
+ * (before any size is computed from it) and that the file size matches the header, and returns the file
+ * positioned at the parameters. Stops with one line naming the file otherwise.
  */
 static inline FILE* checkpoint_open(const char* path, LlamaConfig* cfg) {
     FILE* f = fopenCheck(path, "rb");
@@ -69,11 +70,13 @@ static inline FILE* checkpoint_open(const char* path, LlamaConfig* cfg) {
     cfg->max_seq_len = h[MODEL_HDR_MAX_SEQ_LEN];
     cfg->norm_eps = word_f32(h[MODEL_HDR_NORM_EPS]);
     cfg->rope_theta = word_f32(h[MODEL_HDR_ROPE_THETA]);
-    if (cfg->dim <= 0 || cfg->n_layers <= 0 || cfg->n_heads <= 0 || cfg->n_kv_heads <= 0 || cfg->ffn_dim <= 0 || cfg->vocab_size <= 0)
-        die("%s: model checkpoint header has a non-positive dimension", path);
-    size_t expected = HEADER_INTS * sizeof(int32_t) + param_count(cfg) * sizeof(float);
-    if (bytes != expected)
-        die("%s: truncated or oversized model checkpoint: expected %zu bytes for this config, found %zu", path, expected, bytes);
+    char why[256];
+    if (llama_config_problem(cfg, why, sizeof(why))) die("%s: bad model config in the header: %s", path, why);
+    /* compared in parameters, not bytes: a header's count times 4 may not fit a size_t */
+    size_t count = param_count(cfg), stored = (bytes - HEADER_INTS * sizeof(int32_t)) / sizeof(float);
+    if (count != stored || (bytes - HEADER_INTS * sizeof(int32_t)) % sizeof(float) != 0)
+        die("%s: truncated or oversized model checkpoint: its header's config has %zu parameters, the file holds %zu bytes after the header",
+            path, count, bytes - HEADER_INTS * sizeof(int32_t));
     return f;
 }
 

@@ -76,8 +76,8 @@ static inline uint32_t run_identity_hash(const RunIdentity* id) {
 }
 
 /*
- * Compares the checkpointed run's settings a with this run's b: returns 0 when they agree, else 1 with
- * the first differing setting and both values in `why` (e.g. "-b (checkpoint 8, now 4)").
+ * Compares the checkpointed run's settings a with this run's b: returns 0 when they agree (every byte),
+ * else 1 with the first differing setting and both values in `why` (e.g. "-b (checkpoint 8, now 4)").
  */
 static inline int run_identity_diff(const RunIdentity* a, const RunIdentity* b, char* why, size_t len) {
     if (memcmp(&a->cfg, &b->cfg, sizeof(a->cfg)) != 0) {
@@ -93,6 +93,11 @@ static inline int run_identity_diff(const RunIdentity* a, const RunIdentity* b, 
             snprintf(why, len, "-p (checkpoint %s, now %s)", precision_name((Precision)x), precision_name((Precision)y));
         else
             snprintf(why, len, "%s (checkpoint %lld, now %lld)", s->flag, x, y);
+        return 1;
+    }
+    /* what no flag sets (the padding word, which this build writes as 0) must agree too */
+    if (memcmp(a, b, sizeof(*a)) != 0) {
+        snprintf(why, len, "unused word of the run settings (written as 0: a corrupt file)");
         return 1;
     }
     return 0;
@@ -150,7 +155,8 @@ static inline void state_write(const char* path, const TrainState* s, const floa
 /*
  * Opens a rank's training state written for the run `expect` (its settings and parameter slice), reads
  * its header into *s and returns the file positioned at m (then v, then the master weights). Stops
- * naming the file and the first setting that differs, or the size problem, on mismatch.
+ * naming the file and the first setting that differs, the size problem, or step counters that cannot
+ * be, on mismatch.
  */
 static inline FILE* state_open(const char* path, TrainState* s, const RunIdentity* expect, uint64_t shard_begin,
                                uint64_t shard_count) {
@@ -165,6 +171,10 @@ static inline FILE* state_open(const char* path, TrainState* s, const RunIdentit
     if (h[3] != (int32_t)sizeof(TrainState)) die("%s: training state written by an incompatible build", path);
     if (bytes != expected) die("%s: truncated or oversized training state: expected %zu bytes, found %zu", path, expected, bytes);
     freadCheck(s, sizeof(TrainState), 1, f, path);
+    /* skipped steps count as steps (AdamW's step count is their difference) */
+    if (s->step < 0 || s->consecutive_skips < 0 || s->consecutive_skips > s->total_skips || s->total_skips > s->step)
+        die("%s: step %d with %d skipped steps, %d of them in a row, cannot be (corrupt file)", path, s->step, s->total_skips,
+            s->consecutive_skips);
     char diff[256];
     if (run_identity_diff(&s->id, expect, diff, sizeof(diff)))
         die("%s: the checkpointed run used a different %s; resume with the same settings", path, diff);
