@@ -58,10 +58,32 @@ HEADERS = $(wildcard core/*.h fp8/*.h llama/*.h cpu/*.h dist/*.h train/*.h datal
 CUDA_HEADERS = $(wildcard core/*.cuh fp8/*.cuh cuda/*.cuh cuda/*.h dist/*.cuh)
 TEST_HEADERS = $(wildcard dev/test/*.h)
 
-CPU_TARGETS = train_llama_cpu test_llama_cpu
-GPU_TARGETS = $(if $(NVCC),train_llama test_llama,)
+# SANITIZE=1 (`make SANITIZE=1 cpu`): the CPU binaries built with AddressSanitizer + UndefinedBehavior-
+# Sanitizer into build/sanitize/, beside the normal ones rather than over them; `make test` builds them
+# and runs its tests marked `sanitize` on them too. -O1 keeps the runs fast enough to test.
+SANITIZE_DIR = build/sanitize
+SANITIZE_FLAGS = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+SANITIZED_CPU_TARGETS = $(SANITIZE_DIR)/train_llama_cpu $(SANITIZE_DIR)/test_llama_cpu
+$(SANITIZE_DIR)/%: CFLAGS += $(SANITIZE_FLAGS)
 
-.PHONY: all cpu gpu train test setup data clean help fp8-vs-bf16
+ifeq ($(SANITIZE),1)
+  CPU_TARGETS = $(SANITIZED_CPU_TARGETS)
+  GPU_TARGETS =
+else
+  CPU_TARGETS = train_llama_cpu test_llama_cpu
+  GPU_TARGETS = $(if $(NVCC),train_llama test_llama,)
+endif
+
+# libFuzzer harnesses (dev/fuzz, clang from Debian; not part of `all`): one per reader of untrusted
+# input. `make fuzz FUZZ_SECONDS=N` runs each for N seconds from its seeds and committed regressions.
+FUZZ_CC ?= clang
+FUZZ_FLAGS = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -std=c11 -D_GNU_SOURCE -Wall -Wextra
+FUZZ_HARNESSES = shard model state tokenizer cli
+FUZZ_BINS = $(FUZZ_HARNESSES:%=build/fuzz/fuzz_%)
+FUZZ_SEEDS = build/fuzz/seeds/.done
+FUZZ_SECONDS ?= 60
+
+.PHONY: all cpu gpu train test setup data clean help fp8-vs-bf16 fuzz fuzz-build
 
 all: $(CPU_TARGETS) $(GPU_TARGETS)
 cpu: $(CPU_TARGETS)
@@ -72,6 +94,8 @@ help:
 	@echo "make test         build everything and run the test suite"
 	@echo "make all          build train_llama_cpu test_llama_cpu (+ train_llama test_llama with nvcc)"
 	@echo "make fp8-vs-bf16  train the same seed in bf16 and fp8 on tiny-shakespeare and compare the losses"
+	@echo "make fuzz FUZZ_SECONDS=N  run each libFuzzer harness (dev/fuzz) for N seconds (default 60)"
+	@echo "make SANITIZE=1 cpu  build train_llama_cpu and test_llama_cpu with ASan + UBSan into build/sanitize/"
 	@echo "make setup        install the Debian and PyPI packages llm8 needs"
 	@echo "make clean        remove build outputs"
 	@echo "make dev/cuda/bench_kernels  kernel playground: every GPU op vs its CPU op, timed at Llama-2 7B/13B shapes"
@@ -84,10 +108,12 @@ setup:
 	PYTHON=$(PYTHON) bash scripts/setup.sh
 	@mkdir -p build && touch $(SETUP_STAMP)
 
-train_llama_cpu: train_llama.c $(HEADERS) | $(SETUP_STAMP)
+train_llama_cpu $(SANITIZE_DIR)/train_llama_cpu: train_llama.c $(HEADERS) | $(SETUP_STAMP)
+	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(CPU_INCLUDES) $< -o $@ $(CPU_LIBS)
 
-test_llama_cpu: test_llama.c train_llama.c $(HEADERS) $(TEST_HEADERS) | $(SETUP_STAMP)
+test_llama_cpu $(SANITIZE_DIR)/test_llama_cpu: test_llama.c train_llama.c $(HEADERS) $(TEST_HEADERS) | $(SETUP_STAMP)
+	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(CPU_INCLUDES) $< -o $@ $(CPU_LIBS)
 
 # The CPU backend as its own object with prefixed names (cpu_ref_*): what test_llama and the kernel
@@ -113,6 +139,23 @@ test_llama: test_llama.cu train_llama.cu dev/cuda/kernel_cases.cuh build/cpu_ref
 dev/cuda/bench_kernels: dev/cuda/bench_kernels.cu dev/cuda/kernel_cases.cuh build/cpu_reference.o $(HEADERS) $(CUDA_HEADERS) $(CUDNN_OBJ) | $(SETUP_STAMP)
 	$(NVCC) $(NVCC_FLAGS) $< build/cpu_reference.o $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(CPU_LIBS)
 
+build/fuzz/fuzz_%: dev/fuzz/fuzz_%.c dev/fuzz/fuzz.h dev/fuzz/fuzz_inputs.h $(HEADERS) | $(SETUP_STAMP)
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -I$(CUDA_INCLUDE) $< -o $@ -lm
+
+build/fuzz/make_seeds: dev/fuzz/make_seeds.c dev/fuzz/fuzz_inputs.h $(HEADERS) | $(SETUP_STAMP)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(CPU_INCLUDES) $< -o $@ -lm
+
+$(FUZZ_SEEDS): build/fuzz/make_seeds
+	rm -rf $(@D)
+	build/fuzz/make_seeds $(@D)
+	touch $@
+
+fuzz-build: $(FUZZ_BINS) $(FUZZ_SEEDS)
+fuzz: fuzz-build
+	bash dev/fuzz/fuzz.sh $(FUZZ_SECONDS) $(FUZZ_HARNESSES)
+
 # Tokenized tiny-shakespeare (from ../shared/data when present, else downloaded: dev/data/llm8_data.py).
 $(TRAIN_DATA): dev/data/tinyshakespeare.py dev/data/llm8_data.py | $(SETUP_STAMP)
 	$(PYTHON) dev/data/tinyshakespeare.py --out $(DATA_DIR)
@@ -127,7 +170,7 @@ train: $(TRAIN_DATA) $(if $(and $(HAS_GPU),$(NVCC)),train_llama,train_llama_cpu)
 	./$(if $(and $(HAS_GPU),$(NVCC)),train_llama,train_llama_cpu) $(TRAIN_FLAGS)
 
 # Without the shared data (and no network) the tests that need tiny-shakespeare are skipped, saying why.
-test: all
+test: all train_llama_cpu test_llama_cpu $(SANITIZED_CPU_TARGETS) fuzz-build
 	@$(MAKE) --no-print-directory data || echo "warning: tiny-shakespeare not prepared; the tests that need it will be skipped"
 	$(PYTHON) -m pytest dev/test -q -rs -p no:cacheprovider
 

@@ -4,7 +4,8 @@
  * by nvcc, so it uses only the intersection of both languages.
  *
  * Errors stop loudly at the call: each wrapper prints "error: <what>: <why> (<file>:<line>)" on one
- * line and exits with status 1. Nothing here returns an error code.
+ * line and exits with status 1. Nothing here returns an error code. The fuzz harnesses (dev/fuzz) watch
+ * those stops through die_hook instead of exiting.
  */
 #pragma once
 
@@ -36,9 +37,26 @@
 #define LLM8_NORETURN _Noreturn
 #endif
 
+/*
+ * When set (never in the programs), die() first calls it with its formatted message (no "error: " prefix,
+ * no newline). The libFuzzer harnesses (dev/fuzz) set a hook that longjmps back to the harness, so that a
+ * reader rejecting an input ends that input rather than the fuzzing process, which cannot survive exit().
+ * A hook that returns lets die() go on as usual. One per translation unit, like everything here.
+ */
+typedef void (*DieHook)(const char* message);
+static DieHook die_hook = NULL;
+#define DIE_HOOK_MESSAGE_LEN (4 * PATH_LEN)
+
 /* Prints "error: " + the formatted message on one line to stderr and exits with status 1. */
 LLM8_NORETURN static inline void die(const char* fmt, ...) {
     va_list ap;
+    if (die_hook != NULL) {
+        char message[DIE_HOOK_MESSAGE_LEN];
+        va_start(ap, fmt);
+        vsnprintf(message, sizeof(message), fmt, ap);
+        va_end(ap);
+        die_hook(message);
+    }
     va_start(ap, fmt);
     fflush(stdout);
     fputs("error: ", stderr);
@@ -125,11 +143,35 @@ static inline void make_dir(const char* dir) {
 
 /*
  * Writes go to "<path>.tmp"; atomic_commit() flushes, fsyncs and renames it over <path>, so a crash
- * leaves either the old file or the complete new one, never half of one.
+ * leaves either the old file or the complete new one, never half of one. A write that fails (a full
+ * disk, EIO, the file size limit) stops the program through the checks above, naming the temporary and
+ * the error; the temporaries still open are then removed by an exit handler, so that a failed
+ * checkpoint leaves nothing behind and, its DONE marker being written last, the previous one stays the
+ * latest. (A kill -9 cannot run the handler; the next write of that name truncates the leftover, and
+ * resume never reads a file that has no DONE marker.)
  */
+#define ATOMIC_MAX_OPEN 4 /* temporaries open at once; the programs write one file at a time */
+static char atomic_open_tmp[ATOMIC_MAX_OPEN][TMP_PATH_LEN]; /* "" marks a free slot */
+
+static inline void atomic_remove_open_tmp(void) {
+    for (int i = 0; i < ATOMIC_MAX_OPEN; i++) {
+        if (atomic_open_tmp[i][0] != '\0') unlink(atomic_open_tmp[i]);
+    }
+}
+
 static inline FILE* atomic_open(const char* path, char* tmp_path, size_t tmp_len) {
+    static int exit_handler_set = 0;
     if ((size_t)snprintf(tmp_path, tmp_len, "%s.tmp", path) >= tmp_len) die("%s: path too long", path);
-    return fopenCheck(tmp_path, "wb");
+    int slot = 0;
+    while (slot < ATOMIC_MAX_OPEN && atomic_open_tmp[slot][0] != '\0') slot++;
+    if (slot == ATOMIC_MAX_OPEN) die("%s: more than %d files written at once", path, ATOMIC_MAX_OPEN);
+    if (!exit_handler_set) {
+        if (atexit(atomic_remove_open_tmp) != 0) die("%s: cannot register the exit handler that removes temporaries", path);
+        exit_handler_set = 1;
+    }
+    FILE* f = fopenCheck(tmp_path, "wb");
+    snprintf(atomic_open_tmp[slot], TMP_PATH_LEN, "%s", tmp_path);
+    return f;
 }
 
 static inline void atomic_commit(FILE* f, const char* tmp_path, const char* path) {
@@ -137,6 +179,9 @@ static inline void atomic_commit(FILE* f, const char* tmp_path, const char* path
     if (fsync(fileno(f)) != 0) die("%s: fsync failed (%s)", tmp_path, strerror(errno));
     fcloseCheck(f, tmp_path);
     if (rename(tmp_path, path) != 0) die("%s: rename to %s failed (%s)", tmp_path, path, strerror(errno));
+    for (int i = 0; i < ATOMIC_MAX_OPEN; i++) {
+        if (strcmp(atomic_open_tmp[i], tmp_path) == 0) atomic_open_tmp[i][0] = '\0';
+    }
     /* the rename is durable only once the directory entry is: a DONE marker written later must not
        survive a crash that loses this file */
     char dir[PATH_LEN];

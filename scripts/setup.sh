@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what llm8 needs and is missing, and says what it installs:
-#   Debian: OpenBLAS (CPU GEMMs, OpenMP build), OpenMPI (multi-rank launch), a C/C++ toolchain;
+#   Debian: OpenBLAS (CPU GEMMs, OpenMP build), OpenMPI (multi-rank launch), a C/C++ toolchain (gcc's
+#           ASan/UBSan runtimes come with it: `make SANITIZE=1`), clang and its runtime with libFuzzer
+#           (`make fuzz`);
 #   PyPI:   numpy, sentencepiece (tokenizing), ml_dtypes (FP8 test reference), matplotlib (loss plots),
 #           safetensors (HF checkpoint interop), pytest, nvidia-cudnn-frontend (header-only cuDNN graph API).
 # The CUDA toolkit (nvcc, cuBLASLt, cuDNN, NCCL) is not installed here: the GPU build is skipped without
@@ -17,6 +19,10 @@ command -v gcc >/dev/null || missing_apt+=(build-essential)
 command -v g++ >/dev/null || missing_apt+=(g++)
 have_header cblas.h && ldconfig -p | grep -q libopenblas || missing_apt+=(libopenblas-openmp-dev)
 command -v mpirun >/dev/null || missing_apt+=(openmpi-bin libopenmpi-dev)
+command -v clang >/dev/null || missing_apt+=(clang)
+# libFuzzer ships in clang's runtime package, which clang only recommends
+fuzzer_runtime=$(clang -print-file-name="libclang_rt.fuzzer-$(uname -m).a" 2>/dev/null || true)
+[ -f "$fuzzer_runtime" ] || missing_apt+=(libclang-rt-dev)
 if [ ${#missing_apt[@]} -gt 0 ]; then
     if ! command -v apt-get >/dev/null; then
         echo "error: missing ${missing_apt[*]} and no apt-get to install them; install them by hand" >&2; exit 1

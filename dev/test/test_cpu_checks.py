@@ -17,6 +17,7 @@ def check_names():
     return out.split()
 
 
+@pytest.mark.sanitize
 @pytest.mark.parametrize("name", check_names())
 def test_check(name, checker):
     result = subprocess.run([str(checker), "--only", name], cwd=REPO, capture_output=True, text=True)

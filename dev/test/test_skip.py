@@ -39,6 +39,7 @@ def data(tmp_path, rng):
     return nan_model, *shards
 
 
+@pytest.mark.sanitize
 @pytest.mark.parametrize("precision", ["fp8", "bf16"])
 def test_nonfinite_steps_are_skipped_then_stop(trainer, data, precision):
     nan_model, train, val = data

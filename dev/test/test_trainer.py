@@ -26,6 +26,7 @@ def assert_one_line_error(result, *needles):
         assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
 
 
+@pytest.mark.sanitize
 @pytest.mark.parametrize("args, needle", [
     (["--bogus", "1"], "--bogus"),
     (["-q"], "-q"),
@@ -62,6 +63,7 @@ def write_shard(path, tokens, magic=20240520, version=1, count=None):
         f.write(np.asarray(tokens, dtype=dtype).tobytes())
 
 
+@pytest.mark.sanitize
 @pytest.mark.parametrize("case, needle", [
     ("magic", "bad magic"),
     ("version", "version"),
@@ -87,11 +89,13 @@ def test_bad_shards_rejected(trainer, tmp_path, rng, case, needle):
         assert "position 1234" in r.stderr
 
 
+@pytest.mark.sanitize
 def test_empty_glob_rejected(trainer, tmp_path):
     pattern = str(tmp_path / "nothing_*.bin")
     assert_one_line_error(run([trainer, "-i", pattern, "-j", pattern]), pattern, "no file matches")
 
 
+@pytest.mark.sanitize
 @pytest.mark.parametrize("case, needle", [("truncated", "truncated"), ("magic", "bad magic"), ("missing", "neither")])
 def test_bad_checkpoints_rejected(trainer, tmp_path, case, needle):
     path = tmp_path / "model.bin"
@@ -113,6 +117,7 @@ def metrics(run_dir):
     return {row["step"]: row for row in rows if "loss" in row}
 
 
+@pytest.mark.sanitize
 def test_resume_repeats_the_uninterrupted_run(trainer, tmp_path, shakespeare):
     """Steps 3..5 after a resume from step 3 match the uninterrupted run: loss, lr, grad norm, weights;
     the logs of the interrupted run lose their lines past the checkpoint instead of repeating them."""
@@ -139,6 +144,7 @@ def test_resume_repeats_the_uninterrupted_run(trainer, tmp_path, shakespeare):
     assert (full / "state_00000006_00000.bin").read_bytes() == (resumed / "state_00000006_00000.bin").read_bytes()
 
 
+@pytest.mark.sanitize
 def test_resume_rejects_changed_settings(trainer, tmp_path, shakespeare):
     out = tmp_path / "run"
     r = run([trainer, *FAST, "-x", "2", "-o", out])

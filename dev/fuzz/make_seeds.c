@@ -1,0 +1,141 @@
+/*
+ * Writes the seed corpus of each fuzz harness into DIR/<harness>/ (`make fuzz` runs it into build/fuzz):
+ * files the readers accept, made by the product's own writers where it has them, so that the seeds follow
+ * the formats as they change and mutations start past the magic numbers and the config hash.
+ *   shard/      a uint16 shard (shard_write_u16) and a uint32 one
+ *   model/      a checkpoint of fuzz_config() (checkpoint_write)
+ *   state/      a training state of fuzz_run_identity() (state_write)
+ *   tokenizer/  a decode table of a few pieces, one of them empty, one raw byte
+ *   cli/        every flag of the parser's table with a value of its type, and a typical run's flags
+ * Usage: make_seeds DIR
+ */
+#include "fuzz_inputs.h"
+#include "../../dataloader/tokenizer.h"
+#include "../../train/cli.h"
+
+#define SEED_SHARD_TOKENS 64
+
+static void seed_path(char* out, size_t len, const char* dir, const char* harness, const char* name) {
+    char sub[PATH_LEN];
+    snprintf(sub, sizeof(sub), "%s/%s", dir, harness);
+    make_dir(sub);
+    if ((size_t)snprintf(out, len, "%s/%s", sub, name) >= len) die("%s: path too long", sub);
+}
+
+static void write_bytes(const char* path, const void* data, size_t n) {
+    char tmp[TMP_PATH_LEN];
+    FILE* f = atomic_open(path, tmp, sizeof(tmp));
+    fwriteCheck(data, 1, n, f, tmp);
+    atomic_commit(f, tmp, path);
+}
+
+static void seed_shards(const char* dir) {
+    char path[PATH_LEN];
+    uint16_t t16[SEED_SHARD_TOKENS];
+    struct {
+        int32_t header[SHARD_HEADER_INTS];
+        uint32_t tokens[SEED_SHARD_TOKENS];
+    } v2;
+    memset(&v2, 0, sizeof(v2));
+    v2.header[0] = SHARD_MAGIC;
+    v2.header[1] = 2;
+    v2.header[2] = SEED_SHARD_TOKENS;
+    for (int i = 0; i < SEED_SHARD_TOKENS; i++) {
+        t16[i] = (uint16_t)(i % 16 == 0 ? LLAMA_BOS : 100 + i);
+        v2.tokens[i] = (uint32_t)(FUZZ_VOCAB - 1 - i);
+    }
+    seed_path(path, sizeof(path), dir, "shard", "u16.bin");
+    shard_write_u16(path, t16, SEED_SHARD_TOKENS);
+    seed_path(path, sizeof(path), dir, "shard", "u32.bin");
+    write_bytes(path, &v2, sizeof(v2));
+}
+
+static void seed_model(const char* dir) {
+    char path[PATH_LEN];
+    LlamaConfig cfg = fuzz_config();
+    size_t n = param_count(&cfg);
+    float* params = (float*)mallocCheck(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) params[i] = (float)i / (float)n;
+    seed_path(path, sizeof(path), dir, "model", "tiny.bin");
+    checkpoint_write(path, &cfg, params);
+    free(params);
+}
+
+static void seed_state(const char* dir) {
+    char path[PATH_LEN];
+    TrainState s;
+    memset(&s, 0, sizeof(s));
+    s.step = 3;
+    s.data.batch = 1;
+    rng_seed(&s.sample_rng, FUZZ_SEED);
+    s.id = fuzz_run_identity();
+    s.shard_count = FUZZ_STATE_FLOATS;
+    float m[FUZZ_STATE_FLOATS], v[FUZZ_STATE_FLOATS], master[FUZZ_STATE_FLOATS];
+    for (int i = 0; i < FUZZ_STATE_FLOATS; i++) {
+        m[i] = 0.01f * (float)i;
+        v[i] = 0.001f * (float)i;
+        master[i] = 1.0f - 0.1f * (float)i;
+    }
+    seed_path(path, sizeof(path), dir, "state", "step3.bin");
+    state_write(path, &s, m, v, master);
+}
+
+static void seed_tokenizer(const char* dir) {
+    static const char* const pieces[] = {"", "", "", " the", "\xe2\x96\x81", "\xab", "\n"};
+    const int n = (int)(sizeof(pieces) / sizeof(pieces[0]));
+    unsigned char table[TOKENIZER_HEADER_INTS * sizeof(int32_t) + 64];
+    int32_t header[TOKENIZER_HEADER_INTS];
+    memset(header, 0, sizeof(header));
+    header[0] = TOKENIZER_MAGIC;
+    header[1] = 1;
+    header[2] = n;
+    header[3] = LLAMA_BOS;
+    header[4] = LLAMA_EOS;
+    memcpy(table, header, sizeof(header));
+    size_t len = sizeof(header);
+    for (int i = 0; i < n; i++) {
+        table[len++] = (unsigned char)strlen(pieces[i]);
+        memcpy(table + len, pieces[i], strlen(pieces[i]));
+        len += strlen(pieces[i]);
+    }
+    char path[PATH_LEN];
+    seed_path(path, sizeof(path), dir, "tokenizer", "tokenizer.bin");
+    write_bytes(path, table, len);
+}
+
+/* Appends "flag\0value\0" to buf at *len. */
+static void append_arg(char* buf, size_t cap, size_t* len, const char* flag, const char* value) {
+    size_t need = strlen(flag) + strlen(value) + 2;
+    if (*len + need > cap) die("cli seed: more than %zu bytes", cap);
+    memcpy(buf + *len, flag, strlen(flag) + 1);
+    *len += strlen(flag) + 1;
+    memcpy(buf + *len, value, strlen(value) + 1);
+    *len += strlen(value) + 1;
+}
+
+static void seed_cli(const char* dir) {
+    char buf[4096], path[PATH_LEN];
+    size_t len = 0;
+    for (size_t i = 0; i < NUM_TRAIN_ARGS; i++) {
+        const ArgSpec* s = &TRAIN_ARG_SPECS[i];
+        const char* value = s->type == ARG_STR ? "x" : s->type == ARG_FLOAT ? "0.5" : s->type == ARG_PRECISION ? "bf16" : "1";
+        append_arg(buf, sizeof(buf), &len, s->flag, value);
+    }
+    seed_path(path, sizeof(path), dir, "cli", "every_flag");
+    write_bytes(path, buf, len);
+    static const char* const run[][2] = {{"-b", "4"}, {"-t", "64"}, {"-x", "6"}, {"-n", "3"}, {"-o", "runs/x"}, {"-p", "fp8"}};
+    len = 0;
+    for (size_t i = 0; i < sizeof(run) / sizeof(run[0]); i++) append_arg(buf, sizeof(buf), &len, run[i][0], run[i][1]);
+    seed_path(path, sizeof(path), dir, "cli", "typical_run");
+    write_bytes(path, buf, len);
+}
+
+int main(int argc, char** argv) {
+    if (argc != 2) die("usage: %s DIR (writes DIR/<harness>/ seed files)", argv[0]);
+    seed_shards(argv[1]);
+    seed_model(argv[1]);
+    seed_state(argv[1]);
+    seed_tokenizer(argv[1]);
+    seed_cli(argv[1]);
+    return 0;
+}
