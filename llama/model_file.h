@@ -73,10 +73,9 @@ static inline FILE* checkpoint_open(const char* path, LlamaConfig* cfg) {
     char why[256];
     if (llama_config_problem(cfg, why, sizeof(why))) die("%s: bad model config in the header: %s", path, why);
     /* compared in parameters, not bytes: a header's count times 4 may not fit a size_t */
-    size_t count = param_count(cfg), stored = (bytes - HEADER_INTS * sizeof(int32_t)) / sizeof(float);
-    if (count != stored || (bytes - HEADER_INTS * sizeof(int32_t)) % sizeof(float) != 0)
-        die("%s: truncated or oversized model checkpoint: its header's config has %zu parameters, the file holds %zu bytes after the header",
-            path, count, bytes - HEADER_INTS * sizeof(int32_t));
+    size_t count = param_count(cfg), stored = bytes - HEADER_INTS * sizeof(int32_t);
+    if (stored % sizeof(float) != 0 || count != stored / sizeof(float))
+        die("%s: truncated or oversized model checkpoint: its config has %zu parameters, %zu bytes follow the header", path, count, stored);
     return f;
 }
 

@@ -28,7 +28,7 @@ def pytest_configure(config):
 
 def pytest_generate_tests(metafunc):
     if "build" in metafunc.fixturenames and metafunc.definition.get_closest_marker("sanitize"):
-        metafunc.parametrize("build", ["default", "sanitize"], scope="session")
+        metafunc.parametrize("build", ["default", "sanitize"])
 
 
 def pytest_runtest_logreport(report):
@@ -100,18 +100,20 @@ def binary(name, build="default"):
     return path
 
 
-@pytest.fixture(scope="session")
+# Function-scoped (a path lookup), so that a test that is not marked `sanitize` never gets the binary
+# a marked test asked for before it.
+@pytest.fixture
 def build():
     """Which build of the CPU binaries the test runs: "default", or also "sanitize" when marked so."""
     return "default"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def trainer(build):
     return binary("train_llama_cpu", build)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def checker(build):
     return binary("test_llama_cpu", build)
 

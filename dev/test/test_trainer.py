@@ -117,7 +117,6 @@ def metrics(run_dir):
     return {row["step"]: row for row in rows if "loss" in row}
 
 
-@pytest.mark.sanitize
 def test_resume_repeats_the_uninterrupted_run(trainer, tmp_path, shakespeare):
     """Steps 3..5 after a resume from step 3 match the uninterrupted run: loss, lr, grad norm, weights;
     the logs of the interrupted run lose their lines past the checkpoint instead of repeating them."""
