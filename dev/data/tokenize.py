@@ -489,7 +489,8 @@ def finish(state, work, model_path, sp, elapsed):
     docs, tokens = (sum(splits[split][key] for split in SPLITS) for key in ("documents", "tokens"))
     print(f"{docs:,} documents, {tokens:,} tokens in {elapsed:.1f} s: " + "; ".join(
         f"{split} {splits[split]['documents']:,} documents, {splits[split]['tokens']:,} tokens in "
-        f"{len(splits[split]['shards'])} shards" for split in SPLITS), file=sys.stderr)
+        f"{len(splits[split]['shards'])} shard{'' if len(splits[split]['shards']) == 1 else 's'}"
+        for split in SPLITS), file=sys.stderr)
     if len(state["sources"]) > 1:
         for src in state["sources"]:
             print(f"source {src['name']}: weight {src['weight']:.4f}, realised {src['tokens'] / tokens:.4f}, "

@@ -64,20 +64,23 @@ requires_data = pytest.mark.skipif(DATA_ERROR is not None, reason=f"shared data 
 SHAKESPEARE_TRAIN = REPO / "dev/data/tinyshakespeare/tiny_shakespeare_train.bin"
 
 
-@pytest.fixture(scope="session")
-def model_path():
-    """The Llama-2 SentencePiece model (skips when the shared data is unavailable)."""
+def shared_data_file(kind):
+    """llm8_data.resolve_data_file(kind), or a skip with the reason when the shared data is unavailable."""
     if DATA_ERROR is not None:
         pytest.skip(f"shared data unavailable: {DATA_ERROR}")
-    return load_llm8_data().resolve_data_file("tokenizer")
+    return load_llm8_data().resolve_data_file(kind)
+
+
+@pytest.fixture(scope="session")
+def model_path():
+    """The Llama-2 SentencePiece model."""
+    return shared_data_file("tokenizer")
 
 
 @pytest.fixture(scope="session")
 def text_path():
-    """tiny-shakespeare's input.txt (skips when the shared data is unavailable)."""
-    if DATA_ERROR is not None:
-        pytest.skip(f"shared data unavailable: {DATA_ERROR}")
-    return load_llm8_data().resolve_data_file("tinyshakespeare")
+    """tiny-shakespeare's input.txt."""
+    return shared_data_file("tinyshakespeare")
 
 
 @pytest.fixture(scope="session")
@@ -90,8 +93,7 @@ def sp(model_path):
 @pytest.fixture(scope="session")
 def shakespeare():
     """The tokenized tiny-shakespeare shards (the default -i/-j of the trainer), prepared if missing."""
-    if DATA_ERROR is not None:
-        pytest.skip(f"shared data unavailable: {DATA_ERROR}")
+    shared_data_file("tinyshakespeare")
     if not SHAKESPEARE_TRAIN.exists():
         subprocess.run([sys.executable, str(REPO / "dev/data/tinyshakespeare.py")], cwd=REPO, check=True)
     return SHAKESPEARE_TRAIN.parent

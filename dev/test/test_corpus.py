@@ -355,7 +355,7 @@ def test_validation_draw(tmp_path, rng, sp, model_path):
     tokenize(*common, "--seed", seed + 1, "--out-dir", tmp_path / "c", *paths)
     assert splits(tmp_path / "c")[0] != val
 
-    n = int(rng.integers(5, 40))        # --val-docs: exactly n, drawn from every input
+    n = int(rng.integers(20, 40))       # --val-docs: exactly n, drawn from both inputs (all from one: 2^-19)
     tokenize("--tokenizer", model_path, "--val-docs", n, "--seed", seed, "--out-dir", tmp_path / "d", *paths[:2])
     val, train = splits(tmp_path / "d")
     assert len(val) == n
