@@ -250,8 +250,9 @@ class Plan:
 
 
 def recompute_label(plan):
+    """"none", "cheap", "full K/L", or in bf16 "cheap+full K/L" (the other blocks rebuild norm and SwiGLU outputs)."""
     if plan.recompute == "full":
-        return f"full {plan.recompute_layers}/{plan.shape.L}"
+        return f"{'' if plan.fp8 else 'cheap+'}full {plan.recompute_layers}/{plan.shape.L}"
     return plan.recompute
 
 
