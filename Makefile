@@ -127,7 +127,7 @@ dev/cuda/bench_kernels: dev/cuda/bench_kernels.cu dev/cuda/kernel_cases.cuh buil
 	$(NVCC) $(NVCC_FLAGS) $< build/cpu_reference.o $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(CPU_LIBS)
 
 # Tokenized tiny-shakespeare (from ../shared/data when present, else downloaded: dev/data/llm8_data.py).
-$(TRAIN_DATA): dev/data/tinyshakespeare.py dev/data/llm8_data.py | $(SETUP_STAMP)
+$(TRAIN_DATA): dev/data/tinyshakespeare.py dev/data/llm8_data.py dev/data/llm8_corpus.py | $(SETUP_STAMP)
 	$(PYTHON) dev/data/tinyshakespeare.py --out $(DATA_DIR)
 data: $(TRAIN_DATA)
 

@@ -488,6 +488,15 @@ typedef struct {
     size_t slot;    /* index of its FP8 scales and counts (fp8 only) */
 } Linear;
 
+/*
+ * Does linear layer `lin` of block `layer` run FP8 GEMMs? The block linears of a -p fp8 run do; the
+ * output layer never does. The one place that decides, so that per-layer recipes change only this.
+ */
+static inline int llama_linear_is_fp8(const Llama* m, int layer, LinearId lin) {
+    (void)layer;
+    return m->precision == PRECISION_FP8 && lin != LIN_OUTPUT;
+}
+
 /* Linear layer `lin` of block `layer` (NO_LAYER for LIN_OUTPUT). */
 static inline Linear llama_linear(Llama* m, int layer, LinearId lin) {
     Linear x;
@@ -498,7 +507,7 @@ static inline Linear llama_linear(Llama* m, int layer, LinearId lin) {
     x.dweight = llama_grad(m, tensors[lin], layer);
     if (lin == LIN_OUTPUT) return x;
     x.slot = llama_slot(layer, lin);
-    if (m->precision == PRECISION_FP8) x.fp8 = &m->fp8_linear[x.slot];
+    if (llama_linear_is_fp8(m, layer, lin)) x.fp8 = &m->fp8_linear[x.slot];
     return x;
 }
 
