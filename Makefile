@@ -20,13 +20,26 @@ else
   CPU_LIBS = -lopenblas -lm
 endif
 
+# MPI (multi-rank launch, DESIGN.md section 6): Open MPI from Debian (make setup), found through mpicc.
+# USE_MPI=0 builds single-rank binaries that need no MPI (a GPU host without it, for instance).
+USE_MPI ?= $(if $(shell command -v mpicc 2>/dev/null),1,0)
+ifeq ($(USE_MPI),1)
+  MPI_CFLAGS := -DLLM8_MPI $(shell mpicc --showme:compile 2>/dev/null || mpicc -compile_info 2>/dev/null | cut -d' ' -f2-)
+  MPI_LIBS := $(shell mpicc --showme:link 2>/dev/null || mpicc -link_info 2>/dev/null | cut -d' ' -f2-)
+endif
+# The build id every rank compares at start-up (git describe of the tree, "unknown" outside git).
+BUILD_ID := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+CPU_INCLUDES += $(MPI_CFLAGS) -DLLM8_BUILD_ID='"$(BUILD_ID)"'
+CPU_LIBS += $(MPI_LIBS) -lpthread
+
 # GPU build: sm_90 (H100/H200/H800) by default; `make train_llama GPU_ARCH=89` for Ada.
 GPU_ARCH ?= 90
 # --diag-error 114 ("referenced but not defined"): a backend function whose signature drifts from its
 # prototype in llama/backend.h is, in C++, a new overload; this makes the unmatched prototype an error.
 NVCC_FLAGS ?= -O3 -std=c++17 -gencode arch=compute_$(GPU_ARCH),code=sm_$(GPU_ARCH) --expt-relaxed-constexpr \
 	-Xcompiler -fopenmp -Xcompiler -Wall --diag-error 114
-CUDA_LIBS = -lcublasLt -lgomp
+CUDA_LIBS = -lcublasLt -lnccl -lgomp $(filter-out -pthread,$(MPI_LIBS)) -lpthread
+NVCC_FLAGS += $(filter -I% -D%,$(MPI_CFLAGS)) -DLLM8_BUILD_ID='"$(BUILD_ID)"'
 CXX ?= g++
 # The cuDNN frontend is header-only and ships in the nvidia-cudnn-frontend wheel; its attention graphs
 # live in one host-compiled file (cuda/cudnn_att.cpp, ~45 s with g++) so editing the trainer never
@@ -157,7 +170,7 @@ fuzz: fuzz-build
 	bash dev/fuzz/fuzz.sh $(FUZZ_SECONDS) $(FUZZ_HARNESSES)
 
 # Tokenized tiny-shakespeare (from ../shared/data when present, else downloaded: dev/data/llm8_data.py).
-$(TRAIN_DATA): dev/data/tinyshakespeare.py dev/data/llm8_data.py | $(SETUP_STAMP)
+$(TRAIN_DATA): dev/data/tinyshakespeare.py dev/data/llm8_data.py dev/data/llm8_corpus.py | $(SETUP_STAMP)
 	$(PYTHON) dev/data/tinyshakespeare.py --out $(DATA_DIR)
 data: $(TRAIN_DATA)
 

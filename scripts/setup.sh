@@ -4,7 +4,8 @@
 #           ASan/UBSan runtimes come with it: `make SANITIZE=1`), clang and its runtime with libFuzzer
 #           (`make fuzz`);
 #   PyPI:   numpy, sentencepiece (tokenizing), ml_dtypes (FP8 test reference), matplotlib (loss plots),
-#           safetensors (HF checkpoint interop), pytest, nvidia-cudnn-frontend (header-only cuDNN graph API).
+#           safetensors (HF checkpoint interop), pytest, nvidia-cudnn-frontend (header-only cuDNN graph API),
+#           zstandard and pyarrow (reading .jsonl.zst and .parquet corpora in dev/data/tokenize.py).
 # The CUDA toolkit (nvcc, cuBLASLt, cuDNN, NCCL) is not installed here: the GPU build is skipped without
 # nvcc. Runs as root or through sudo. Set PYTHON to choose the interpreter (default python3).
 set -euo pipefail
@@ -35,7 +36,8 @@ fi
 command -v "$PYTHON" >/dev/null || { echo "error: $PYTHON not found (install python3 and python3-pip)" >&2; exit 1; }
 missing_pip=()
 for spec in numpy:numpy sentencepiece:sentencepiece ml_dtypes:ml_dtypes matplotlib:matplotlib \
-            safetensors:safetensors pytest:pytest cudnn:nvidia-cudnn-frontend; do
+            safetensors:safetensors pytest:pytest cudnn:nvidia-cudnn-frontend zstandard:zstandard \
+            pyarrow:pyarrow; do
     module=${spec%%:*}; package=${spec#*:}
     "$PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$module') is None)" 2>/dev/null ||
         missing_pip+=("$package")

@@ -1,17 +1,17 @@
 /*
  * What the fuzz harnesses and their seed writer (make_seeds.c) agree on: the run each reader is fed for
- * (micro-batch, sequence length, vocabulary, the training state's run settings and parameter slice), so
- * that the seeds are inputs the harnesses accept and mutations start from a valid file.
+ * (micro-batch, sequence length, accumulation, vocabulary, the training state's run settings), so that
+ * the seeds are inputs the harnesses accept and mutations start from a valid file.
  */
 #pragma once
 
 #include "../../train/checkpoint.h"
 
-#define FUZZ_B 2                    /* the shard reader's micro-batch and sequence length */
+#define FUZZ_B 2                    /* the shard reader's micro-batch, sequence length, micro-steps */
 #define FUZZ_T 8
+#define FUZZ_ACCUM 2
 #define FUZZ_VOCAB LLAMA_VOCAB_SIZE /* shard tokens must be below it */
 #define FUZZ_SEED 1337
-#define FUZZ_STATE_FLOATS 16        /* parameters in the fuzzed training state's slice */
 
 /* The smallest model the start-up checks accept with every tensor present (head dim 2, for RoPE). */
 static inline LlamaConfig fuzz_config(void) {
@@ -26,10 +26,9 @@ static inline RunIdentity fuzz_run_identity(void) {
     id.cfg = fuzz_config();
     id.B = FUZZ_B;
     id.T = FUZZ_T;
-    id.world = 1;
     id.precision = PRECISION_FP8;
     id.shuffle = 1;
-    id.total_batch = FUZZ_B * FUZZ_T;
+    id.total_batch = FUZZ_B * FUZZ_T * FUZZ_ACCUM;
     id.seed = FUZZ_SEED;
     return id;
 }

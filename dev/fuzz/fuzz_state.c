@@ -1,7 +1,7 @@
 /*
- * Fuzzes the training-state reader (train/checkpoint.h) as resume uses it: state_read with the settings
- * and parameter slice of the run in fuzz_inputs.h (magic, version, build, size, every run setting, the
- * config hash, the slice), then the moments and master weights.
+ * Fuzzes the training-state reader (train/checkpoint.h) as resume uses it: state_open with the settings
+ * of the run in fuzz_inputs.h (magic, version, build, config hash, layout, size, step counters, every
+ * run setting), then the moments and master weights of the shard, as many as the header says.
  */
 #include "fuzz.h"
 #include "fuzz_inputs.h"
@@ -11,8 +11,11 @@ static void fuzz_target(const uint8_t* data, size_t size) {
     fuzz_must_name = path;
     RunIdentity expect = fuzz_run_identity();
     TrainState s;
-    float m[FUZZ_STATE_FLOATS], v[FUZZ_STATE_FLOATS], master[FUZZ_STATE_FLOATS];
-    state_read(path, &s, &expect, 0, FUZZ_STATE_FLOATS, m, v, master);
+    FILE* f = state_open(path, &s, &expect);
+    float* arrays = (float*)mallocCheck(3 * s.shard_elems * sizeof(float)); /* m, v, master: the size was checked */
+    freadCheck(arrays, sizeof(float), 3 * s.shard_elems, f, path);
+    fcloseCheck(f, path);
+    free(arrays);
     fuzz_require(run_identity_hash(&s.id) == run_identity_hash(&expect), "an accepted state holds other run settings");
     /* resume makes AdamW's step count step - total_skips; it must stay >= 0 */
     fuzz_require(s.step >= 0 && 0 <= s.consecutive_skips && s.consecutive_skips <= s.total_skips && s.total_skips <= s.step,

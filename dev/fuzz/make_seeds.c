@@ -4,7 +4,7 @@
  * the formats as they change and mutations start past the magic numbers and the config hash.
  *   shard/      a uint16 shard (shard_write_u16) and a uint32 one
  *   model/      a checkpoint of fuzz_config() (checkpoint_write)
- *   state/      a training state of fuzz_run_identity() (state_write)
+ *   state/      a training state of fuzz_run_identity() (state_write_begin), one shard, one skipped step
  *   tokenizer/  a decode table of a few pieces, one of them empty, one raw byte
  *   cli/        every flag of the parser's table with a value of its type, and a typical run's flags
  * Usage: make_seeds DIR
@@ -14,6 +14,7 @@
 #include "../../train/cli.h"
 
 #define SEED_SHARD_TOKENS 64
+#define SEED_STATE_FLOATS 16 /* elements of each array of the seed state's one shard */
 
 static void seed_path(char* out, size_t len, const char* dir, const char* harness, const char* name) {
     char sub[PATH_LEN];
@@ -62,22 +63,24 @@ static void seed_model(const char* dir) {
 }
 
 static void seed_state(const char* dir) {
-    char path[PATH_LEN];
+    char path[PATH_LEN], tmp[TMP_PATH_LEN];
     TrainState s;
     memset(&s, 0, sizeof(s));
     s.step = 3;
+    s.shards = 1;
+    s.world = 1;
+    s.consecutive_skips = 1;
+    s.total_skips = 1;
     s.data.batch = 1;
     rng_seed(&s.sample_rng, FUZZ_SEED);
     s.id = fuzz_run_identity();
-    s.shard_count = FUZZ_STATE_FLOATS;
-    float m[FUZZ_STATE_FLOATS], v[FUZZ_STATE_FLOATS], master[FUZZ_STATE_FLOATS];
-    for (int i = 0; i < FUZZ_STATE_FLOATS; i++) {
-        m[i] = 0.01f * (float)i;
-        v[i] = 0.001f * (float)i;
-        master[i] = 1.0f - 0.1f * (float)i;
-    }
+    s.shard_elems = SEED_STATE_FLOATS;
+    float arrays[3 * SEED_STATE_FLOATS]; /* m, v, master */
+    for (int i = 0; i < 3 * SEED_STATE_FLOATS; i++) arrays[i] = 0.01f * (float)i;
     seed_path(path, sizeof(path), dir, "state", "step3.bin");
-    state_write(path, &s, m, v, master);
+    FILE* f = state_write_begin(path, tmp, sizeof(tmp), &s);
+    fwriteCheck(arrays, sizeof(float), 3 * SEED_STATE_FLOATS, f, tmp);
+    atomic_commit(f, tmp, path);
 }
 
 static void seed_tokenizer(const char* dir) {

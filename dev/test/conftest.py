@@ -76,11 +76,36 @@ requires_data = pytest.mark.skipif(DATA_ERROR is not None, reason=f"shared data 
 SHAKESPEARE_TRAIN = REPO / "dev/data/tinyshakespeare/tiny_shakespeare_train.bin"
 
 
+def shared_data_file(kind):
+    """llm8_data.resolve_data_file(kind), or a skip with the reason when the shared data is unavailable."""
+    if DATA_ERROR is not None:
+        pytest.skip(f"shared data unavailable: {DATA_ERROR}")
+    return load_llm8_data().resolve_data_file(kind)
+
+
+@pytest.fixture(scope="session")
+def model_path():
+    """The Llama-2 SentencePiece model."""
+    return shared_data_file("tokenizer")
+
+
+@pytest.fixture(scope="session")
+def text_path():
+    """tiny-shakespeare's input.txt."""
+    return shared_data_file("tinyshakespeare")
+
+
+@pytest.fixture(scope="session")
+def sp(model_path):
+    """The Llama-2 tokenizer, loaded by sentencepiece itself (the tests' independent reference)."""
+    import sentencepiece as spm
+    return spm.SentencePieceProcessor(model_file=str(model_path))
+
+
 @pytest.fixture(scope="session")
 def shakespeare():
     """The tokenized tiny-shakespeare shards (the default -i/-j of the trainer), prepared if missing."""
-    if DATA_ERROR is not None:
-        pytest.skip(f"shared data unavailable: {DATA_ERROR}")
+    shared_data_file("tinyshakespeare")
     if not SHAKESPEARE_TRAIN.exists():
         subprocess.run([sys.executable, str(REPO / "dev/data/tinyshakespeare.py")], cwd=REPO, check=True)
     return SHAKESPEARE_TRAIN.parent
@@ -127,15 +152,22 @@ def rng():
 
 
 # The trainer stops on every error through die() -> exit(1) with its buffers still allocated, on purpose;
-# whether LeakSanitizer calls them leaks then depends on the registers the compiler left them in. So its
-# sanitized runs keep ASan and UBSan but not leak checking (unless the caller sets ASAN_OPTIONS);
-# test_llama_cpu's checks return from main having freed everything and keep it.
+# whether LeakSanitizer calls them leaks then depends on the registers the compiler left them in. Open MPI
+# too leaves its own allocations to the process exit (hundreds of small blocks in libmpi and its modules).
+# So the trainer's sanitized runs keep ASan and UBSan but not leak checking (unless the caller sets
+# ASAN_OPTIONS); test_llama_cpu's checks return from main having freed everything and keep it.
 SANITIZED_TRAINER_ASAN_OPTIONS = "detect_leaks=0"
+
+
+def program_env(exe, env=None):
+    """The environment to run `exe` in: `env` (default os.environ), plus the above for the sanitized trainer."""
+    env = dict(os.environ if env is None else env)
+    if Path(exe) == SANITIZE_DIR / "train_llama_cpu":
+        env.setdefault("ASAN_OPTIONS", SANITIZED_TRAINER_ASAN_OPTIONS)
+    return env
 
 
 def run(cmd, **kw):
     """Runs a command from the repo root, capturing text output."""
-    if Path(cmd[0]) == SANITIZE_DIR / "train_llama_cpu":
-        kw["env"] = dict(kw.get("env", os.environ))
-        kw["env"].setdefault("ASAN_OPTIONS", SANITIZED_TRAINER_ASAN_OPTIONS)
+    kw["env"] = program_env(cmd[0], kw.get("env"))
     return subprocess.run([str(c) for c in cmd], cwd=REPO, capture_output=True, text=True, **kw)
