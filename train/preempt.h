@@ -20,13 +20,20 @@
 
 static volatile sig_atomic_t g_stop_signal = 0; /* the signal that asked to stop, or 0 */
 
+/* Writes a message from a signal handler (write(2) is async-signal-safe, stdio is not). */
+static void signal_say(const char* msg, size_t len) {
+    ssize_t ignored = write(STDERR_FILENO, msg, len);
+    (void)ignored;
+}
+
 static void preempt_handler(int sig) {
+    static const char now[] = "\nsecond SIGINT: stopping now, without a checkpoint\n";
+    static const char later[] = "\nstop signal: finishing this step, then a checkpoint (Ctrl-C again stops at once)\n";
     if (sig == SIGINT && g_stop_signal == SIGINT) {
-        static const char msg[] = "\nsecond SIGINT: stopping now, without a checkpoint\n";
-        ssize_t ignored = write(STDERR_FILENO, msg, sizeof(msg) - 1);
-        (void)ignored;
+        signal_say(now, sizeof(now) - 1);
         _exit(EXIT_INTERRUPTED);
     }
+    if (g_stop_signal == 0) signal_say(later, sizeof(later) - 1);
     g_stop_signal = sig;
 }
 

@@ -84,7 +84,11 @@ def test_second_sigint_stops_at_once(tmp_path):
     job = start(out)
     wait_for_step(out, 1, job)
     job.send_signal(signal.SIGINT)
-    time.sleep(0.02)  # two signals sent at once merge into one pending signal
+    # the second SIGINT must come after the first was handled (two pending signals merge into one)
+    first = job.stderr.readline()
+    while first.strip() == "":
+        first = job.stderr.readline()
+    assert "stop signal: finishing this step" in first, first
     job.send_signal(signal.SIGINT)
     rc, _, stderr = finish(job)
     assert rc == EXIT_INTERRUPTED, f"exit {rc}:\n{stderr[-2000:]}"
