@@ -9,11 +9,8 @@
 
 #include <limits.h>
 
-#ifdef LLM8_MPI
-#include <mpi.h>
-#endif
-
 #include "comm.h"
+#include "mpi_bootstrap.h"
 #include "../fp8/fp8.h"
 
 /* Elements per MPI call: MPI counts are ints. */
@@ -21,65 +18,11 @@
 
 static double g_comm_seconds = 0.0; /* time spent in collectives since comm_exposed_ms last read it */
 
-#ifdef LLM8_MPI
-static inline void mpi_check(int rc, const char* call, const char* file, int line) {
-    if (rc == MPI_SUCCESS) return;
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(rc, msg, &len);
-    die("MPI error at %s:%d: %s: %s", file, line, call, msg);
-}
-#define mpiCheck(call) mpi_check((call), #call, __FILE__, __LINE__)
-#endif
+static inline void comm_init(int* argc, char*** argv) { mpi_bootstrap(argc, argv); }
 
-/* MPI is in use: built with it and started by a launcher (a plain start is one rank without MPI_Init). */
-static inline int mpi_active(void) {
-#ifdef LLM8_MPI
-    return g_dist.launched;
-#else
-    return 0;
-#endif
-}
+static inline void comm_finalize(void) { mpi_finalize(); }
 
-static inline void comm_init(int* argc, char*** argv) {
-    dist_set_host();
-    int announced = launcher_world();
-#ifdef LLM8_MPI
-    if (announced > 0) {
-        int provided;
-        /* the watchdog thread may abort while the main thread sits in a collective */
-        mpiCheck(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
-        if (provided < MPI_THREAD_MULTIPLE) die("MPI on %s does not provide MPI_THREAD_MULTIPLE (the watchdog needs it)", g_dist.host);
-        mpiCheck(MPI_Comm_rank(MPI_COMM_WORLD, &g_dist.rank));
-        mpiCheck(MPI_Comm_size(MPI_COMM_WORLD, &g_dist.world));
-        MPI_Comm local;
-        mpiCheck(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_dist.rank, MPI_INFO_NULL, &local));
-        mpiCheck(MPI_Comm_rank(local, &g_dist.local_rank));
-        mpiCheck(MPI_Comm_size(local, &g_dist.local_world));
-        mpiCheck(MPI_Comm_free(&local));
-        g_dist.launched = 1;
-    }
-#else
-    (void)argc;
-    (void)argv;
-    if (announced > 1) die("this binary was built without MPI (make USE_MPI=0) but the launcher started %d ranks", announced);
-#endif
-}
-
-static inline void comm_finalize(void) {
-#ifdef LLM8_MPI
-    if (mpi_active()) mpiCheck(MPI_Finalize());
-#endif
-}
-
-LLM8_NORETURN static inline void comm_abort(int status) {
-    fflush(stdout);
-    fflush(stderr);
-#ifdef LLM8_MPI
-    if (mpi_active()) MPI_Abort(MPI_COMM_WORLD, status);
-#endif
-    _exit(status);
-}
+LLM8_NORETURN static inline void comm_abort(int status) { mpi_abort_exit(status); }
 
 static inline int comm_async_error(char* why, size_t len) {
     (void)why;

@@ -17,28 +17,14 @@
 
 #include <nccl.h>
 
-#ifdef LLM8_MPI
-#include <mpi.h>
-#endif
-
 #include "comm.h"
+#include "mpi_bootstrap.h"
 #include "../core/cuda_utils.cuh"
 
 static inline void nccl_check(ncclResult_t r, const char* call, const char* file, int line) {
     if (r != ncclSuccess) die("NCCL error at %s:%d: %s: %s (%s)", file, line, call, ncclGetErrorString(r), ncclGetLastError(NULL));
 }
 #define ncclCheck(call) nccl_check((call), #call, __FILE__, __LINE__)
-
-#ifdef LLM8_MPI
-static inline void mpi_check(int rc, const char* call, const char* file, int line) {
-    if (rc == MPI_SUCCESS) return;
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(rc, msg, &len);
-    die("MPI error at %s:%d: %s: %s", file, line, call, msg);
-}
-#define mpiCheck(call) mpi_check((call), #call, __FILE__, __LINE__)
-#endif
 
 /* comm_wait timings kept per step; beyond this many waits a step reports what it measured. */
 #define COMM_TIMED_WAITS 4096
@@ -53,37 +39,8 @@ static int g_waits = 0;                       /* timed waits since comm_exposed_
 static DeviceScratch g_comm_scratch;          /* conversions and accumulation */
 static DeviceScratch g_host_scratch;          /* comm_host_* values */
 
-static inline int mpi_active(void) {
-#ifdef LLM8_MPI
-    return g_dist.launched;
-#else
-    return 0;
-#endif
-}
-
 static inline void comm_init(int* argc, char*** argv) {
-    dist_set_host();
-    int announced = launcher_world();
-#ifdef LLM8_MPI
-    if (announced > 0) {
-        int provided;
-        /* the watchdog thread aborts while the main thread may be inside the library */
-        mpiCheck(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
-        if (provided < MPI_THREAD_MULTIPLE) die("MPI on %s does not provide MPI_THREAD_MULTIPLE (the watchdog needs it)", g_dist.host);
-        mpiCheck(MPI_Comm_rank(MPI_COMM_WORLD, &g_dist.rank));
-        mpiCheck(MPI_Comm_size(MPI_COMM_WORLD, &g_dist.world));
-        MPI_Comm local;
-        mpiCheck(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_dist.rank, MPI_INFO_NULL, &local));
-        mpiCheck(MPI_Comm_rank(local, &g_dist.local_rank));
-        mpiCheck(MPI_Comm_size(local, &g_dist.local_world));
-        mpiCheck(MPI_Comm_free(&local));
-        g_dist.launched = 1;
-    }
-#else
-    (void)argc;
-    (void)argv;
-    if (announced > 1) die("this binary was built without MPI (make USE_MPI=0) but the launcher started %d ranks", announced);
-#endif
+    mpi_bootstrap(argc, argv);
     int gpus = 0;
     cudaError_t err = cudaGetDeviceCount(&gpus);
     if (err != cudaSuccess || gpus == 0)
@@ -115,19 +72,12 @@ static inline void comm_init(int* argc, char*** argv) {
 static inline void comm_finalize(void) {
     cudaCheck(cudaStreamSynchronize(g_comm_stream));
     ncclCheck(ncclCommDestroy(g_nccl));
-#ifdef LLM8_MPI
-    if (mpi_active()) mpiCheck(MPI_Finalize());
-#endif
+    mpi_finalize();
 }
 
 LLM8_NORETURN static inline void comm_abort(int status) {
-    fflush(stdout);
-    fflush(stderr);
     if (g_nccl) ncclCommAbort(g_nccl); /* unblocks kernels waiting for a dead peer */
-#ifdef LLM8_MPI
-    if (mpi_active()) MPI_Abort(MPI_COMM_WORLD, status);
-#endif
-    _exit(status);
+    mpi_abort_exit(status);
 }
 
 static inline int comm_async_error(char* why, size_t len) {

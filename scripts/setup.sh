@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what llm8 needs and is missing, and says what it installs:
-#   Debian: OpenBLAS (CPU GEMMs, OpenMP build), OpenMPI (multi-rank launch), a C/C++ toolchain (gcc's
-#           ASan/UBSan runtimes come with it: `make SANITIZE=1`), clang and its runtime with libFuzzer
-#           (`make fuzz`);
+#   Debian: OpenBLAS (CPU GEMMs, OpenMP build), OpenMPI (multi-rank launch), cJSON (data set manifests),
+#           a C/C++ toolchain (gcc's ASan/UBSan runtimes come with it: `make SANITIZE=1`), clang and its
+#           runtime with libFuzzer (`make fuzz`);
 #   PyPI:   numpy, sentencepiece (tokenizing), ml_dtypes (FP8 test reference), matplotlib (loss plots),
 #           safetensors (HF checkpoint interop), pytest, nvidia-cudnn-frontend (header-only cuDNN graph API),
 #           zstandard and pyarrow (reading .jsonl.zst and .parquet corpora in dev/data/tokenize.py).
@@ -20,6 +20,7 @@ command -v gcc >/dev/null || missing_apt+=(build-essential)
 command -v g++ >/dev/null || missing_apt+=(g++)
 have_header cblas.h && ldconfig -p | grep -q libopenblas || missing_apt+=(libopenblas-openmp-dev)
 command -v mpirun >/dev/null || missing_apt+=(openmpi-bin libopenmpi-dev)
+have_header cjson/cJSON.h || missing_apt+=(libcjson-dev)
 command -v clang >/dev/null || missing_apt+=(clang)
 # libFuzzer ships in clang's runtime package, which clang only recommends
 fuzzer_runtime=$(clang -print-file-name="libclang_rt.fuzzer-$(uname -m).a" 2>/dev/null || true)

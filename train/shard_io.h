@@ -67,12 +67,11 @@ static inline void model_save(const char* path, Llama* m) {
     if (lead) atomic_commit(f, tmp, path);
 }
 
-/* Loads this rank's pieces of the master weights from a model checkpoint (already validated for the
-   model's config) and refreshes nothing: the caller refreshes the working weights. */
-static inline void model_load(const char* path, Llama* m) {
-    LlamaConfig file_cfg;
-    FILE* f = checkpoint_open(path, &file_cfg);
-    if (memcmp(&file_cfg, &m->cfg, sizeof(LlamaConfig)) != 0) die("%s: model config differs from the run's", path);
+/* Produces `count` FP32 parameters starting at `param_begin` (checkpoint order) into out. */
+typedef void (*ParamSource)(void* ctx, size_t param_begin, size_t count, float* out);
+
+/* Fills this rank's pieces of the master weights from `source`, through a STREAM_CHUNK_FLOATS buffer. */
+static inline void master_fill(Llama* m, ParamSource source, void* ctx) {
     float* host = (float*)mallocCheck(STREAM_CHUNK_FLOATS * sizeof(float));
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* s = &m->segs[i];
@@ -80,29 +79,48 @@ static inline void model_load(const char* path, Llama* m) {
         llama_own_piece(m, s, &b, &n);
         for (size_t k = 0; k < n; k += STREAM_CHUNK_FLOATS) {
             size_t len = n - k < STREAM_CHUNK_FLOATS ? n - k : STREAM_CHUNK_FLOATS;
-            fseekCheck(f, model_param_offset(s->param.param_offset + b + k), SEEK_SET, path);
-            freadCheck(host, sizeof(float), len, f, path);
+            source(ctx, s->param.param_offset + b + k, len, host);
             dev_upload(m->master + s->shard.shard_offset + k, host, len * sizeof(float));
         }
     }
     free(host);
-    fcloseCheck(f, path);
+}
+
+typedef struct {
+    FILE* f;
+    const char* path;
+} ModelFile;
+
+static void model_file_source(void* ctx, size_t param_begin, size_t count, float* out) {
+    ModelFile* mf = (ModelFile*)ctx;
+    fseekCheck(mf->f, model_param_offset(param_begin), SEEK_SET, mf->path);
+    freadCheck(out, sizeof(float), count, mf->f, mf->path);
+}
+
+/* Loads this rank's pieces of the master weights from a model checkpoint (checked against the model's
+   config); the caller refreshes the working weights. */
+static inline void model_load(const char* path, Llama* m) {
+    LlamaConfig file_cfg;
+    ModelFile mf = {checkpoint_open(path, &file_cfg), path};
+    if (memcmp(&file_cfg, &m->cfg, sizeof(LlamaConfig)) != 0) die("%s: model config differs from the run's", path);
+    master_fill(m, model_file_source, &mf);
+    fcloseCheck(mf.f, path);
+}
+
+typedef struct {
+    const LlamaConfig* cfg;
+    uint64_t seed;
+} ModelInit;
+
+static void model_init_source(void* ctx, size_t param_begin, size_t count, float* out) {
+    ModelInit* mi = (ModelInit*)ctx;
+    llama_init_params_range(mi->cfg, mi->seed, param_begin, count, out);
 }
 
 /* Llama-style random init (params.h) of this rank's pieces of the master weights. */
 static inline void model_init(Llama* m, uint64_t seed) {
-    float* host = (float*)mallocCheck(STREAM_CHUNK_FLOATS * sizeof(float));
-    for (int i = 0; i < m->num_segs; i++) {
-        ModelSegment* s = &m->segs[i];
-        size_t b, n;
-        llama_own_piece(m, s, &b, &n);
-        for (size_t k = 0; k < n; k += STREAM_CHUNK_FLOATS) {
-            size_t len = n - k < STREAM_CHUNK_FLOATS ? n - k : STREAM_CHUNK_FLOATS;
-            llama_init_params_range(&m->cfg, seed, s->param.param_offset + b + k, len, host);
-            dev_upload(m->master + s->shard.shard_offset + k, host, len * sizeof(float));
-        }
-    }
-    free(host);
+    ModelInit mi = {&m->cfg, seed};
+    master_fill(m, model_init_source, &mi);
 }
 
 /* Does this rank write a state file? One per shard of the layout: rank r holds shard r (ZeRO-0: rank 0). */
