@@ -108,10 +108,11 @@ else
 endif
 
 # libFuzzer harnesses (dev/fuzz, clang from Debian; not part of `all`): one per reader of untrusted
-# input. `make fuzz FUZZ_SECONDS=N` runs each for N seconds from its seeds and committed regressions.
+# input (the manifest's needs cJSON). `make fuzz FUZZ_SECONDS=N` runs each for N seconds from its seeds
+# and committed regressions.
 FUZZ_CC ?= clang
 FUZZ_FLAGS = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -std=c11 -D_GNU_SOURCE -Wall -Wextra
-FUZZ_HARNESSES = shard model state tokenizer cli
+FUZZ_HARNESSES = shard model state tokenizer cli manifest
 FUZZ_BINS = $(FUZZ_HARNESSES:%=build/fuzz/fuzz_%)
 FUZZ_SEEDS = build/fuzz/seeds/.done
 FUZZ_SECONDS ?= 60
@@ -174,7 +175,7 @@ dev/cuda/bench_kernels: dev/cuda/bench_kernels.cu dev/cuda/kernel_cases.cuh buil
 
 build/fuzz/fuzz_%: dev/fuzz/fuzz_%.c dev/fuzz/fuzz.h dev/fuzz/fuzz_inputs.h $(HEADERS) | $(SETUP_STAMP)
 	@mkdir -p $(@D)
-	$(FUZZ_CC) $(FUZZ_FLAGS) -I$(CUDA_INCLUDE) $< -o $@ -lm
+	$(FUZZ_CC) $(FUZZ_FLAGS) -I$(CUDA_INCLUDE) $(if $(filter 1,$(USE_CJSON)),-DLLM8_CJSON) $< -o $@ -lm $(if $(filter 1,$(USE_CJSON)),-lcjson)
 
 build/fuzz/make_seeds: dev/fuzz/make_seeds.c dev/fuzz/fuzz_inputs.h $(HEADERS) | $(SETUP_STAMP)
 	@mkdir -p $(@D)

@@ -19,6 +19,7 @@
 #define MANIFEST_NAME "manifest.json"
 #define MANIFEST_FORMAT "llm8 shards"
 #define MANIFEST_VERSION 1
+#define MANIFEST_EXCERPT_CHARS 40 /* of the text where a manifest stops being JSON, in the error */
 
 /* The folder of a path ("." for a bare file name). */
 static inline void path_folder(const char* path, char* out, size_t len) {
@@ -28,10 +29,15 @@ static inline void path_folder(const char* path, char* out, size_t len) {
 }
 
 #ifdef LLM8_CJSON
+/* JSON numbers are doubles: integers are exact up to 2^53, and converting one past long long is undefined. */
+#define MANIFEST_MAX_INT 9007199254740992.0
+
 /* The integer member `name` of `obj`, or a one-line stop naming the manifest and the field. */
 static inline long long manifest_int(const cJSON* obj, const char* name, const char* path) {
     const cJSON* v = cJSON_GetObjectItemCaseSensitive(obj, name);
     if (!cJSON_IsNumber(v)) die("%s: field '%s' is missing or not a number", path, name);
+    if (!(fabs(v->valuedouble) <= MANIFEST_MAX_INT) || v->valuedouble != floor(v->valuedouble))
+        die("%s: field '%s' is %g, not an integer within +-2^53", path, name, v->valuedouble);
     return (long long)v->valuedouble;
 }
 
@@ -51,8 +57,13 @@ static inline void manifest_check_folder(const DataLoader* d, const char* folder
     fcloseCheck(f, path);
     text[bytes] = '\0';
     cJSON* root = cJSON_Parse(text);
+    if (root == NULL) {
+        /* the error pointer points into text (so text is freed only after); the excerpt stops at a line end */
+        const char* near = cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() : "?";
+        size_t n = strcspn(near, "\r\n\v\f");
+        die("%s: not valid JSON (near: %.*s)", path, (int)(n < MANIFEST_EXCERPT_CHARS ? n : MANIFEST_EXCERPT_CHARS), near);
+    }
     free(text);
-    if (root == NULL) die("%s: not valid JSON (near: %.40s)", path, cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() : "?");
     const cJSON* format = cJSON_GetObjectItemCaseSensitive(root, "format");
     if (!cJSON_IsString(format) || strcmp(format->valuestring, MANIFEST_FORMAT) != 0)
         die("%s: 'format' is not \"%s\"", path, MANIFEST_FORMAT);

@@ -10,7 +10,8 @@ set -uo pipefail
 if [ $# -lt 2 ]; then echo "usage: $0 SECONDS HARNESS..." >&2; exit 2; fi
 seconds=$1; shift
 # -timeout: an input that takes this long is reported as a hang; -rss_limit_mb: libFuzzer's default,
-# spelled out because it also caps a single allocation (a header that asks for gigabytes is a finding).
+# spelled out because it also caps a single allocation (a header that asks for gigabytes is a finding);
+# -close_fd_mask=1: the readers' progress lines on stdout go nowhere (libFuzzer reports on stderr).
 TIMEOUT_S=10
 RSS_LIMIT_MB=2048
 status=0
@@ -21,7 +22,7 @@ for h in "$@"; do
     dirs=("build/fuzz/corpus/$h" "build/fuzz/seeds/$h")
     [ -d "dev/fuzz/regressions/$h" ] && dirs+=("dev/fuzz/regressions/$h")
     log=build/fuzz/$h.log
-    "$bin" -max_total_time="$seconds" -timeout=$TIMEOUT_S -rss_limit_mb=$RSS_LIMIT_MB -print_final_stats=1 \
+    "$bin" -max_total_time="$seconds" -timeout=$TIMEOUT_S -rss_limit_mb=$RSS_LIMIT_MB -print_final_stats=1 -close_fd_mask=1 \
         -artifact_prefix="build/fuzz/crashes/$h/" "${dirs[@]}" >"$log" 2>&1
     rc=$?
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")

@@ -12,6 +12,8 @@
 #define FUZZ_ACCUM 2
 #define FUZZ_VOCAB LLAMA_VOCAB_SIZE /* shard tokens must be below it */
 #define FUZZ_SEED 1337
+#define FUZZ_MANIFEST_SHARD "fuzz_train_000000.bin" /* the one shard the manifest harness's folder holds */
+#define FUZZ_MANIFEST_TOKENS 64
 
 /* The smallest model the start-up checks accept with every tensor present (head dim 2, for RoPE). */
 static inline LlamaConfig fuzz_config(void) {

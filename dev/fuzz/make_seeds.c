@@ -7,9 +7,11 @@
  *   state/      a training state of fuzz_run_identity() (state_write_begin), one shard, one skipped step
  *   tokenizer/  a decode table of a few pieces, one of them empty, one raw byte
  *   cli/        every flag of the parser's table with a value of its type, and a typical run's flags
+ *   manifest/   the manifest.json of the manifest harness's one-shard folder
  * Usage: make_seeds DIR
  */
 #include "fuzz_inputs.h"
+#include "../../dataloader/manifest.h"
 #include "../../dataloader/tokenizer.h"
 #include "../../train/cli.h"
 
@@ -133,6 +135,18 @@ static void seed_cli(const char* dir) {
     write_bytes(path, buf, len);
 }
 
+static void seed_manifest(const char* dir) {
+    char text[1024], path[PATH_LEN];
+    int n = snprintf(text, sizeof(text),
+                     "{\"format\": \"%s\", \"version\": %d, \"shard_version\": 1, \"vocab_size\": %d, \"documents\": 4, "
+                     "\"tokens\": %d, \"splits\": {\"train\": {\"documents\": 4, \"tokens\": %d, \"shards\": 1}}, "
+                     "\"shards\": [{\"file\": \"%s\", \"split\": \"train\", \"tokens\": %d}]}\n",
+                     MANIFEST_FORMAT, MANIFEST_VERSION, FUZZ_VOCAB, FUZZ_MANIFEST_TOKENS, FUZZ_MANIFEST_TOKENS,
+                     FUZZ_MANIFEST_SHARD, FUZZ_MANIFEST_TOKENS);
+    seed_path(path, sizeof(path), dir, "manifest", "manifest.json");
+    write_bytes(path, text, (size_t)n);
+}
+
 int main(int argc, char** argv) {
     if (argc != 2) die("usage: %s DIR (writes DIR/<harness>/ seed files)", argv[0]);
     seed_shards(argv[1]);
@@ -140,5 +154,6 @@ int main(int argc, char** argv) {
     seed_state(argv[1]);
     seed_tokenizer(argv[1]);
     seed_cli(argv[1]);
+    seed_manifest(argv[1]);
     return 0;
 }
