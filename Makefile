@@ -61,7 +61,7 @@ TEST_HEADERS = $(wildcard dev/test/*.h)
 CPU_TARGETS = train_llama_cpu test_llama_cpu
 GPU_TARGETS = $(if $(NVCC),train_llama test_llama,)
 
-.PHONY: all cpu gpu train test setup data clean help fp8-vs-bf16
+.PHONY: all cpu gpu train test setup data clean help fp8-vs-bf16 device-prepare
 
 all: $(CPU_TARGETS) $(GPU_TARGETS)
 cpu: $(CPU_TARGETS)
@@ -75,6 +75,7 @@ help:
 	@echo "make setup        install the Debian and PyPI packages llm8 needs"
 	@echo "make clean        remove build outputs"
 	@echo "make dev/cuda/bench_kernels  kernel playground: every GPU op vs its CPU op, timed at Llama-2 7B/13B shapes"
+	@echo "make device-prepare  prepare build/device for scripts/device_check.sh on a GPU machine (prints what to carry)"
 
 # Installs what is missing (Debian: OpenBLAS, OpenMPI; PyPI: numpy, sentencepiece, ml_dtypes, ...).
 $(SETUP_STAMP): scripts/setup.sh
@@ -133,6 +134,11 @@ test: all
 
 fp8-vs-bf16: train_llama_cpu $(TRAIN_DATA)
 	bash scripts/fp8_vs_bf16.sh
+
+# What the device check needs and the GPU machine cannot make (no network, no cuDNN frontend headers, no
+# OpenBLAS), made here into build/device: the cuDNN glue object, the shards, the CPU build's fp8 curve.
+device-prepare: build/cudnn_att.o train_llama_cpu $(TRAIN_DATA)
+	CUDNN_FRONTEND_INCLUDE="$(CUDNN_FRONTEND_INCLUDE)" bash scripts/device_prepare.sh
 
 clean:
 	rm -rf build train_llama_cpu test_llama_cpu train_llama test_llama dev/cuda/bench_kernels

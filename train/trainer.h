@@ -314,12 +314,29 @@ static inline void trainer_init(Trainer* tr, int argc, char** argv) {
     if (a->sample_every > 0) tokenizer_init(&tr->tokenizer, tok_path);
 }
 
+/*
+ * Prints the phases of a profiled step (--profile): "profile step k: forward X ms | backward X ms |
+ * optimizer X ms | other X ms | fp8 casts X ms (inside the others)", where other is the rest of the step's
+ * wall time (loading batches, zeroing the gradients, host time between them).
+ */
+static inline void trainer_print_profile(const Trainer* tr, const double* phase_ms, double step_ms) {
+    double other = step_ms;
+    printf("profile step %d:", tr->step + 1);
+    for (int p = 0; p < PROF_FP8_CAST; p++) {
+        printf(" %s %.1f ms |", PROF_PHASE_NAMES[p], phase_ms[p]);
+        other -= phase_ms[p];
+    }
+    printf(" other %.1f ms | %s %.1f ms (inside the others)\n", other, PROF_PHASE_NAMES[PROF_FP8_CAST], phase_ms[PROF_FP8_CAST]);
+}
+
 /* One optimizer step (grad_accum_steps micro-steps and the update); prints and logs it. */
 static inline void trainer_step(Trainer* tr) {
     TrainArgs* a = &tr->args;
     Llama* m = &tr->model;
     int stats_due = a->fp8_stats_every > 0 && tr->step % a->fp8_stats_every == 0;
     if (stats_due) llama_fp8_stats_begin(m);
+    int profiled = a->profile_every > 0 && (tr->step + 1) % a->profile_every == 0;
+    if (profiled) backend_profile_begin();
     double t0 = wall_seconds();
     llama_zero_grads(m);
     float dloss = 1.0f / ((float)a->B * a->T * tr->grad_accum_steps);
@@ -332,13 +349,18 @@ static inline void trainer_step(Trainer* tr) {
             dataloader_next_batch(&tr->train);
             tr->overfit_loaded = 1;
         }
+        backend_timer_start(PROF_FORWARD);
         loss += llama_forward(m, tr->train.inputs, tr->train.targets, a->B, a->T, dloss);
+        backend_timer_stop(PROF_FORWARD);
+        backend_timer_start(PROF_BACKWARD);
         llama_backward(m);
+        backend_timer_stop(PROF_BACKWARD);
         /* each micro-step recasts X and dY with fresh scales: check before the next one overwrites them */
         if (!fp8_nonfinite) fp8_nonfinite = llama_fp8_nonfinite(m, fp8_bad, sizeof(fp8_bad));
     }
     loss /= tr->grad_accum_steps;
     int bad;
+    backend_timer_start(PROF_OPTIMIZER);
     float norm = llama_grad_norm(m, &bad);
     float lr = lr_at_step(a->schedule, a->lr, a->warmup, a->final_lr_frac, tr->step, tr->steps);
     int skip = !isfinite(loss) || !isfinite(norm) || fp8_nonfinite;
@@ -355,8 +377,11 @@ static inline void trainer_step(Trainer* tr) {
         if (tr->consecutive_skips >= a->max_skips)
             die("%d consecutive steps with a non-finite loss, gradient or FP8 amax (--max-skips %d): stopping", tr->consecutive_skips, a->max_skips);
     }
+    backend_timer_stop(PROF_OPTIMIZER);
     backend_synchronize();
     double ms = (wall_seconds() - t0) * 1e3;
+    double phase_ms[PROF_PHASES];
+    backend_profile_end(phase_ms);
     double tokens = (double)tr->grad_accum_steps * a->B * a->T * tr->world;
     double tok_s = tokens / (ms / 1e3);
     double peak = backend_peak_flops((Precision)a->precision);
@@ -369,6 +394,7 @@ static inline void trainer_step(Trainer* tr) {
            norm, ms, tok_s);
     if (mfu > 0.0) printf(" | MFU %.1f%%", 100.0 * mfu);
     printf("\n");
+    if (profiled) trainer_print_profile(tr, phase_ms, ms);
     logger_train(&tr->logger, tr->step, (float)loss, lr, norm, ms, tok_s, mfu, backend_memory_mib(), skip);
     tr->step++;
 }
