@@ -38,12 +38,19 @@ JOBS=${JOBS:-$(nproc)}
 BUDGET_S=${BUDGET_S:-480}  # DESIGN.md section 8: the whole check under 8 minutes
 RESERVE_S=20               # kept back for the final table and the log archive
 MIN_PHASE_S=10             # a phase that would get less than this is skipped
+KILL_AFTER_S=10            # a command still running this long after its TERM is killed
+TOOL_S=60                  # a short command: nvidia-smi, --device-info, writing a shard, a loss comparison
+BUILD_S=300                # the build on the device
 CHECK_S=90                 # one test_llama check
 PROD_CHECK_S=180           # one production-shape check (CPU references at 7B/13B sizes)
+BENCH_S=90                 # the GEMM benchmark
+TRAIN_S=150                # one training run
+RESUME_S=60                # each of the two resume runs
 MEMCHECK_S=90              # all memcheck runs together
 LOG_CAP=$((1 << 20))       # bytes kept of one log in the archive (its head and tail)
 ARCHIVE_MAX=$((16 << 20))  # the largest file the device machine gives back
 TOKENS_PER_STEP=32768      # throughput runs: 8 micro-steps of 4096 tokens
+SHARD_TOKENS=2000000       # the random shard of the throughput and resume runs (uint16 tokens: 4 MB)
 WARMUP_STEPS=2             # throughput: steps left out of the means (cuBLASLt and cuDNN set-up)
 PROFILE_EVERY=5            # throughput: --profile
 PREP=build/device          # what `make device-prepare` made (scripts/device_prepare.sh)
@@ -83,13 +90,13 @@ budget() {
 }
 NO_TIME="no time left in the ${BUDGET_S}s budget"
 
-# limited SECONDS LOG CMD...: CMD with its output in LOG, stopped after SECONDS (killed 10 s later); its status.
+# limited SECONDS LOG CMD...: CMD with its output in LOG, stopped after SECONDS (killed KILL_AFTER_S later); its status.
 # Waited for in the background, so that a TERM to this script stops it at once (the trap below).
 CHILD=""
 limited() {
     local seconds=$1 log=$2 rc
     shift 2
-    timeout -k 10 "$seconds" "$@" > "$log" 2>&1 &
+    timeout -k "$KILL_AFTER_S" "$seconds" "$@" > "$log" 2>&1 &
     CHILD=$!
     wait "$CHILD"
     rc=$?
@@ -152,11 +159,11 @@ header | tee "$SUMMARY"
 # ---------------------------------------------------------------- 1. environment
 
 echo "== GPU and libraries"
-limited 30 "$LOGS/nvidia-smi_full.log" nvidia-smi
-limited 30 "$LOGS/nvidia-smi.log" nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv,noheader
+limited "$TOOL_S" "$LOGS/nvidia-smi_full.log" nvidia-smi
+limited "$TOOL_S" "$LOGS/nvidia-smi.log" nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv,noheader
 rc=$?
 if [ "$rc" -eq 0 ]; then row "GPU (nvidia-smi)" info "$(head -1 "$LOGS/nvidia-smi.log")"
-else row "GPU (nvidia-smi)" FAIL "$(why_failed "$rc" 30 "$LOGS/nvidia-smi.log")"; fi
+else row "GPU (nvidia-smi)" FAIL "$(why_failed "$rc" "$TOOL_S" "$LOGS/nvidia-smi.log")"; fi
 
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export PATH="$PATH:$CUDA_HOME/bin"
@@ -166,7 +173,7 @@ rm -rf "$LIB_LINKS"
 
 # wheel_dir lib|include FILE: the folder of PyTorch's nvidia-* wheels (nvidia/<pkg>/lib, nvidia/cu13/lib, ...) holding FILE
 wheel_dir() {
-    timeout 60 python3 - "$1" "$2" 2> /dev/null << 'EOF'
+    timeout "$TOOL_S" python3 - "$1" "$2" 2> /dev/null << 'EOF'
 import glob, os, sys
 try:
     import nvidia
@@ -244,7 +251,7 @@ fi
 
 echo "== build"
 mkdir -p build && touch build/.setup-done # no network here: skip `make setup`, use what is installed
-s=$(budget 300)
+s=$(budget "$BUILD_S")
 if [ "$s" -eq 0 ]; then
     row "build" skip "$NO_TIME"
 else
@@ -268,12 +275,12 @@ ATTENTION=""
 if [ ! -x ./test_llama ]; then
     row "device and library versions" FAIL "test_llama not built"
 else
-    limited 60 "$LOGS/device_info.log" ./test_llama --device-info
+    limited "$TOOL_S" "$LOGS/device_info.log" ./test_llama --device-info
     rc=$?
     info=$(sed -n 's/^| device: //p' "$LOGS/device_info.log" | head -1)
     ATTENTION=$(attention_of "$LOGS/device_info.log")
     if [ "$rc" -eq 0 ] && [ -n "$info" ]; then row "device and library versions" info "${info%%; attention: *}"
-    else row "device and library versions" FAIL "$(why_failed "$rc" 60 "$LOGS/device_info.log")"; fi
+    else row "device and library versions" FAIL "$(why_failed "$rc" "$TOOL_S" "$LOGS/device_info.log")"; fi
 fi
 if is_cudnn "$ATTENTION"; then row "attention path" ok "$ATTENTION"
 else row "attention path" FAIL "${ATTENTION:-unknown} (the GPU path must be cuDNN SDPA; carry build/device with cudnn_att.o)"; fi
@@ -283,7 +290,7 @@ else row "attention path" FAIL "${ATTENTION:-unknown} (the GPU path must be cuDN
 echo "== test_llama checks"
 CHECKS=()
 no_run=""
-if [ -x ./test_llama ]; then mapfile -t CHECKS < <(timeout 30 ./test_llama --list 2> /dev/null); fi
+if [ -x ./test_llama ]; then mapfile -t CHECKS < <(timeout "$TOOL_S" ./test_llama --list 2> /dev/null); fi
 if [ ${#CHECKS[@]} -eq 0 ]; then
     # names from the source, so that the table still has one row per check
     mapfile -t CHECKS < <(sed -n 's/^ *{"\([a-z0-9_]*\)", check_[a-z0-9_]*, ".*$/\1/p' test_llama.cu)
@@ -317,9 +324,9 @@ for name in "${CHECKS[@]}"; do
     t0=$(date +%s)
     limited "$s" "$log" ./test_llama --only "$name"
     rc=$?
-    took="$(( $(date +%s) - t0 ))s"
-    if [ "$rc" -eq 0 ] && grep -q "^ok   $name\$" "$log"; then row "$label" ok "$took; $(check_detail "$log")"
-    elif grep -q "^FAIL $name\$" "$log"; then row "$label" FAIL "$took; $(check_detail "$log")"
+    detail="$(( $(date +%s) - t0 ))s$(check_detail "$log" | sed 's/^./; &/')"
+    if [ "$rc" -eq 0 ] && grep -q "^ok   $name\$" "$log"; then row "$label" ok "$detail"
+    elif grep -q "^FAIL $name\$" "$log"; then row "$label" FAIL "$detail"
     else row "$label" FAIL "$(why_failed "$rc" "$s" "$log")"; fi
 done
 pack_logs "$LOG_CAP"
@@ -327,7 +334,7 @@ pack_logs "$LOG_CAP"
 # ---------------------------------------------------------------- 6. GEMM benchmark
 
 echo "== GEMM FP8 vs BF16"
-s=$(budget 90)
+s=$(budget "$BENCH_S")
 if [ ! -x ./test_llama ]; then row "GEMM benchmark" FAIL "test_llama not built"
 elif [ "$s" -eq 0 ]; then row "GEMM benchmark" skip "$NO_TIME"
 else
@@ -345,11 +352,11 @@ pack_logs "$LOG_CAP"
 echo "== throughput: llama2-7b shape, $LAYERS layers, T 4096, $TOKENS_PER_STEP tokens per step, $STEPS steps"
 SHARD=$WORK/random_tokens.bin
 declare -A TOKS
-if [ -x ./test_llama ]; then limited 60 "$LOGS/random_shard.log" ./test_llama --write-shard "$SHARD" 2000000 1; fi
+if [ -x ./test_llama ]; then limited "$TOOL_S" "$LOGS/random_shard.log" ./test_llama --write-shard "$SHARD" "$SHARD_TOKENS" 1; fi
 for p in bf16 fp8; do
     label="train 7b-shape L$LAYERS T4096 -d $TOKENS_PER_STEP -p $p"
     log=$LOGS/train_$p.log
-    s=$(budget 150)
+    s=$(budget "$TRAIN_S")
     if [ ! -x ./train_llama ] || [ ! -f "$SHARD" ]; then row "$label" FAIL "train_llama or the random shard is missing"; continue; fi
     if [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"; continue; fi
     limited "$s" "$log" ./train_llama -e llama2-7b --n-layers "$LAYERS" -b 1 -t 4096 -d "$TOKENS_PER_STEP" -x "$STEPS" \
@@ -396,7 +403,7 @@ else
     for p in bf16 fp8; do
         label="real text: GPU -p $p run"
         log=$LOGS/real_$p.log
-        s=$(budget 150)
+        s=$(budget "$TRAIN_S")
         if [ ! -x ./train_llama ]; then real_ok=0; row "$label" FAIL "train_llama not built"; continue; fi
         if [ "$s" -eq 0 ]; then real_ok=0; row "$label" skip "$NO_TIME"; continue; fi
         rm -rf "$WORK/real_$p"
@@ -411,12 +418,12 @@ fi
 # compare NAME A B TOLERANCE: scripts/compare_loss.py's verdict on run A against baseline B
 compare() {
     local label=$1 a=$2 b=$3 tolerance=$4 log=$LOGS/compare_$5.log rc
-    limited 60 "$log" python3 scripts/compare_loss.py "$a" "$b" --tolerance "$tolerance" --out "$LOGS/compare_$5.png"
+    limited "$TOOL_S" "$log" python3 scripts/compare_loss.py "$a" "$b" --tolerance "$tolerance" --out "$LOGS/compare_$5.png"
     rc=$?
     case $rc in
         0) row "$label" ok "$(grep -E '^PASS' "$log")" ;;
-        1) row "$label" FAIL "$(grep -E '^FAIL' "$log" || why_failed "$rc" 60 "$log")" ;;
-        *) row "$label" FAIL "$(why_failed "$rc" 60 "$log")" ;;
+        1) row "$label" FAIL "$(grep -E '^FAIL' "$log" || why_failed "$rc" "$TOOL_S" "$log")" ;;
+        *) row "$label" FAIL "$(why_failed "$rc" "$TOOL_S" "$log")" ;;
     esac
 }
 if [ "$real_ok" -eq 1 ]; then
@@ -437,7 +444,7 @@ mkdir -p "$RESUMED"
 RESUME_ARGS=(-e tiny -b 4 -t 256 -x 6 -n 3 -v 0 -m 1 -i "$SHARD" -j "$SHARD")
 # "step loss lr" of steps 3..5 in a metrics.jsonl
 steps_3_to_5() { grep -E '^\{"step": [345], "loss":' "$1" 2> /dev/null | awk -F'[:,] *' '{print $2, $4, $6}'; }
-s=$(budget 60)
+s=$(budget "$RESUME_S")
 if [ ! -x ./train_llama ] || [ ! -f "$SHARD" ]; then row "$label" FAIL "train_llama or the random shard is missing"
 elif [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"
 else
@@ -474,7 +481,7 @@ echo "== compute-sanitizer memcheck: ${MEMCHECK_CHECKS[*]}"
 memcheck_end=$(( $(elapsed) + $(budget "$MEMCHECK_S") ))
 cannot=""  # why compute-sanitizer cannot run on this machine, once a run said so
 filter=()
-if [ -n "$SANITIZER" ] && timeout 30 "$SANITIZER" --help 2>&1 | grep -q -- '--kernel-name'; then
+if [ -n "$SANITIZER" ] && timeout "$TOOL_S" "$SANITIZER" --help 2>&1 | grep -q -- '--kernel-name'; then
     filter=(--kernel-name kns=_kernel) # ours are all named *_kernel; cuBLASLt's and cuDNN's are not checked
 fi
 for name in "${MEMCHECK_CHECKS[@]}"; do
@@ -485,7 +492,7 @@ for name in "${MEMCHECK_CHECKS[@]}"; do
     if [ ! -x ./test_llama ]; then row "$label" FAIL "test_llama not built"; continue; fi
     if [ "$s" -lt "$MIN_PHASE_S" ]; then row "$label" skip "no time left (memcheck: ${MEMCHECK_S}s at most, within the ${BUDGET_S}s budget)"; continue; fi
     log=$LOGS/memcheck_$name.log
-    limited "$s" "$log" "$SANITIZER" --tool memcheck "${filter[@]}" --print-limit 20 ./test_llama --only "$name"
+    limited "$s" "$log" "$SANITIZER" --tool memcheck "${filter[@]}" ./test_llama --only "$name"
     rc=$?
     summary=$(grep -o 'ERROR SUMMARY: [0-9]* error[s]*' "$log" | tail -1)
     # gVisor: "Device not supported", then the program's first allocation fails
@@ -497,7 +504,8 @@ for name in "${MEMCHECK_CHECKS[@]}"; do
     elif [ "$rc" -eq 0 ] && [ "$summary" = "ERROR SUMMARY: 0 errors" ]; then
         row "$label" ok "$summary${filter[*]:+, ${filter[*]}}"
     else
-        row "$label" FAIL "$summary; $(grep -m1 -E '^=+ +(Invalid|Error|Program hit)' "$log" || why_failed "$rc" "$s" "$log")"
+        first=$(grep -m1 -E '^=+ +(Invalid|Error|Program hit)' "$log")
+        row "$label" FAIL "$summary, exit $rc${first:+: $first}"
     fi
 done
 

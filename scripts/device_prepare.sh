@@ -11,7 +11,7 @@
 #                                   the GPU's fp8 run must follow within 0.5%
 #   MANIFEST                        commit, date, compilers and library versions of this preparation
 # then prints the `carry` list and the command to run on the device. The CPU run takes about 5 minutes on
-# 2 cores. Environment: CUDNN_FRONTEND_INCLUDE (set by make: where the frontend headers are).
+# 2 idle cores. Environment: CUDNN_FRONTEND_INCLUDE (set by make: where the frontend headers are).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
