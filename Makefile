@@ -3,6 +3,16 @@
 
 CC ?= gcc
 PYTHON ?= python3
+# Installs what is missing (Debian: OpenBLAS, OpenMPI, cJSON; PyPI: numpy, sentencepiece, ml_dtypes, ...)
+# once, before anything below looks for it (mpicc, cJSON), unless the target is setup, clean or help.
+SETUP_STAMP = build/.setup-done
+ifeq ($(wildcard $(SETUP_STAMP)),)
+  ifneq ($(filter-out setup clean help,$(or $(MAKECMDGOALS),all)),)
+    $(info setup: first build here: installing what is missing (bash scripts/setup.sh))
+    SETUP_OUTPUT := $(shell PYTHON=$(PYTHON) bash scripts/setup.sh >&2 && mkdir -p build && touch $(SETUP_STAMP) && echo ok)
+    $(if $(SETUP_OUTPUT),,$(error setup failed: see the messages above, or run bash scripts/setup.sh))
+  endif
+endif
 CFLAGS ?= -O3 -march=native
 CFLAGS += -std=c11 -D_POSIX_C_SOURCE=200809L -fopenmp -Wall -Wextra
 CUDA_HOME ?= /usr/local/cuda
@@ -20,13 +30,37 @@ else
   CPU_LIBS = -lopenblas -lm
 endif
 
+# MPI (multi-rank launch, DESIGN.md section 6): Open MPI from Debian (make setup), found through mpicc.
+# USE_MPI=0 builds single-rank binaries that need no MPI (a GPU host without it, for instance).
+USE_MPI ?= $(if $(shell command -v mpicc 2>/dev/null),1,0)
+ifeq ($(USE_MPI),1)
+  MPI_CFLAGS := -DLLM8_MPI $(shell mpicc --showme:compile 2>/dev/null || mpicc -compile_info 2>/dev/null | cut -d' ' -f2-)
+  MPI_LIBS := $(shell mpicc --showme:link 2>/dev/null || mpicc -link_info 2>/dev/null | cut -d' ' -f2-)
+endif
+# cJSON (Debian's libcjson-dev, make setup) reads the data sets' manifest.json; USE_CJSON=0 builds without
+# the check (a GPU host where nothing can be installed).
+USE_CJSON ?= $(shell echo '#include <cjson/cJSON.h>' | $(CC) -E -x c - >/dev/null 2>&1 && echo 1 || echo 0)
+ifeq ($(USE_CJSON),1)
+  CPU_INCLUDES += -DLLM8_CJSON
+  CPU_LIBS += -lcjson
+endif
+# The build id every rank compares at start-up (git describe of the tree, "unknown" outside git).
+BUILD_ID := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+CPU_INCLUDES += $(MPI_CFLAGS) -DLLM8_BUILD_ID='"$(BUILD_ID)"'
+CPU_LIBS += $(MPI_LIBS) -lpthread
+
 # GPU build: sm_90 (H100/H200/H800) by default; `make train_llama GPU_ARCH=89` for Ada.
 GPU_ARCH ?= 90
 # --diag-error 114 ("referenced but not defined"): a backend function whose signature drifts from its
 # prototype in llama/backend.h is, in C++, a new overload; this makes the unmatched prototype an error.
 NVCC_FLAGS ?= -O3 -std=c++17 -gencode arch=compute_$(GPU_ARCH),code=sm_$(GPU_ARCH) --expt-relaxed-constexpr \
 	-Xcompiler -fopenmp -Xcompiler -Wall --diag-error 114
-CUDA_LIBS = -lcublasLt -lgomp
+CUDA_LIBS = -lcublasLt -lnccl -lgomp $(filter-out -pthread,$(MPI_LIBS)) -lpthread
+NVCC_FLAGS += $(filter -I% -D%,$(MPI_CFLAGS)) -DLLM8_BUILD_ID='"$(BUILD_ID)"'
+ifeq ($(USE_CJSON),1)
+  NVCC_FLAGS += -DLLM8_CJSON
+  CUDA_LIBS += -lcjson
+endif
 CXX ?= g++
 # The cuDNN frontend is header-only and ships in the nvidia-cudnn-frontend wheel; its attention graphs
 # live in one host-compiled file (cuda/cudnn_att.cpp, ~45 s with g++) so editing the trainer never
@@ -51,7 +85,6 @@ endif
 
 DATA_DIR ?= dev/data/tinyshakespeare
 TRAIN_DATA = $(DATA_DIR)/tiny_shakespeare_train.bin
-SETUP_STAMP = build/.setup-done
 
 # One folder per layer (README "Repository layout"); every build depends on all of their headers.
 HEADERS = $(wildcard core/*.h fp8/*.h llama/*.h cpu/*.h dist/*.h train/*.h dataloader/*.h)
@@ -115,7 +148,7 @@ dev/cuda/bench_kernels: dev/cuda/bench_kernels.cu dev/cuda/kernel_cases.cuh buil
 	$(NVCC) $(NVCC_FLAGS) $< build/cpu_reference.o $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(CPU_LIBS)
 
 # Tokenized tiny-shakespeare (from ../shared/data when present, else downloaded: dev/data/llm8_data.py).
-$(TRAIN_DATA): dev/data/tinyshakespeare.py dev/data/llm8_data.py | $(SETUP_STAMP)
+$(TRAIN_DATA): dev/data/tinyshakespeare.py dev/data/llm8_data.py dev/data/llm8_corpus.py | $(SETUP_STAMP)
 	$(PYTHON) dev/data/tinyshakespeare.py --out $(DATA_DIR)
 data: $(TRAIN_DATA)
 

@@ -114,7 +114,7 @@ static int check_fp8_nonfinite_flagged(void) {
     ref_state_read(&r, REF_STATE_PATH, &cfg);
     backend_init(PRECISION_FP8);
     Llama m;
-    llama_build(&m, &cfg, PRECISION_FP8, r.B, r.T, 0, 0);
+    llama_build(&m, &cfg, PRECISION_FP8, r.B, r.T, 0, 0, SINGLE_PROCESS);
     float* params = (float*)mallocCheck(m.num_params * sizeof(float));
     checkpoint_read_params(REF_MODEL_PATH, &cfg, params);
     size_t offsets[NUM_PARAM_TENSORS];
@@ -130,8 +130,7 @@ static int check_fp8_nonfinite_flagged(void) {
     /* and a NaN gradient is named by its tensor and layer */
     llama_zero_grads(&m);
     float nan = NAN;
-    size_t at = offsets[P_W13] + (size_t)2 * cfg.ffn_dim * cfg.dim + 3; /* w13 of layer 1 */
-    dev_upload(m.grads_memory + at, &nan, sizeof(float));
+    dev_upload(llama_grad(&m, P_W13, 1) + 3, &nan, sizeof(float));
     int bad;
     float norm = llama_grad_norm(&m, &bad);
     char name[64] = "none";
@@ -325,6 +324,8 @@ static int check_recompute_identical(void) { return check_recompute_in(PRECISION
 
 static int check_resume_bit_identical(void) { return check_resume_in(PRECISION_FP8); }
 
+static int check_zero_stages_one_rank(void) { return check_zero_stages_in(PRECISION_FP8); }
+
 /*
  * The dump the GPU build is compared with: a CPU run written in the reference-state format reads back
  * and equals a second CPU run exactly (the writer is right and the CPU build is deterministic).
@@ -397,7 +398,7 @@ static int check_dataloader_ranks(void) {
     int failures = 0;
     for (int shuffle = 0; shuffle < 2; shuffle++) {
         DataLoader d[WORLD];
-        for (int r = 0; r < WORLD; r++) dataloader_init(&d[r], pattern, B, T, r, WORLD, 65535, shuffle, g_seed);
+        for (int r = 0; r < WORLD; r++) dataloader_init(&d[r], pattern, B, T, r, WORLD, 1, 65535, shuffle, g_seed);
         long long steps = dataloader_epoch_batches(&d[0]);
         long long expected_samples = 0;
         for (int s = 0; s < 3; s++) expected_samples += (long long)((sizes[s] - 1) / T / (B * WORLD)) * B * WORLD;
@@ -439,8 +440,8 @@ static int check_dataloader_ranks(void) {
     }
     /* restoring a saved position continues with the same batches */
     DataLoader a, b;
-    dataloader_init(&a, pattern, B, T, 1, WORLD, 65535, 1, g_seed);
-    dataloader_init(&b, pattern, B, T, 1, WORLD, 65535, 1, g_seed);
+    dataloader_init(&a, pattern, B, T, 1, WORLD, 1, 65535, 1, g_seed);
+    dataloader_init(&b, pattern, B, T, 1, WORLD, 1, 65535, 1, g_seed);
     for (int i = 0; i < 23; i++) dataloader_next_batch(&a);
     DataLoaderPosition p = dataloader_position(&a);
     dataloader_restore(&b, p);
@@ -572,6 +573,7 @@ static Check CHECKS[] = {
     {"grad_accumulation", check_grad_accumulation, "2 micro-batches accumulate the 1-batch gradient"},
     {"recompute_identical", check_recompute_identical, "-r 1 gives bit-identical gradients"},
     {"resume_bit_identical", check_resume_bit_identical, "save -> load -> continue reproduces losses and weights"},
+    {"zero_stages_one_rank", check_zero_stages_one_rank, "ZeRO-1/2 through the data-parallel driver on one rank equal ZeRO-0 bit for bit"},
     {"dump_roundtrip", check_dump_roundtrip, "a dumped CPU run reads back equal to a rerun (the GPU's comparison target)"},
     {"checkpoint_roundtrip", check_checkpoint_roundtrip, "model checkpoint write/read round trip"},
     {"dataloader_ranks", check_dataloader_ranks, "rank split, shuffling, epoch coverage, position restore"},

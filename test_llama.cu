@@ -60,6 +60,10 @@ static int check_recompute_identical(void) { return check_recompute_in(PRECISION
 /* BF16: the split changes GEMM shapes (other algorithms, other summation order), hence 1e-2. */
 static int check_grad_accumulation(void) { return check_grad_accumulation_in(PRECISION_BF16, 1e-2); }
 
+/* The NCCL path with one rank (ZeRO-1/2: reduce-scatters, accumulation kernels, the communication
+   stream and its events) against ZeRO-0, which communicates nothing: bit-identical. */
+static int check_nccl_one_rank(void) { return check_zero_stages_in(PRECISION_FP8); }
+
 /* ------------------------------------------------------------ kernels against the CPU ops */
 
 /* Small enough for the CPU side, with GQA, dimensions that are multiples of 16 and a row length that
@@ -360,6 +364,7 @@ static Check CHECKS[] = {
     {"resume_bit_identical", check_resume_bit_identical, "GPU save -> load -> continue reproduces losses and weights"},
     {"recompute_identical", check_recompute_identical, "GPU -r 1 gives bit-identical gradients"},
     {"grad_accumulation", check_grad_accumulation, "GPU: 2 micro-batches accumulate the 1-batch gradient"},
+    {"nccl_one_rank", check_nccl_one_rank, "GPU: ZeRO-1/2 over a one-rank NCCL communicator equal ZeRO-0 bit for bit"},
     {"prod_attention", check_prod_attention, "attention at T 4096, HS 128, default (fastest) backward vs CPU on a slice"},
     {"prod_attention_deterministic", check_prod_attention_deterministic, "the same with the deterministic backward"},
     {"prod_fp8_linear_7b", check_prod_fp8_linear_7b, "Llama-2 7B linear layers, N 4096: FP8 casts vs CPU, fprop/dgrad/wgrad vs CPU emulation"},
@@ -379,6 +384,8 @@ int main(int argc, char** argv) {
     }
     /* cuDNN's default attention backward is not bit-reproducible; the resume check needs it to be */
     setenv("LLM8_DETERMINISTIC", "1", 0);
+    /* one rank: the NCCL communicator of the checkpoint and ZeRO checks (listing the checks needs no GPU) */
+    if (!(argc == 2 && strcmp(argv[1], "--list") == 0)) comm_init(&argc, &argv);
     g_seed = test_seed(argc, argv);
     return run_checks(CHECKS, (int)(sizeof(CHECKS) / sizeof(CHECKS[0])), argc, argv);
 }

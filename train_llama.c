@@ -3,9 +3,10 @@
  * line are the GPU trainer's; only the backend differs (FP32 math that emulates the GPU's BF16 and FP8
  * numerics). See README.md for usage.
  */
-#include "cpu/backend.h"    // defines: act_t = float, dev_* (host memory), op_* (OpenMP loops, the FP8 library's CPU emulation)
-#include "llama/model.h"    // defines: Llama, llama_build, llama_forward, llama_backward, llama_update
-#include "train/trainer.h"  // defines: train_main (command line, data, step loop, checkpoints, logs)
+#include "cpu/backend.h"     // defines: act_t = float, dev_* (host memory), op_* (OpenMP loops, the FP8 library's CPU emulation)
+#include "dist/comm_mpi.h"   // defines: comm_* (MPI collectives on host memory, summed in rank order)
+#include "llama/model.h"     // defines: Llama, llama_build, llama_forward, llama_backward, llama_update
+#include "train/trainer.h"   // defines: train_main (command line, agreement, data, step loop, ZeRO, checkpoints, logs)
 
 #ifndef TESTING
 int main(int argc, char** argv) { return train_main(argc, argv); }

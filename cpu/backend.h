@@ -43,6 +43,7 @@ static inline void dev_free(void* p) { free(p); }
 static inline void dev_upload(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static inline void dev_download(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static inline void dev_zero(void* p, size_t bytes) { memset(p, 0, bytes); }
+static inline void dev_copy(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static inline void act_to_float_host(float* out, const act_t* x, size_t n) { memcpy(out, x, n * sizeof(float)); }
 
 /* ---------------------------------------------------------------- backend */
@@ -105,14 +106,43 @@ static inline void op_encoder_forward(act_t* out, const int* tokens, const act_t
     for (size_t i = 0; i < N; i++) memcpy(out + i * C, wte + (size_t)tokens[i] * C, (size_t)C * sizeof(act_t));
 }
 
-/* dwte (V, C) += scatter of dout (N, C) by tokens; each column is summed in token order (deterministic). */
+/*
+ * dwte (V, C) += scatter of dout (N, C) by tokens. The positions are bucketed by token (sorted by
+ * (token, position)); each distinct token's rows are summed in position order, then added to dwte, so
+ * the result is dwte + (this call's sum), as the contract asks, whatever the thread count.
+ */
+static int cmp_token_position(const void* a, const void* b) {
+    const int* x = (const int*)a;
+    const int* y = (const int*)b;
+    return x[0] != y[0] ? (x[0] < y[0] ? -1 : 1) : (x[1] < y[1] ? -1 : x[1] > y[1]);
+}
+
 static inline void op_encoder_backward(float* dwte, const act_t* dout, const int* tokens, const int* tokens_host, size_t N,
                                        int C) {
     (void)tokens_host;
-#pragma omp parallel for schedule(static)
-    for (int c = 0; c < C; c++) {
-        for (size_t i = 0; i < N; i++) dwte[(size_t)tokens[i] * C + c] += dout[i * C + c];
+    int* order = (int*)mallocCheck(2 * N * sizeof(int) + 1); /* (token, position) pairs */
+    for (size_t i = 0; i < N; i++) {
+        order[2 * i] = tokens[i];
+        order[2 * i + 1] = (int)i;
     }
+    qsort(order, N, 2 * sizeof(int), cmp_token_position);
+    size_t* starts = (size_t*)mallocCheck((N + 1) * sizeof(size_t));
+    size_t buckets = 0;
+    for (size_t k = 0; k < N; k++) {
+        if (k == 0 || order[2 * k] != order[2 * k - 2]) starts[buckets++] = k;
+    }
+    starts[buckets] = N;
+#pragma omp parallel for schedule(static)
+    for (size_t u = 0; u < buckets; u++) {
+        float* row = dwte + (size_t)order[2 * starts[u]] * C;
+        for (int c = 0; c < C; c++) {
+            float sum = 0.0f;
+            for (size_t k = starts[u]; k < starts[u + 1]; k++) sum += dout[(size_t)order[2 * k + 1] * C + c];
+            row[c] += sum;
+        }
+    }
+    free(order);
+    free(starts);
 }
 
 /* One row of RMSNorm: returns rstd = 1 / sqrt(mean(x^2) + eps) (HF LlamaRMSNorm), sum in double. */
@@ -358,22 +388,21 @@ static inline void op_classifier(act_t* logits, float* losses, const int* target
 
 /* ---------------------------------------------------------------- reductions and optimizer */
 
-#define REDUCE_CHUNK 65536
-
-/* sum of x^2 over n floats, in double, chunked so the result does not depend on the thread count. */
-static inline double op_sum_squares(const float* x, size_t n) {
-    size_t chunks = ceil_div(n, REDUCE_CHUNK);
-    double* part = (double*)mallocCheck(chunks * sizeof(double));
+static inline void op_sum_squares_chunks(double* partials, const float* x, size_t n, size_t chunk) {
+    size_t chunks = ceil_div(n, chunk);
 #pragma omp parallel for schedule(static)
     for (size_t k = 0; k < chunks; k++) {
-        size_t end = (k + 1) * REDUCE_CHUNK < n ? (k + 1) * REDUCE_CHUNK : n;
+        size_t end = (k + 1) * chunk < n ? (k + 1) * chunk : n;
         double s = 0.0;
-        for (size_t i = k * REDUCE_CHUNK; i < end; i++) s += (double)x[i] * x[i];
-        part[k] = s;
+        for (size_t i = k * chunk; i < end; i++) s += (double)x[i] * x[i];
+        partials[k] = s;
     }
+}
+
+/* In index order. */
+static inline double op_sum_f64(const double* x, size_t n) {
     double total = 0.0;
-    for (size_t k = 0; k < chunks; k++) total += part[k];
-    free(part);
+    for (size_t i = 0; i < n; i++) total += x[i];
     return total;
 }
 
@@ -399,12 +428,34 @@ static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* 
     backend_timer_stop(PROF_FP8_CAST);
 }
 
-/* gemm_cpu, then a DT_ACT output rounded to BF16 values where the GPU stores BF16. */
+/*
+ * gemm_cpu, then a DT_ACT output rounded to BF16 values where the GPU stores BF16. An accumulating GEMM
+ * computes its product into scratch and adds it in one rounding, as cuBLASLt's epilogue does: BLAS
+ * would add its K-blocks to D one by one, which makes accumulated micro-steps depend on how they are split.
+ */
+static float* g_accumulate_scratch = NULL;
+static size_t g_accumulate_scratch_len = 0;
+
 static inline void op_gemm(const GemmCall* g) {
-    gemm_cpu(g);
+    size_t total = g->m * g->n;
+    if (g->accumulate) {
+        if (g_accumulate_scratch_len < total) {
+            free(g_accumulate_scratch);
+            g_accumulate_scratch = (float*)mallocCheck(total * sizeof(float));
+            g_accumulate_scratch_len = total;
+        }
+        GemmCall fresh = *g;
+        fresh.d = g_accumulate_scratch;
+        fresh.accumulate = 0;
+        gemm_cpu(&fresh);
+        float* d = (float*)g->d;
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < total; i++) d[i] += g_accumulate_scratch[i];
+    } else {
+        gemm_cpu(g);
+    }
     if (g->d_type == DT_ACT && g_round_bf16) {
         float* d = (float*)g->d;
-        size_t total = g->m * g->n;
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < total; i++) d[i] = bf16_round(d[i]);
     }

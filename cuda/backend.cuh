@@ -11,7 +11,7 @@
  *   cuda/swiglu.cuh      SwiGLU
  *   cuda/classifier.cuh  fused softmax cross-entropy
  * and the FP8 library's GPU half (fp8/cast_cuda.cuh amax and cast-transpose, fp8/gemm_cublaslt.cuh).
- * Ops are asynchronous on the default stream except where a host value is returned (op_sum_squares) or
+ * Ops are asynchronous on the default stream except where a host value is returned (op_sum_f64) or
  * host data is read (op_encoder_backward).
  */
 #pragma once
@@ -58,6 +58,9 @@ static inline void dev_download(void* dst, const void* src, size_t bytes) {
     cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
 static inline void dev_zero(void* p, size_t bytes) { cudaCheck(cudaMemsetAsync(p, 0, bytes, 0)); }
+static inline void dev_copy(void* dst, const void* src, size_t bytes) {
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0));
+}
 
 /* out (n) host floats = x (n) device BF16 values (exact). */
 static inline void act_to_float_host(float* out, const act_t* x, size_t n) {
@@ -69,8 +72,6 @@ static inline void act_to_float_host(float* out, const act_t* x, size_t n) {
 
 /* ---------------------------------------------------------------- backend */
 
-/* The GPU this process uses; multi-rank launches will pick one per local rank. */
-#define CUDA_DEVICE_INDEX 0
 /* FP8 tensor cores arrived with Ada (sm_89) and Hopper (sm_90). */
 #define FP8_MIN_COMPUTE_CAPABILITY 89
 
@@ -89,8 +90,10 @@ static inline void backend_init(Precision p) {
         cudaError_t found = cudaGetDeviceCount(&count);
         if (found != cudaSuccess || count == 0)
             die("no usable CUDA GPU (%s); the CPU build is train_llama_cpu", found != cudaSuccess ? cudaGetErrorString(found) : "0 devices");
-        cudaCheck(cudaSetDevice(CUDA_DEVICE_INDEX));
-        cudaCheck(cudaGetDeviceProperties(&g_device_prop, CUDA_DEVICE_INDEX));
+        /* the device comm_init selected for this rank's local rank */
+        int device;
+        cudaCheck(cudaGetDevice(&device));
+        cudaCheck(cudaGetDeviceProperties(&g_device_prop, device));
         cudaFuncAttributes attr;
         cudaError_t err = cudaFuncGetAttributes(&attr, params_from_master_kernel);
         if (err != cudaSuccess) {

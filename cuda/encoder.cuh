@@ -24,8 +24,8 @@ static inline void op_encoder_forward(act_t* out, const int* tokens, const act_t
 }
 
 /*
- * One block column-strip per distinct token: starts dwte's row from its current value and adds the rows
- * of dout at that token's positions in position order, the CPU reference's exact summation order.
+ * One block column-strip per distinct token: sums the rows of dout at that token's positions in position
+ * order, then adds the sum to dwte's row: the CPU reference's exact summation order.
  */
 __global__ void encoder_backward_kernel(float* dwte, const act_t* dout, const int* positions, const int* starts,
                                         const int* bucket_tokens, int C) {
@@ -33,9 +33,9 @@ __global__ void encoder_backward_kernel(float* dwte, const act_t* dout, const in
     int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= C) return;
     size_t dst = (size_t)bucket_tokens[bucket] * C + c;
-    float acc = dwte[dst];
+    float acc = 0.0f;
     for (int k = starts[bucket]; k < starts[bucket + 1]; k++) acc += bf16_to_f(dout[(size_t)positions[k] * C + c]);
-    dwte[dst] = acc;
+    dwte[dst] += acc;
 }
 
 static DeviceScratch g_encoder_scratch;

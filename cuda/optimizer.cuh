@@ -1,6 +1,7 @@
 /*
  * The optimizer's kernels on the GPU: the BF16 working weights from the FP32 master weights, the
- * deterministic sum of squares behind the gradient norm, and AdamW (optim.h's adamw_update per element).
+ * deterministic per-chunk sums of squares and their sum behind the gradient norm, and AdamW (optim.h's
+ * adamw_update per element).
  * Kernel family "optimizer".
  */
 #pragma once
@@ -18,35 +19,58 @@ static inline void op_params_from_master(act_t* out, const float* master, size_t
     launchCheck();
 }
 
-__global__ void sum_squares_partial_kernel(double* partial, const float* x, size_t n) {
+/* One block per chunk: its sum of squares in double, reduced in a fixed order (CUB block reduce). */
+__global__ void sum_squares_chunks_kernel(double* partials, const float* x, size_t n, size_t chunk) {
+    size_t begin = (size_t)blockIdx.x * chunk, end = begin + chunk < n ? begin + chunk : n;
     double s = 0.0;
-    for (size_t i = grid_index(); i < n; i += grid_stride()) s += (double)x[i] * x[i];
+    for (size_t i = begin + threadIdx.x; i < end; i += blockDim.x) s += (double)x[i] * x[i];
     s = block_reduce<BLOCK_THREADS>(s, SumOp());
-    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+    if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
-__global__ void sum_squares_final_kernel(double* out, const double* partial, int blocks) {
-    double s = 0.0;
-    for (int i = threadIdx.x; i < blocks; i += blockDim.x) s += partial[i];
-    s = block_reduce<BLOCK_THREADS>(s, SumOp());
-    if (threadIdx.x == 0) *out = s;
+/* partials (ceil(n / chunk)) = sums of squares of x's chunks; the grid depends on n and chunk only. */
+static inline void op_sum_squares_chunks(double* partials, const float* x, size_t n, size_t chunk) {
+    size_t chunks = ceil_div(n, chunk);
+    if (chunks == 0) return;
+    if (chunks > INT32_MAX) die("op_sum_squares_chunks: %zu chunks exceed one grid", chunks);
+    sum_squares_chunks_kernel<<<(unsigned int)chunks, BLOCK_THREADS>>>(partials, x, n, chunk);
+    launchCheck();
 }
 
-static DeviceScratch g_sum_squares_scratch;
+/* Doubles summed per block of F64_SUM_BLOCK elements; repeated until one value is left. */
+#define F64_SUM_BLOCK 4096
+
+__global__ void sum_f64_kernel(double* out, const double* x, size_t n) {
+    size_t begin = (size_t)blockIdx.x * F64_SUM_BLOCK, end = begin + F64_SUM_BLOCK < n ? begin + F64_SUM_BLOCK : n;
+    double s = 0.0;
+    for (size_t i = begin + threadIdx.x; i < end; i += blockDim.x) s += x[i];
+    s = block_reduce<BLOCK_THREADS>(s, SumOp());
+    if (threadIdx.x == 0) out[blockIdx.x] = s;
+}
+
+static DeviceScratch g_sum_f64_scratch;
 
 /*
- * Sum of x^2 over n FP32 values, in double; returns to the host (synchronizes). Deterministic: the grid
- * depends on n only, then one block adds the per-block sums.
+ * Sum of x (n) doubles, returned to the host (synchronizes). Deterministic for a given n: levels of
+ * fixed blocks of F64_SUM_BLOCK elements, each reduced in a fixed order, until one value is left.
  */
-static inline double op_sum_squares(const float* x, size_t n) {
-    unsigned int blocks = grid_for(n, BLOCK_THREADS);
-    double* buf = (double*)scratch_reserve(&g_sum_squares_scratch, (MAX_GRID_BLOCKS + 1) * sizeof(double));
-    sum_squares_partial_kernel<<<blocks, BLOCK_THREADS>>>(buf + 1, x, n);
+static inline double op_sum_f64(const double* x, size_t n) {
+    if (n == 0) return 0.0;
+    size_t level = ceil_div(n, F64_SUM_BLOCK);
+    double* buf = (double*)scratch_reserve(&g_sum_f64_scratch, 2 * level * sizeof(double));
+    double* out = buf;
+    sum_f64_kernel<<<(unsigned int)level, BLOCK_THREADS>>>(out, x, n);
     launchCheck();
-    sum_squares_final_kernel<<<1, BLOCK_THREADS>>>(buf, buf + 1, (int)blocks);
-    launchCheck();
+    while (level > 1) {
+        double* next = out == buf ? buf + level : buf;
+        size_t blocks = ceil_div(level, F64_SUM_BLOCK);
+        sum_f64_kernel<<<(unsigned int)blocks, BLOCK_THREADS>>>(next, out, level);
+        launchCheck();
+        out = next;
+        level = blocks;
+    }
     double total;
-    cudaCheck(cudaMemcpy(&total, buf, sizeof(double), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(&total, out, sizeof(double), cudaMemcpyDeviceToHost));
     return total;
 }
 

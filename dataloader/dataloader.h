@@ -2,13 +2,17 @@
  * The multi-rank data loader for llm.c-format token shards (README "Token shards").
  *
  * A shard of n tokens holds S = (n - 1) / T samples; sample s is the T + 1 tokens starting at s * T
- * (inputs are the first T, targets the last T). A global batch is B * world consecutive entries of the
- * shard's sample order, and rank r reads entries [r * B, (r + 1) * B) of it, so the ranks never overlap
- * and, in one epoch, every sample of every shard is read once except the < B * world left at the end of
- * each shard. Every rank derives the number of batches of a shard from the header alone, so all ranks
- * move to the next shard at the same step. With shuffling on, the shard order of each epoch and the
- * sample order of each shard are permutations drawn from (seed, epoch, shard), identical on all ranks;
- * the position is then just (epoch, shard, batch), which is what a checkpoint saves.
+ * (inputs are the first T, targets the last T). A global batch (one optimizer step) is
+ * B * world * accum consecutive entries of the shard's sample order, accum being the micro-steps of
+ * gradient accumulation; micro-step k of rank r reads the B entries starting at (k * world + r) * B. So
+ * the ranks never overlap, a run on one rank with accum = world reads exactly the micro-batches a run on
+ * `world` ranks does (in the order a rank-ordered reduction adds them), and, in one epoch, every sample
+ * of every shard is read once except the < B * world * accum left at the end of each shard. Every rank
+ * derives the number of global batches of a shard from the header alone, so all ranks move to the next
+ * shard at the same step. With shuffling on, the shard order of each epoch and the sample order of each
+ * shard are permutations drawn from (seed, epoch, shard), identical on all ranks; the position between
+ * steps is then (epoch, shard, batch), the same for any rank count with the same global batch: what a
+ * checkpoint saves, and what a run resumed on another rank count continues from.
  *
  * Checks, each a one-line error naming the file: no file matches the glob; wrong magic; unknown version;
  * token count not matching the file size; a shard with fewer than one global batch (all at start-up);
@@ -29,6 +33,7 @@
 typedef struct {
     /* what is read */
     int B, T, rank, world, vocab_size;
+    int accum;             /* micro-batches per global batch (gradient accumulation) */
     int shuffle;
     uint64_t seed;
     int num_shards;
@@ -36,8 +41,9 @@ typedef struct {
     size_t* shard_tokens;  /* token count of each shard */
     int* shard_version;    /* 1 = uint16, 2 = uint32 tokens */
     char* shard_checked;   /* every token of the shard was checked against the vocabulary */
-    /* position: the next batch is batch `batch` of shard shard_order[shard] in epoch `epoch` */
-    int epoch, shard, batch;
+    /* position: the next micro-batch is micro-batch `micro` of global batch `batch` of shard
+       shard_order[shard] in epoch `epoch` */
+    int epoch, shard, batch, micro;
     int* shard_order;      /* (num_shards) this epoch's shard order */
     int* sample_order;     /* (samples of the current shard) */
     int loaded_shard;      /* shard whose sample order is in sample_order, -1 if none */
@@ -68,9 +74,12 @@ static inline void shard_write_u16(const char* path, const uint16_t* tokens, siz
 /* Number of samples of T + 1 tokens in a shard of n tokens. */
 static inline size_t shard_samples(size_t n, int T) { return n > 0 ? (n - 1) / (size_t)T : 0; }
 
+/* Samples of one global batch: B * world * accum. */
+static inline size_t dataloader_global_batch(const DataLoader* d) { return (size_t)d->B * d->world * d->accum; }
+
 /* Number of global batches a shard yields. */
 static inline int dataloader_shard_batches(const DataLoader* d, int shard) {
-    return (int)(shard_samples(d->shard_tokens[shard], d->T) / ((size_t)d->B * d->world));
+    return (int)(shard_samples(d->shard_tokens[shard], d->T) / dataloader_global_batch(d));
 }
 
 /* Reads and validates a shard header; returns the token count and stores the version. */
@@ -161,16 +170,17 @@ static inline void dataloader_load_shard(DataLoader* d) {
 
 /*
  * Opens every shard matching `pattern` (sorted) and checks their headers. B, T: micro-batch and
- * sequence length; rank/world: this process's place among the data-parallel ranks; vocab_size: tokens
- * must be below it; shuffle/seed: see the banner.
+ * sequence length; rank/world: this process's place among the data-parallel ranks; accum: micro-batches
+ * per global batch; vocab_size: tokens must be below it; shuffle/seed: see the banner.
  */
-static inline void dataloader_init(DataLoader* d, const char* pattern, int B, int T, int rank, int world,
+static inline void dataloader_init(DataLoader* d, const char* pattern, int B, int T, int rank, int world, int accum,
                                    int vocab_size, int shuffle, uint64_t seed) {
     memset(d, 0, sizeof(*d));
     d->B = B;
     d->T = T;
     d->rank = rank;
     d->world = world;
+    d->accum = accum;
     d->vocab_size = vocab_size;
     d->shuffle = shuffle;
     d->seed = seed;
@@ -189,8 +199,8 @@ static inline void dataloader_init(DataLoader* d, const char* pattern, int B, in
         d->paths[i] = strdup(g.gl_pathv[i]);
         d->shard_tokens[i] = shard_read_header(d->paths[i], &d->shard_version[i]);
         if (dataloader_shard_batches(d, (int)i) < 1)
-            die("%s: %zu tokens is less than one global batch of B*T*world = %d*%d*%d (+1) tokens", d->paths[i],
-                d->shard_tokens[i], B, T, world);
+            die("%s: %zu tokens is less than one global batch of B*T*ranks*accumulation = %d*%d*%d*%d (+1) tokens",
+                d->paths[i], d->shard_tokens[i], B, T, world, accum);
     }
     globfree(&g);
     d->inputs = (int*)mallocCheck((size_t)B * T * sizeof(int));
@@ -213,9 +223,9 @@ static inline long long dataloader_epoch_batches(const DataLoader* d) {
     return n;
 }
 
-/* Reads this rank's part of the next global batch into d->inputs / d->targets, (B, T) each. */
+/* Reads this rank's next micro-batch into d->inputs / d->targets, (B, T) each. */
 static inline void dataloader_next_batch(DataLoader* d) {
-    while (d->batch >= dataloader_shard_batches(d, d->shard_order[d->shard])) {
+    while (d->micro == 0 && d->batch >= dataloader_shard_batches(d, d->shard_order[d->shard])) {
         d->batch = 0;
         if (++d->shard == d->num_shards) {
             d->shard = 0;
@@ -227,7 +237,7 @@ static inline void dataloader_next_batch(DataLoader* d) {
     int s = d->shard_order[d->shard];
     const char* path = d->paths[s];
     size_t elem = d->shard_version[s] == 1 ? 2 : 4;
-    size_t first = (size_t)d->batch * d->B * d->world + (size_t)d->rank * d->B;
+    size_t first = (size_t)d->batch * dataloader_global_batch(d) + ((size_t)d->micro * d->world + d->rank) * d->B;
     for (int b = 0; b < d->B; b++) {
         size_t start = (size_t)d->sample_order[first + b] * d->T; /* token index in the shard */
         fseekCheck(d->file, (long)(SHARD_HEADER_BYTES + start * elem), SEEK_SET, path);
@@ -238,7 +248,10 @@ static inline void dataloader_next_batch(DataLoader* d) {
             if (t > 0) d->targets[b * d->T + t - 1] = tok;
         }
     }
-    d->batch++;
+    if (++d->micro == d->accum) {
+        d->micro = 0;
+        d->batch++;
+    }
 }
 
 /* Back to the first batch of epoch 0 (the eval loader does this before each evaluation). */
@@ -246,15 +259,18 @@ static inline void dataloader_reset(DataLoader* d) {
     d->epoch = 0;
     d->shard = 0;
     d->batch = 0;
+    d->micro = 0;
     dataloader_prepare_epoch(d);
 }
 
-/* The position a checkpoint saves; restoring it makes the next batch the one that would have come next. */
+/* The position a checkpoint saves, between global batches; restoring it makes the next batch the one that
+   would have come next, on any rank count with the same global batch. */
 typedef struct {
     int32_t epoch, shard, batch;
 } DataLoaderPosition;
 
 static inline DataLoaderPosition dataloader_position(const DataLoader* d) {
+    if (d->micro != 0) die("data loader: position asked in the middle of a global batch (micro-batch %d)", d->micro);
     DataLoaderPosition p = {d->epoch, d->shard, d->batch};
     return p;
 }
@@ -267,6 +283,7 @@ static inline void dataloader_restore(DataLoader* d, DataLoaderPosition p) {
     dataloader_prepare_epoch(d);
     d->shard = p.shard;
     d->batch = p.batch;
+    d->micro = 0;
 }
 
 static inline void dataloader_free(DataLoader* d) {

@@ -34,6 +34,8 @@ static inline void dev_free(void* p);
 static inline void dev_upload(void* dst, const void* src, size_t bytes);
 static inline void dev_download(void* dst, const void* src, size_t bytes);
 static inline void dev_zero(void* p, size_t bytes);
+/* Backend -> backend copy, ordered with the ops (asynchronous on the GPU). */
+static inline void dev_copy(void* dst, const void* src, size_t bytes);
 /* out (n) host floats = x (n) act values (exact). */
 static inline void act_to_float_host(float* out, const act_t* x, size_t n);
 
@@ -76,8 +78,9 @@ static inline void backend_profile_end(double* ms);
 static inline void op_params_from_master(act_t* out, const float* master, size_t n);
 /* out (N, C) = wte[tokens] with wte (V, C); tokens (N) backend int. */
 static inline void op_encoder_forward(act_t* out, const int* tokens, const act_t* wte, size_t N, int C);
-/* dwte (V, C) FP32 += scatter of dout (N, C) by token, each column summed in token-position order
-   (deterministic); tokens: the backend copy, tokens_host: the same tokens on the host. */
+/* dwte (V, C) FP32 += scatter of dout (N, C) by token: each row of a token present is summed over its
+   positions in position order first, then added (deterministic); tokens: the backend copy, tokens_host:
+   the same tokens on the host. */
 static inline void op_encoder_backward(float* dwte, const act_t* dout, const int* tokens, const int* tokens_host, size_t N,
                                        int C);
 
@@ -127,8 +130,11 @@ static inline void op_classifier(act_t* logits, float* losses, const int* target
 
 /* ---------------------------------------------------------------- reductions and optimizer */
 
-/* Sum of x^2 over n FP32 values, returned to the host; deterministic (independent of thread counts). */
-static inline double op_sum_squares(const float* x, size_t n);
+/* partials (ceil(n / chunk)) FP64 = sum of x^2 over each chunk of `chunk` consecutive FP32 values of x (n),
+   each in a fixed order; deterministic. */
+static inline void op_sum_squares_chunks(double* partials, const float* x, size_t n, size_t chunk);
+/* Sum of x (n) FP64, returned to the host, in an order that depends on n only (deterministic). */
+static inline double op_sum_f64(const double* x, size_t n);
 /* AdamW (optim.h's adamw_update) on n FP32 master weights with moments m, v and grads * grad_scale. */
 static inline void op_adamw(float* master, float* m, float* v, const float* grads, size_t n, float lr, float wd, float bc1,
                             float bc2_sqrt, float grad_scale);
@@ -143,5 +149,6 @@ static inline void op_amax(Fp8Scale* s, const act_t* x, size_t n);
 static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols, Fp8Format f,
                                      Fp8Scale* s, int pow2, Fp8Counts* counts);
 /* Runs a GEMM (fp8/gemm.h: build it with gemm_fprop / gemm_dgrad / gemm_wgrad); DT_ACT outputs are
-   stored in the activation type. Stops with gemm_check's reason for a GEMM the FP8 rules forbid. */
+   stored in the activation type; an accumulating GEMM adds its whole product to D in one rounding
+   (D = D + op(A) op(B)). Stops with gemm_check's reason for a GEMM the FP8 rules forbid. */
 static inline void op_gemm(const GemmCall* g);

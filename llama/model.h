@@ -1,17 +1,25 @@
 /*
- * The Llama-2 model as both builds run it: the buffers (one allocation each for parameters, gradients,
- * optimizer state, activations and FP8 copies, laid out by tables and printed in MiB), the linear layers
- * with their FP8 recipe, the forward and backward passes as straight sequences of named ops, and the
- * AdamW update. This header is compiled twice: by gcc into train_llama_cpu, after cpu/backend.h, and by
- * nvcc into train_llama, after cuda/backend.cuh. The backend defines `act_t` (float on the CPU,
- * __nv_bfloat16 on the GPU) and the functions of the contract llama/backend.h, which is all this file
- * calls; pointers below are device pointers on the GPU.
+ * The Llama-2 model as both builds run it: the buffers (one allocation each for the weights and
+ * optimizer state, the activations and the FP8 copies, laid out by tables and printed in MiB), the
+ * linear layers with their FP8 recipe, the forward and backward passes as straight sequences of named
+ * ops, the gradient norm and the AdamW update. This header is compiled twice: by gcc into
+ * train_llama_cpu, after cpu/backend.h, and by nvcc into train_llama, after cuda/backend.cuh. The
+ * backend defines `act_t` (float on the CPU, __nv_bfloat16 on the GPU) and the functions of the contract
+ * llama/backend.h, which is all this file calls; pointers below are device pointers on the GPU.
  *
  * Model (HF LlamaForCausalLM): x = embed(tokens); per layer
  *   h = x + wo(attn(rope(wqkv(rmsnorm(x)))));  x = h + w2(silu(w1 rmsnorm(h)) * w3 rmsnorm(h));
  * logits = output(rmsnorm(x)). FP8 recipe (DESIGN.md section 3): the four linear layers of each block
  * (wqkv, wo, w13, w2) run FP8 GEMMs in -p fp8, the embedding, attention and output layer stay in the
  * activation type; N = B*T tokens; C, QKV = C + 2*KVC, F as in config.h.
+ *
+ * Data parallelism (DESIGN.md section 6). The parameter vector is held segment by segment (params.h) in
+ * dist/zero.h's layouts: the working weights and full gradients in the padded full layout, the FP32
+ * master weights, AdamW moments and reduced gradients in this rank's shard (all of it under ZeRO-0).
+ * The model itself never communicates: around each bucket of segments (the embedding, each layer, the
+ * final norm and output layer) it calls the hooks a data-parallel driver (train/data_parallel.h) sets,
+ * before the forward reads the bucket's weights and before and after the backward writes its
+ * gradients. Under ZeRO-2 the gradients of a bucket live in one of three reused bucket buffers only.
  */
 #pragma once
 
@@ -21,11 +29,10 @@
 #include "config.h"
 #include "optim.h"
 #include "params.h"
+#include "../core/buffers.h"
+#include "../dist/zero.h"
 #include "../fp8/fp8.h"
 #include "../fp8/gemm.h"
-
-typedef PARAM_TENSORS_STRUCT(act_t) ParamTensors;
-typedef PARAM_TENSORS_STRUCT(float) GradTensors;
 
 /*
  * The linear layers: four per block (wqkv, wo, w13, w2: the FP8 GEMMs of -p fp8, slot = layer *
@@ -76,22 +83,61 @@ typedef struct {
     uint8_t* dyt8;     /* (max(QKV, 2F, C), N) E5M2 dY^T: wgrad's B operand (fp8 only) */
 } Acts;
 
+/* How the parameters are spread over the data-parallel ranks (-z, DESIGN.md section 6). */
+typedef struct {
+    int world;      /* data-parallel ranks */
+    int rank;       /* this one */
+    int zero_stage; /* 0: everything everywhere; 1: optimizer state sharded; 2: gradients sharded too */
+} Sharding;
+
+/* Buckets: the embedding (0), each layer (1 + layer), the final norm with the output layer (L + 1). */
+#define BUCKET_EMBEDDING 0
+static inline int bucket_of_layer(int layer) { return 1 + layer; }
+
+/* The three ZeRO-2 gradient buffers: two for alternating layers, one for the embedding and the head. */
+enum { GRAD_BUFFER_EVEN, GRAD_BUFFER_ODD, GRAD_BUFFER_OTHER, GRAD_BUFFERS };
+
+/* A parameter segment with its place in the layouts of this run. */
+typedef struct {
+    ParamSegment param;   /* tensor, layer, checkpoint offset, count */
+    ShardSegment shard;   /* full / shard / chunk layouts (dist/zero.h) */
+    int bucket;           /* the bucket it belongs to */
+    int grad_buffer;      /* ZeRO-2: the gradient buffer of its bucket */
+    size_t buffer_offset; /* ZeRO-2: its offset there */
+} ModelSegment;
+
+/* Called by the model around each bucket (see the banner); any may be NULL. */
+typedef struct {
+    void* ctx;
+    void (*weights_needed)(void* ctx, int bucket); /* before the forward first reads the bucket's weights */
+    void (*grads_needed)(void* ctx, int bucket);   /* before the backward first writes its gradients */
+    void (*grads_ready)(void* ctx, int bucket);    /* after the backward last writes them */
+} ModelHooks;
+
 typedef struct {
     LlamaConfig cfg;
     Precision precision;
     int pow2_scales;           /* round FP8 scales down to powers of two */
     int recompute;             /* -r 1: norm and SwiGLU outputs are recomputed in backward */
     int B, T;                  /* the largest micro-batch the buffers hold */
-    size_t num_params;
-    size_t param_sizes[NUM_PARAM_TENSORS];
-    void* state_memory;        /* one allocation: master, working weights, grads, adam_m, adam_v */
-    float* master;             /* (P) FP32 master weights */
-    act_t* params_memory;      /* (P) working weights (BF16 on the GPU) */
-    ParamTensors params;
-    float* grads_memory;       /* (P) FP32 gradients, accumulated over micro-steps */
-    GradTensors grads;
-    float* adam_m;             /* (P) AdamW first moment */
-    float* adam_v;             /* (P) AdamW second moment */
+    Sharding sharding;
+    int shard_index;           /* the shard this rank holds: its rank, or 0 under ZeRO-0 */
+    size_t num_params;         /* P, in checkpoint order */
+    ModelSegment* segs;        /* (num_segs) in checkpoint order */
+    int num_segs;
+    int seg_base[NUM_PARAM_TENSORS]; /* index of each tensor's first segment */
+    ShardLayout layout;
+    size_t grad_buffer_elems[GRAD_BUFFERS]; /* ZeRO-2 */
+    void* state_memory;        /* one allocation: the buffers below */
+    act_t* weights;            /* (layout.full) working weights (BF16 on the GPU) */
+    float* master;             /* (layout.shard) FP32 master weights of this rank's shard */
+    float* adam_m;             /* (layout.shard) AdamW first moment */
+    float* adam_v;             /* (layout.shard) AdamW second moment */
+    float* grads;              /* (layout.full) FP32 gradients, accumulated over micro-steps (ZeRO-0/1) */
+    float* grad_buffer[GRAD_BUFFERS]; /* ZeRO-2: the gradient buffers */
+    float* grad_shard;         /* (layout.shard) reduced gradients of this rank's shard (ZeRO-1/2) */
+    double* norm_partials;     /* (layout.chunks) sums of squares of the reduced gradient per chunk */
+    ModelHooks hooks;
     void* acts_memory;
     Acts acts;
     size_t acts_bytes;
@@ -99,7 +145,7 @@ typedef struct {
     Fp8Linear* fp8_linear;     /* (L * LIN_PER_LAYER) host array of device pointers */
     Fp8Scale* fp8_scales;      /* (L * LIN_PER_LAYER * FP8_OPS) device */
     Fp8Counts* fp8_counts;     /* (L * LIN_PER_LAYER * FP8_OPS) device */
-    int fp8_weights_valid;     /* the FP8 weight copies match the working weights */
+    char* fp8_layer_valid;     /* (L) host: the layer's FP8 weight copies match its working weights */
     int fp8_stats_due;         /* this step's casts gather Fp8Counts */
     float* rope_cos;           /* (T, HS/2) */
     float* rope_sin;           /* (T, HS/2) */
@@ -110,40 +156,11 @@ typedef struct {
     int last_B, last_T;        /* shape of the last forward */
 } Llama;
 
+/* One process, everything on it: the sharding of tests and single-rank runs. */
+static const Sharding SINGLE_PROCESS = {1, 0, 0};
+
 /* Activation buffers (the fields of Acts): the size of the table llama_acts_table fills. */
 #define NUM_ACT_BUFFERS (sizeof(Acts) / sizeof(void*))
-
-/* One named buffer of a layout table. */
-typedef struct {
-    const char* name;
-    void** ptr;
-    size_t count;
-    size_t elem;
-} BufferSpec;
-
-#define BUFFER_ALIGN 256
-
-static inline size_t buffers_bytes(const BufferSpec* specs, int n) {
-    size_t total = 0;
-    for (int i = 0; i < n; i++) total += ceil_div(specs[i].count * specs[i].elem, BUFFER_ALIGN) * BUFFER_ALIGN;
-    return total;
-}
-
-/* Points every buffer of the table into `base` (one allocation of buffers_bytes), in table order. */
-static inline void buffers_point(const BufferSpec* specs, int n, void* base) {
-    char* p = (char*)base;
-    for (int i = 0; i < n; i++) {
-        *specs[i].ptr = specs[i].count > 0 ? (void*)p : NULL;
-        p += ceil_div(specs[i].count * specs[i].elem, BUFFER_ALIGN) * BUFFER_ALIGN;
-    }
-}
-
-static inline void buffers_print(const char* title, const BufferSpec* specs, int n) {
-    printf("| %s: %.1f MiB\n", title, mib(buffers_bytes(specs, n)));
-    for (int i = 0; i < n; i++) {
-        if (specs[i].count > 0) printf("|   %-12s %10.2f MiB\n", specs[i].name, mib(specs[i].count * specs[i].elem));
-    }
-}
 
 static inline size_t llama_slot(int layer, int lin) { return (size_t)layer * LIN_PER_LAYER + lin; }
 static inline Fp8Scale* fp8_scale(Llama* m, size_t slot, int op) { return &m->fp8_scales[slot * FP8_OPS + op]; }
@@ -206,12 +223,96 @@ static inline void llama_linear_dims(const LlamaConfig* c, LinearId lin, size_t*
     *in_dim = ins[lin];
 }
 
+/* ---------------------------------------------------------------- segments and layouts */
+
+static inline int llama_num_buckets(const Llama* m) { return m->cfg.n_layers + 2; }
+
+/* The bucket of a segment: the embedding, its layer, or the head (final norm and output layer). */
+static inline int llama_bucket_of(const LlamaConfig* c, const ParamSegment* p) {
+    if (p->tensor == P_TOK_EMBEDDINGS) return BUCKET_EMBEDDING;
+    return p->layer >= 0 ? bucket_of_layer(p->layer) : c->n_layers + 1;
+}
+
+/* ZeRO-2 gradient buffer of a bucket: layers alternate between two, so one can be reduced while the
+   next layer's backward writes the other; the embedding and the head share the third. */
+static inline int llama_grad_buffer_of(const Llama* m, int bucket) {
+    if (bucket == BUCKET_EMBEDDING || bucket == llama_num_buckets(m) - 1) return GRAD_BUFFER_OTHER;
+    return (bucket - 1) % 2 == 0 ? GRAD_BUFFER_EVEN : GRAD_BUFFER_ODD;
+}
+
+/* The segment of (tensor, layer); layer is ignored for tensors that are not per layer. */
+static inline ModelSegment* llama_segment(Llama* m, int tensor, int layer) {
+    return &m->segs[m->seg_base[tensor] + (param_is_per_layer(tensor) ? layer : 0)];
+}
+
 /*
- * Allocates every buffer of a model for micro-batches up to (B, T) and prints the memory table. The
- * weights are undefined until llama_set_params.
+ * Cuts the parameters into segments and places them: the full and shard layouts for the sharding, the
+ * buckets, and under ZeRO-2 the segments' places in their gradient buffers.
+ */
+static inline void llama_layout(Llama* m) {
+    const LlamaConfig* c = &m->cfg;
+    m->num_segs = param_segment_count(c);
+    ParamSegment* params = (ParamSegment*)mallocCheck((size_t)m->num_segs * sizeof(ParamSegment));
+    ShardSegment* shards = (ShardSegment*)mallocCheck((size_t)m->num_segs * sizeof(ShardSegment));
+    param_segments(c, params);
+    for (int i = 0; i < m->num_segs; i++) shards[i].count = params[i].count;
+    int sharded = m->sharding.zero_stage > 0;
+    m->layout = zero_layout(shards, m->num_segs, sharded ? m->sharding.world : 1);
+    m->shard_index = sharded ? m->sharding.rank : 0;
+    m->segs = (ModelSegment*)callocCheck((size_t)m->num_segs, sizeof(ModelSegment));
+    for (int i = 0; i < m->num_segs; i++) {
+        ModelSegment* s = &m->segs[i];
+        s->param = params[i];
+        s->shard = shards[i];
+        s->bucket = llama_bucket_of(c, &params[i]);
+        s->grad_buffer = llama_grad_buffer_of(m, s->bucket);
+        if (i == 0 || params[i].tensor != params[i - 1].tensor) m->seg_base[params[i].tensor] = i;
+    }
+    /* ZeRO-2: a bucket's segments back to back in its buffer, each with its padding (the reduce-scatter
+       reads shards * piece elements); a buffer is as large as the largest bucket it serves */
+    for (int b = 0; b < llama_num_buckets(m); b++) {
+        size_t used = 0;
+        for (int i = 0; i < m->num_segs; i++) {
+            ModelSegment* s = &m->segs[i];
+            if (s->bucket != b) continue;
+            s->buffer_offset = used;
+            used += s->shard.piece * (size_t)m->layout.shards;
+        }
+        int buf = llama_grad_buffer_of(m, b);
+        if (used > m->grad_buffer_elems[buf]) m->grad_buffer_elems[buf] = used;
+    }
+    free(params);
+    free(shards);
+}
+
+/* The elements [*begin, *begin + *count) of segment s that this rank holds (segment-local). */
+static inline void llama_own_piece(const Llama* m, const ModelSegment* s, size_t* begin, size_t* count) {
+    zero_piece(&s->shard, m->shard_index, begin, count);
+}
+
+/* The working weights of (tensor, layer). */
+static inline act_t* llama_param(Llama* m, int tensor, int layer) {
+    return m->weights + llama_segment(m, tensor, layer)->shard.offset;
+}
+
+/* Where the backward writes the gradient of (tensor, layer): the full gradients, or (ZeRO-2) a bucket buffer. */
+static inline float* llama_grad(Llama* m, int tensor, int layer) {
+    ModelSegment* s = llama_segment(m, tensor, layer);
+    if (m->sharding.zero_stage == 2) return m->grad_buffer[s->grad_buffer] + s->buffer_offset;
+    return m->grads + s->shard.offset;
+}
+
+/* The reduced gradient of this rank's shard, in shard layout: the full gradients under ZeRO-0 (one shard). */
+static inline float* llama_reduced_grads(Llama* m) { return m->sharding.zero_stage == 0 ? m->grads : m->grad_shard; }
+
+/* ---------------------------------------------------------------- buffers */
+
+/*
+ * Allocates every buffer of a model for micro-batches up to (B, T) under `sharding` and prints the
+ * memory table (per rank). The weights are undefined until llama_set_params or the trainer loads them.
  */
 static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision precision, int B, int T, int pow2_scales,
-                               int recompute) {
+                               int recompute, Sharding sharding) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
     m->precision = precision;
@@ -219,27 +320,33 @@ static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision preci
     m->recompute = recompute;
     m->B = B;
     m->T = T;
-    param_sizes(cfg, m->param_sizes);
+    m->sharding = sharding;
     m->num_params = param_count(cfg);
-    size_t P = m->num_params, L = (size_t)cfg->n_layers;
-    printf("| parameters: %zu (%.2f M)\n", P, P / 1e6);
+    llama_layout(m);
+    size_t P = m->num_params, L = (size_t)cfg->n_layers, full = m->layout.full, shard = m->layout.shard;
+    int z = sharding.zero_stage;
+    printf("| parameters: %zu (%.2f M); %d rank(s), ZeRO-%d: this rank holds %zu of %zu elements (%.1f%%)\n", P, P / 1e6,
+           sharding.world, z, shard, full, 100.0 * (double)shard / (double)full);
 
     BufferSpec state[] = {
-        {"master", (void**)&m->master, P, sizeof(float)},
-        {"weights", (void**)&m->params_memory, P, sizeof(act_t)},
-        {"grads", (void**)&m->grads_memory, P, sizeof(float)},
-        {"adam_m", (void**)&m->adam_m, P, sizeof(float)},
-        {"adam_v", (void**)&m->adam_v, P, sizeof(float)},
+        {"weights", (void**)&m->weights, full, sizeof(act_t)},
+        {"master", (void**)&m->master, shard, sizeof(float)},
+        {"adam_m", (void**)&m->adam_m, shard, sizeof(float)},
+        {"adam_v", (void**)&m->adam_v, shard, sizeof(float)},
+        {"grads", (void**)&m->grads, z < 2 ? full : 0, sizeof(float)},
+        {"grad_bucket_0", (void**)&m->grad_buffer[GRAD_BUFFER_EVEN], z == 2 ? m->grad_buffer_elems[GRAD_BUFFER_EVEN] : 0, sizeof(float)},
+        {"grad_bucket_1", (void**)&m->grad_buffer[GRAD_BUFFER_ODD], z == 2 ? m->grad_buffer_elems[GRAD_BUFFER_ODD] : 0, sizeof(float)},
+        {"grad_bucket_2", (void**)&m->grad_buffer[GRAD_BUFFER_OTHER], z == 2 ? m->grad_buffer_elems[GRAD_BUFFER_OTHER] : 0, sizeof(float)},
+        {"grad_shard", (void**)&m->grad_shard, z > 0 ? shard : 0, sizeof(float)},
+        {"norm_partials", (void**)&m->norm_partials, m->layout.chunks, sizeof(double)},
     };
     int nstate = (int)(sizeof(state) / sizeof(state[0]));
-    buffers_print("weights and optimizer state", state, nstate); /* first, so an out-of-memory stop follows its sizes */
-    m->state_memory = dev_alloc(buffers_bytes(state, nstate));
+    buffers_print("weights, gradients and optimizer state", state, nstate); /* first: an out-of-memory stop follows its sizes */
+    size_t state_bytes = buffers_bytes(state, nstate);
+    m->state_memory = dev_alloc(state_bytes);
+    /* zeroed: padding and the parts of other ranks' pieces must hold finite values (collectives read them) */
+    dev_zero(m->state_memory, state_bytes);
     buffers_point(state, nstate, m->state_memory);
-    param_pointers(cfg, &m->params, m->params_memory, sizeof(act_t));
-    param_pointers(cfg, &m->grads, m->grads_memory, sizeof(float));
-    dev_zero(m->adam_m, P * sizeof(float));
-    dev_zero(m->adam_v, P * sizeof(float));
-    dev_zero(m->grads_memory, P * sizeof(float));
 
     BufferSpec acts[NUM_ACT_BUFFERS];
     int nacts = llama_acts_table(m, acts);
@@ -250,6 +357,7 @@ static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision preci
 
     size_t nslots = L * LIN_PER_LAYER;
     m->fp8_linear = (Fp8Linear*)callocCheck(nslots, sizeof(Fp8Linear));
+    m->fp8_layer_valid = (char*)callocCheck(L, 1);
     m->fp8_scales = (Fp8Scale*)dev_alloc(nslots * FP8_OPS * sizeof(Fp8Scale));
     m->fp8_counts = (Fp8Counts*)dev_alloc(nslots * FP8_OPS * sizeof(Fp8Counts));
     dev_zero(m->fp8_scales, nslots * FP8_OPS * sizeof(Fp8Scale));
@@ -306,25 +414,68 @@ static inline void llama_free(Llama* m) {
     dev_free(m->inputs);
     dev_free(m->targets);
     free(m->fp8_linear);
+    free(m->fp8_layer_valid);
     free(m->losses_host);
+    free(m->segs);
     memset(m, 0, sizeof(*m));
 }
 
-/* Refreshes the BF16 working weights from the FP32 master weights; the FP8 copies follow lazily. */
+/*
+ * Refreshes this rank's pieces of the working weights from its FP32 master weights (the other pieces
+ * arrive by all-gather under ZeRO-1/2); the FP8 copies follow lazily, layer by layer.
+ */
 static inline void llama_refresh_working_weights(Llama* m) {
-    op_params_from_master(m->params_memory, m->master, m->num_params);
-    m->fp8_weights_valid = 0;
+    for (int i = 0; i < m->num_segs; i++) {
+        ModelSegment* s = &m->segs[i];
+        size_t b, n;
+        llama_own_piece(m, s, &b, &n);
+        if (n > 0) op_params_from_master(m->weights + s->shard.offset + b, m->master + s->shard.shard_offset, n);
+    }
+    memset(m->fp8_layer_valid, 0, (size_t)m->cfg.n_layers);
 }
 
-/* Loads host FP32 parameters (param_count elements, checkpoint order) as master and working weights. */
+/* Loads this rank's pieces of host FP32 parameters (param_count elements, checkpoint order) as master
+   weights and working weights. */
 static inline void llama_set_params(Llama* m, const float* params) {
-    dev_upload(m->master, params, m->num_params * sizeof(float));
+    for (int i = 0; i < m->num_segs; i++) {
+        ModelSegment* s = &m->segs[i];
+        size_t b, n;
+        llama_own_piece(m, s, &b, &n);
+        if (n > 0) dev_upload(m->master + s->shard.shard_offset, params + s->param.param_offset + b, n * sizeof(float));
+    }
     llama_refresh_working_weights(m);
 }
 
-/* Copies the FP32 master weights to the host (param_count elements). */
+/* Copies the FP32 master weights to the host (param_count elements, checkpoint order); one shard only. */
 static inline void llama_get_params(Llama* m, float* params) {
-    dev_download(params, m->master, m->num_params * sizeof(float));
+    if (m->layout.shards != 1) die("llama_get_params: the master weights are sharded over %d ranks", m->layout.shards);
+    for (int i = 0; i < m->num_segs; i++) {
+        ModelSegment* s = &m->segs[i];
+        dev_download(params + s->param.param_offset, m->master + s->shard.shard_offset, s->param.count * sizeof(float));
+    }
+}
+
+/* Copies the gradients the backward accumulated to the host (param_count elements, checkpoint order);
+   ZeRO-0/1 only (ZeRO-2 keeps no full gradients). */
+static inline void llama_get_grads(Llama* m, float* grads) {
+    if (m->sharding.zero_stage == 2) die("llama_get_grads: ZeRO-2 keeps no full gradients");
+    for (int i = 0; i < m->num_segs; i++) {
+        ModelSegment* s = &m->segs[i];
+        dev_download(grads + s->param.param_offset, m->grads + s->shard.offset, s->param.count * sizeof(float));
+    }
+}
+
+/* ---------------------------------------------------------------- hooks */
+
+/* Before the forward reads bucket b's weights: the driver's hook, then the FP8 copies of a layer bucket. */
+static inline void llama_weights_needed(Llama* m, int bucket);
+
+static inline void llama_grads_needed(Llama* m, int bucket) {
+    if (m->hooks.grads_needed) m->hooks.grads_needed(m->hooks.ctx, bucket);
+}
+
+static inline void llama_grads_ready(Llama* m, int bucket) {
+    if (m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.ctx, bucket);
 }
 
 /* A linear layer as its GEMMs see it: y (N, OC) = x (N, C) weight^T. */
@@ -337,23 +488,26 @@ typedef struct {
     size_t slot;    /* index of its FP8 scales and counts (fp8 only) */
 } Linear;
 
+/*
+ * Does linear layer `lin` of block `layer` run FP8 GEMMs? The block linears of a -p fp8 run do; the
+ * output layer never does. The one place that decides, so that per-layer recipes change only this.
+ */
+static inline int llama_linear_is_fp8(const Llama* m, int layer, LinearId lin) {
+    (void)layer;
+    return m->precision == PRECISION_FP8 && lin != LIN_OUTPUT;
+}
+
 /* Linear layer `lin` of block `layer` (NO_LAYER for LIN_OUTPUT). */
 static inline Linear llama_linear(Llama* m, int layer, LinearId lin) {
     Linear x;
     memset(&x, 0, sizeof(x));
     llama_linear_dims(&m->cfg, lin, &x.out_dim, &x.in_dim);
-    if (lin == LIN_OUTPUT) {
-        x.weight = m->params.output;
-        x.dweight = m->grads.output;
-        return x;
-    }
-    act_t* weights[LIN_PER_LAYER] = {m->params.wqkv, m->params.wo, m->params.w13, m->params.w2};
-    float* grads[LIN_PER_LAYER] = {m->grads.wqkv, m->grads.wo, m->grads.w13, m->grads.w2};
-    size_t per_layer = x.out_dim * x.in_dim;
-    x.weight = weights[lin] + (size_t)layer * per_layer;
-    x.dweight = grads[lin] + (size_t)layer * per_layer;
+    static const int tensors[] = {P_WQKV, P_WO, P_W13, P_W2, P_OUTPUT};
+    x.weight = llama_param(m, tensors[lin], layer);
+    x.dweight = llama_grad(m, tensors[lin], layer);
+    if (lin == LIN_OUTPUT) return x;
     x.slot = llama_slot(layer, lin);
-    if (m->precision == PRECISION_FP8) x.fp8 = &m->fp8_linear[x.slot];
+    if (llama_linear_is_fp8(m, layer, lin)) x.fp8 = &m->fp8_linear[x.slot];
     return x;
 }
 
@@ -361,21 +515,26 @@ static inline Linear llama_linear(Llama* m, int layer, LinearId lin) {
 static inline size_t llama_tokens(const Llama* m) { return (size_t)m->last_B * m->last_T; }
 
 /*
- * Casts every FP8 linear weight to E4M3 with its own current scale, writing W and W^T in one pass
- * (DESIGN.md: once per optimizer step, reused by every micro-batch, bytes and scale always in step).
+ * Casts the FP8 linear weights of one layer to E4M3, each with its own current scale, writing W and W^T
+ * in one pass (DESIGN.md: once per optimizer step, reused by every micro-batch, bytes and scale always
+ * in step), unless the copies already match the working weights.
  */
-static inline void llama_fp8_refresh_weights(Llama* m) {
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        for (int lin = 0; lin < LIN_PER_LAYER; lin++) {
-            Linear x = llama_linear(m, l, (LinearId)lin);
-            if (x.fp8 == NULL) continue;
-            Fp8Scale* s = fp8_scale(m, x.slot, FP8_OP_W);
-            op_amax(s, x.weight, x.out_dim * x.in_dim);
-            op_cast_transpose(x.fp8->w, x.fp8->wt, x.weight, x.out_dim, x.in_dim, FP8_E4M3, s, m->pow2_scales,
-                              fp8_counts(m, x.slot, FP8_OP_W));
-        }
+static inline void llama_fp8_refresh_layer(Llama* m, int layer) {
+    if (m->precision != PRECISION_FP8 || m->fp8_layer_valid[layer]) return;
+    for (int lin = 0; lin < LIN_PER_LAYER; lin++) {
+        Linear x = llama_linear(m, layer, (LinearId)lin);
+        if (x.fp8 == NULL) continue;
+        Fp8Scale* s = fp8_scale(m, x.slot, FP8_OP_W);
+        op_amax(s, x.weight, x.out_dim * x.in_dim);
+        op_cast_transpose(x.fp8->w, x.fp8->wt, x.weight, x.out_dim, x.in_dim, FP8_E4M3, s, m->pow2_scales,
+                          fp8_counts(m, x.slot, FP8_OP_W));
     }
-    m->fp8_weights_valid = 1;
+    m->fp8_layer_valid[layer] = 1;
+}
+
+static inline void llama_weights_needed(Llama* m, int bucket) {
+    if (m->hooks.weights_needed) m->hooks.weights_needed(m->hooks.ctx, bucket);
+    if (bucket > BUCKET_EMBEDDING && bucket <= m->cfg.n_layers) llama_fp8_refresh_layer(m, bucket - 1);
 }
 
 /*
@@ -431,6 +590,7 @@ static inline void linear_backward(Llama* m, int layer, LinearId lin, act_t* din
     op_gemm(&wgrad);
 }
 
+
 /* Pointer to layer l's slice of a per-layer activation buffer of `per` elements per layer. */
 #define LAYER(buf, l, per) ((buf) + (size_t)(l) * (per))
 /* Slice of a buffer that is per-layer when `keep`, else one shared scratch slice. */
@@ -440,7 +600,8 @@ static inline void linear_backward(Llama* m, int layer, LinearId lin, act_t* din
  * Forward pass on a micro-batch of (B, T) tokens, B <= m->B, T <= m->T. inputs, targets: host (B, T)
  * int arrays; targets may be NULL (logits only, e.g. for sampling). With targets, returns the mean
  * cross-entropy and leaves dloss * d(loss_i)/d(logits) in acts.logits for backward (dloss: the
- * weight of one token's loss in the step's objective, 1 / (B*T*grad_accum_steps)); without, returns 0.
+ * weight of one token's loss in the step's objective, 1 / (B*T*grad_accum_steps*ranks)); without,
+ * returns 0. Calls the weights_needed hook for each bucket before its weights are first read.
  */
 static inline float llama_forward(Llama* m, const int* inputs, const int* targets, int B, int T, float dloss) {
     const LlamaConfig* c = &m->cfg;
@@ -451,15 +612,15 @@ static inline float llama_forward(Llama* m, const int* inputs, const int* target
     int keep = llama_keeps_linear_inputs(m);
     size_t NC = N * C, NF = N * F, stats_per = att_stats_size((size_t)m->B, NH, m->T);
     Acts* a = &m->acts;
-    ParamTensors* p = &m->params;
-    if (m->precision == PRECISION_FP8 && !m->fp8_weights_valid) llama_fp8_refresh_weights(m);
     m->last_B = B;
     m->last_T = T;
     m->inputs_host = inputs;
     dev_upload(m->inputs, inputs, N * sizeof(int));
 
-    op_encoder_forward(a->resid, m->inputs, p->tok_embeddings, N, C);                            /* (N, C) */
-    op_rmsnorm_forward(a->ln_attn, a->rstd_attn, a->resid, p->attn_norm, N, C, c->norm_eps);     /* (N, C) */
+    llama_weights_needed(m, BUCKET_EMBEDDING);
+    op_encoder_forward(a->resid, m->inputs, llama_param(m, P_TOK_EMBEDDINGS, 0), N, C);          /* (N, C) */
+    llama_weights_needed(m, bucket_of_layer(0));
+    op_rmsnorm_forward(a->ln_attn, a->rstd_attn, a->resid, llama_param(m, P_ATTN_NORM, 0), N, C, c->norm_eps); /* (N, C) */
     for (int l = 0; l < L; l++) {
         act_t* x = LAYER(a->resid, l, NC);               /* (N, C) layer input */
         act_t* ln_attn = KEPT(a->ln_attn, l, NC, keep);  /* (N, C) */
@@ -474,17 +635,19 @@ static inline float llama_forward(Llama* m, const int* inputs, const int* target
         int last = l == L - 1;
         act_t* next_ln = last ? a->ln_final : KEPT(a->ln_attn, l + 1, NC, keep);
         float* next_rstd = last ? a->rstd_final : LAYER(a->rstd_attn, l + 1, N);
-        const act_t* next_norm = last ? p->norm : LAYER(p->attn_norm, l + 1, C);
 
         linear_forward(m, l, LIN_QKV, qkv, ln_attn);
         op_rope_forward(qkv, m->rope_cos, m->rope_sin, B, T, NH, NKV, HS);
         op_attention_forward(att, stats, qkv, B, T, NH, NKV, HS);
         linear_forward(m, l, LIN_WO, a->branch, att);
-        op_residual_rmsnorm_forward(mid, ln_ffn, LAYER(a->rstd_ffn, l, N), x, a->branch, LAYER(p->ffn_norm, l, C), N, C,
-                                    c->norm_eps);
+        op_residual_rmsnorm_forward(mid, ln_ffn, LAYER(a->rstd_ffn, l, N), x, a->branch, llama_param(m, P_FFN_NORM, l), N,
+                                    C, c->norm_eps);
         linear_forward(m, l, LIN_W13, fc, ln_ffn);
         op_swiglu_forward(sw, fc, N, F);
         linear_forward(m, l, LIN_W2, a->branch, sw);
+        /* the next norm's weight is the next bucket's: the next layer's attn_norm, or the final norm */
+        llama_weights_needed(m, bucket_of_layer(l + 1));
+        const act_t* next_norm = last ? llama_param(m, P_NORM, 0) : llama_param(m, P_ATTN_NORM, l + 1);
         op_residual_rmsnorm_forward(next, next_ln, next_rstd, mid, a->branch, next_norm, N, C, c->norm_eps);
     }
     linear_forward(m, NO_LAYER, LIN_OUTPUT, a->logits, a->ln_final);                              /* (N, V) */
@@ -499,7 +662,11 @@ static inline float llama_forward(Llama* m, const int* inputs, const int* target
 
 /*
  * Backward pass of the last llama_forward (which must have had targets): accumulates d(loss)/d(param)
- * into m->grads (FP32, += so that micro-steps add up; llama_zero_grads starts a step).
+ * into the gradients (FP32, += so that micro-steps add up; llama_zero_grads starts a step; under ZeRO-2
+ * the grads_needed hook hands out a zeroed bucket buffer instead). Every accumulation is
+ * grad = grad + (this micro-step's contribution, summed on its own), so accumulating micro-steps on one
+ * rank adds in the order a rank-ordered reduction over ranks would (dist/comm.h, Determinism). Calls the
+ * grads_needed / grads_ready hooks around each bucket, in backward order (head, layers L-1..0, embedding).
  */
 static inline void llama_backward(Llama* m) {
     const LlamaConfig* c = &m->cfg;
@@ -511,12 +678,14 @@ static inline void llama_backward(Llama* m) {
     int fp8 = m->precision == PRECISION_FP8;
     size_t NC = N * C, NF = N * F, stats_per = att_stats_size((size_t)m->B, NH, m->T);
     Acts* a = &m->acts;
-    ParamTensors* p = &m->params;
-    GradTensors* g = &m->grads;
+    int head = llama_num_buckets(m) - 1;
 
     dev_zero(a->d_resid, NC * sizeof(act_t));
+    llama_grads_needed(m, head);
     linear_backward(m, NO_LAYER, LIN_OUTPUT, a->d_ln, a->logits, a->ln_final);                   /* (N, C) */
-    op_rmsnorm_backward(a->d_resid, g->norm, a->d_ln, LAYER(a->resid, L, NC), p->norm, a->rstd_final, N, C);
+    op_rmsnorm_backward(a->d_resid, llama_grad(m, P_NORM, 0), a->d_ln, LAYER(a->resid, L, NC), llama_param(m, P_NORM, 0),
+                        a->rstd_final, N, C);
+    llama_grads_ready(m, head);
     for (int l = L - 1; l >= 0; l--) {
         act_t* x = LAYER(a->resid, l, NC);
         act_t* ln_attn = KEPT(a->ln_attn, l, NC, keep);
@@ -529,107 +698,109 @@ static inline void llama_backward(Llama* m) {
         act_t* sw = KEPT(a->swiglu, l, NF, keep);
         float* rstd_attn = LAYER(a->rstd_attn, l, N);
         float* rstd_ffn = LAYER(a->rstd_ffn, l, N);
+        const act_t* attn_norm = llama_param(m, P_ATTN_NORM, l);
+        const act_t* ffn_norm = llama_param(m, P_FFN_NORM, l);
 
         /* -r 1 in bf16/fp32: rebuild the linear inputs backward reads (same kernels, same bytes). FP8
            backward reads the saved X^T copies instead and needs none of them. */
         if (!keep && !fp8) {
-            op_rmsnorm_forward(ln_ffn, rstd_ffn, mid, LAYER(p->ffn_norm, l, C), N, C, c->norm_eps);
+            op_rmsnorm_forward(ln_ffn, rstd_ffn, mid, ffn_norm, N, C, c->norm_eps);
             op_swiglu_forward(sw, fc, N, F);
         }
+        llama_grads_needed(m, bucket_of_layer(l));
         linear_backward(m, l, LIN_W2, a->d_swiglu, a->d_resid, sw);                               /* (N, F) */
         op_swiglu_backward(a->d_fc, a->d_swiglu, fc, N, F);                                       /* (N, 2F) */
         linear_backward(m, l, LIN_W13, a->d_ln, a->d_fc, ln_ffn);                                 /* (N, C) */
-        op_rmsnorm_backward(a->d_resid, LAYER(g->ffn_norm, l, C), a->d_ln, mid, LAYER(p->ffn_norm, l, C), rstd_ffn, N, C);
+        op_rmsnorm_backward(a->d_resid, llama_grad(m, P_FFN_NORM, l), a->d_ln, mid, ffn_norm, rstd_ffn, N, C);
         linear_backward(m, l, LIN_WO, a->d_att, a->d_resid, att);                                 /* (N, C) */
         op_attention_backward(a->d_qkv, a->d_att, qkv, att, stats, B, T, NH, NKV, HS);            /* (N, QKV) */
         op_rope_backward(a->d_qkv, m->rope_cos, m->rope_sin, B, T, NH, NKV, HS);
-        if (!keep && !fp8) op_rmsnorm_forward(ln_attn, rstd_attn, x, LAYER(p->attn_norm, l, C), N, C, c->norm_eps);
+        if (!keep && !fp8) op_rmsnorm_forward(ln_attn, rstd_attn, x, attn_norm, N, C, c->norm_eps);
         linear_backward(m, l, LIN_QKV, a->d_ln, a->d_qkv, ln_attn);                               /* (N, C) */
-        op_rmsnorm_backward(a->d_resid, LAYER(g->attn_norm, l, C), a->d_ln, x, LAYER(p->attn_norm, l, C), rstd_attn, N, C);
+        op_rmsnorm_backward(a->d_resid, llama_grad(m, P_ATTN_NORM, l), a->d_ln, x, attn_norm, rstd_attn, N, C);
+        llama_grads_ready(m, bucket_of_layer(l));
     }
-    op_encoder_backward(g->tok_embeddings, a->d_resid, m->inputs, m->inputs_host, N, C);
+    llama_grads_needed(m, BUCKET_EMBEDDING);
+    op_encoder_backward(llama_grad(m, P_TOK_EMBEDDINGS, 0), a->d_resid, m->inputs, m->inputs_host, N, C);
+    llama_grads_ready(m, BUCKET_EMBEDDING);
 }
 
-static inline void llama_zero_grads(Llama* m) { dev_zero(m->grads_memory, m->num_params * sizeof(float)); }
 
-/* A contiguous piece of the gradient named for error messages: one tensor, or one layer of it. */
-typedef struct {
-    int tensor;
-    int layer; /* -1 for tensors that are not per layer */
-    size_t offset, count;
-} GradSegment;
-
-/* Per-layer tensors (attn_norm, wqkv, wo, ffn_norm, w13, w2) and the others (tok_embeddings, norm, output). */
-static inline int param_is_per_layer(int tensor) { return tensor != P_TOK_EMBEDDINGS && tensor != P_NORM && tensor != P_OUTPUT; }
-
-/* Number of gradient segments: one per tensor that is not per layer, one per layer of the others. */
-static inline size_t llama_grad_segment_count(int n_layers) {
-    size_t n = 0;
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) n += param_is_per_layer(t) ? (size_t)n_layers : 1;
-    return n;
-}
-
-/* Splits the gradient into per-tensor, per-layer segments; returns how many (llama_grad_segment_count). */
-static inline int llama_grad_segments(const Llama* m, GradSegment* seg) {
-    size_t off = 0;
-    int n = 0;
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        int per_layer = param_is_per_layer(t);
-        int parts = per_layer ? m->cfg.n_layers : 1;
-        size_t each = m->param_sizes[t] / (size_t)parts;
-        for (int k = 0; k < parts; k++) {
-            seg[n].tensor = t;
-            seg[n].layer = per_layer ? k : -1;
-            seg[n].offset = off;
-            seg[n].count = each;
-            off += each;
-            n++;
-        }
-    }
-    return n;
+/* Starts a step: zeroes the gradients the micro-steps accumulate into (ZeRO-0/1; under ZeRO-2 the
+   data-parallel driver zeroes its reduced-gradient shard and each bucket buffer before use). */
+static inline void llama_zero_grads(Llama* m) {
+    if (m->grads) dev_zero(m->grads, m->layout.full * sizeof(float));
 }
 
 /*
- * Global L2 norm of the gradient. When it is not finite, *bad is set to the index of the first segment
- * (llama_grad_segments order) whose sum of squares is not finite, else -1.
+ * Fills norm_partials with the sums of squares of the reduced gradient, one per ZERO_CHUNK-element chunk
+ * of every segment, for the chunks of this rank's pieces and zero for all others: summed over ranks
+ * (comm_all_reduce_f64, exact since each chunk has one owner) they are the same for any rank count.
  */
-static inline float llama_grad_norm(Llama* m, int* bad) {
-    GradSegment* seg = (GradSegment*)mallocCheck(llama_grad_segment_count(m->cfg.n_layers) * sizeof(GradSegment));
-    int n = llama_grad_segments(m, seg);
-    double total = 0.0;
-    *bad = -1;
-    for (int i = 0; i < n; i++) {
-        double s = op_sum_squares(m->grads_memory + seg[i].offset, seg[i].count);
-        if (!isfinite(s) && *bad < 0) *bad = i;
-        total += s;
+static inline void llama_grad_norm_partials(Llama* m) {
+    const float* g = llama_reduced_grads(m);
+    dev_zero(m->norm_partials, m->layout.chunks * sizeof(double));
+    for (int i = 0; i < m->num_segs; i++) {
+        ModelSegment* s = &m->segs[i];
+        size_t b, n;
+        llama_own_piece(m, s, &b, &n);
+        if (n > 0) op_sum_squares_chunks(m->norm_partials + s->shard.chunk_offset + b / ZERO_CHUNK, g + s->shard.shard_offset, n, ZERO_CHUNK);
     }
-    free(seg);
+}
+
+/*
+ * Global L2 norm of the gradient from the (rank-summed) norm_partials, summed in chunk order. When it is
+ * not finite, *bad is the index of the first segment with a non-finite chunk, else -1.
+ */
+static inline float llama_grad_norm_total(Llama* m, int* bad) {
+    double total = op_sum_f64(m->norm_partials, m->layout.chunks);
+    *bad = -1;
+    if (!isfinite(total)) {
+        double* partials = (double*)mallocCheck(m->layout.chunks * sizeof(double));
+        dev_download(partials, m->norm_partials, m->layout.chunks * sizeof(double));
+        for (int i = 0; i < m->num_segs && *bad < 0; i++) {
+            const ShardSegment* s = &m->segs[i].shard;
+            for (size_t k = 0; k < zero_chunks(s->count); k++) {
+                if (!isfinite(partials[s->chunk_offset + k])) {
+                    *bad = i;
+                    break;
+                }
+            }
+        }
+        free(partials);
+    }
     return (float)sqrt(total);
 }
 
-/* "wqkv[layer 3]" style name of gradient segment `index`. */
+/* The gradient norm of a model held by one rank (no communication): partials, then their sum. */
+static inline float llama_grad_norm(Llama* m, int* bad) {
+    if (m->layout.shards != 1) die("llama_grad_norm: the gradients are sharded; sum the partials over the ranks");
+    llama_grad_norm_partials(m);
+    return llama_grad_norm_total(m, bad);
+}
+
+/* "wqkv[layer 3]" style name of segment `index`. */
 static inline void llama_segment_name(const Llama* m, int index, char* out, size_t len) {
-    GradSegment* seg = (GradSegment*)mallocCheck(llama_grad_segment_count(m->cfg.n_layers) * sizeof(GradSegment));
-    llama_grad_segments(m, seg);
-    if (seg[index].layer < 0) snprintf(out, len, "%s", PARAM_NAMES[seg[index].tensor]);
-    else snprintf(out, len, "%s[layer %d]", PARAM_NAMES[seg[index].tensor], seg[index].layer);
-    free(seg);
+    param_segment_name(&m->segs[index].param, out, len);
 }
 
 /*
- * One AdamW step (t = step + 1) on every parameter: gradients multiplied by grad_scale (clipping),
- * weight decay on 2-D weights only; then the working weights are refreshed from the master weights.
+ * One AdamW step (t = step + 1) on this rank's pieces of the master weights: gradients (the reduced
+ * ones) multiplied by grad_scale (clipping), weight decay on 2-D weights only; then this rank's pieces
+ * of the working weights are refreshed (the driver all-gathers the rest under ZeRO-1/2).
  */
 static inline void llama_update(Llama* m, float lr, float weight_decay, int step, float grad_scale) {
     float t = (float)(step + 1);
     float bc1 = 1.0f - powf(ADAMW_BETA1, t);
     float bc2_sqrt = sqrtf(1.0f - powf(ADAMW_BETA2, t));
-    size_t off = 0;
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        float wd = param_is_decayed(i) ? weight_decay : 0.0f;
-        op_adamw(m->master + off, m->adam_m + off, m->adam_v + off, m->grads_memory + off, m->param_sizes[i], lr, wd,
-                 bc1, bc2_sqrt, grad_scale);
-        off += m->param_sizes[i];
+    const float* g = llama_reduced_grads(m);
+    for (int i = 0; i < m->num_segs; i++) {
+        ModelSegment* s = &m->segs[i];
+        size_t b, n, o = s->shard.shard_offset;
+        llama_own_piece(m, s, &b, &n);
+        if (n == 0) continue;
+        float wd = param_is_decayed(s->param.tensor) ? weight_decay : 0.0f;
+        op_adamw(m->master + o, m->adam_m + o, m->adam_v + o, g + o, n, lr, wd, bc1, bc2_sqrt, grad_scale);
     }
     llama_refresh_working_weights(m);
 }
@@ -658,7 +829,7 @@ static inline void llama_fp8_stats_begin(Llama* m) {
     if (m->precision != PRECISION_FP8) return;
     dev_zero(m->fp8_counts, (size_t)m->cfg.n_layers * LIN_PER_LAYER * FP8_OPS * sizeof(Fp8Counts));
     m->fp8_stats_due = 1;
-    m->fp8_weights_valid = 0;
+    memset(m->fp8_layer_valid, 0, (size_t)m->cfg.n_layers);
 }
 
 /*

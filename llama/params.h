@@ -30,20 +30,6 @@ static const char* const PARAM_NAMES[NUM_PARAM_TENSORS] = {
     "tok_embeddings", "attn_norm", "wqkv", "wo", "ffn_norm", "w13", "w2", "norm", "output",
 };
 
-/* Pointers to the nine tensors inside one buffer of element type T (same field order as the enum). */
-#define PARAM_TENSORS_STRUCT(T) \
-    struct {                    \
-        T* tok_embeddings;      \
-        T* attn_norm;           \
-        T* wqkv;                \
-        T* wo;                  \
-        T* ffn_norm;            \
-        T* w13;                 \
-        T* w2;                  \
-        T* norm;                \
-        T* output;              \
-    }
-
 /* Element counts of the nine tensors. */
 static inline void param_sizes(const LlamaConfig* c, size_t sizes[NUM_PARAM_TENSORS]) {
     size_t C = (size_t)c->dim, L = (size_t)c->n_layers, V = (size_t)c->vocab_size, F = (size_t)c->ffn_dim;
@@ -76,15 +62,50 @@ static inline void param_offsets(const LlamaConfig* c, size_t offsets[NUM_PARAM_
     }
 }
 
+/* Tensors with one slice per layer (attn_norm, wqkv, wo, ffn_norm, w13, w2); the others have one. */
+static inline int param_is_per_layer(int tensor) { return tensor != P_TOK_EMBEDDINGS && tensor != P_NORM && tensor != P_OUTPUT; }
+
 /*
- * Points the nine fields of a PARAM_TENSORS_STRUCT at `base` (element size `elem`). The struct is nine
- * pointers of one type, so it is addressed as an array of pointers.
+ * A segment of the parameter vector: one tensor, or one layer of a per-layer tensor. Segments are the
+ * unit of gradient norms and error messages, of ZeRO sharding (dist/zero.h) and of the communication
+ * buckets; listed in checkpoint order they tile the vector.
  */
-static inline void param_pointers(const LlamaConfig* c, void* tensors, void* base, size_t elem) {
-    size_t offsets[NUM_PARAM_TENSORS];
-    param_offsets(c, offsets);
-    char** fields = (char**)tensors;
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) fields[i] = (char*)base + offsets[i] * elem;
+typedef struct {
+    int tensor;          /* P_* */
+    int layer;           /* its layer, or -1 for a tensor that is not per layer */
+    size_t param_offset; /* first element, in checkpoint order */
+    size_t count;        /* elements */
+} ParamSegment;
+
+/* Number of segments: one per tensor that is not per layer, one per layer of the others. */
+static inline int param_segment_count(const LlamaConfig* c) {
+    int n = 0;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) n += param_is_per_layer(t) ? c->n_layers : 1;
+    return n;
+}
+
+/* Fills the param_segment_count(c) segments in checkpoint order. */
+static inline void param_segments(const LlamaConfig* c, ParamSegment* seg) {
+    size_t sizes[NUM_PARAM_TENSORS], off = 0;
+    param_sizes(c, sizes);
+    int n = 0;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        int parts = param_is_per_layer(t) ? c->n_layers : 1;
+        for (int k = 0; k < parts; k++) {
+            seg[n].tensor = t;
+            seg[n].layer = param_is_per_layer(t) ? k : -1;
+            seg[n].param_offset = off;
+            seg[n].count = sizes[t] / (size_t)parts;
+            off += seg[n].count;
+            n++;
+        }
+    }
+}
+
+/* "wqkv[layer 3]" style name of a segment. */
+static inline void param_segment_name(const ParamSegment* s, char* out, size_t len) {
+    if (s->layer < 0) snprintf(out, len, "%s", PARAM_NAMES[s->tensor]);
+    else snprintf(out, len, "%s[layer %d]", PARAM_NAMES[s->tensor], s->layer);
 }
 
 /* 2-D weight matrices get weight decay; the 1-D norm weights do not (Megatron-LM, llm.c convention). */

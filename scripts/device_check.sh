@@ -11,8 +11,9 @@
 #   4. test_llama --device-info: GPU, CUDA / cuBLASLt / cuDNN versions and the attention path (must be
 #      cuDNN SDPA: the fallback kernels would make every number below measure the wrong thing);
 #   5. every check of test_llama (--list) in a process of its own (--only NAME): HF's reference, the CPU
-#      build, each kernel family, resume, and the production shapes (attention at T 4096, HS 128 with both
-#      cuDNN backward algorithms; the FP8 linear layers of Llama-2 7B and 13B);
+#      build, each kernel family, resume, the NCCL path on one rank against no NCCL (nccl_one_rank), and
+#      the production shapes (attention at T 4096, HS 128 with both cuDNN backward algorithms; the FP8
+#      linear layers of Llama-2 7B and 13B);
 #   6. FP8 vs BF16 GEMM TFLOP/s at the 7B and 13B shapes;
 #   7. throughput of a 7B-shaped model (LAYERS layers, T 4096, 32768 tokens per step: 8 micro-steps) in bf16
 #      and fp8: mean tokens/s and MFU of the steps after warm-up (skipped steps excluded) and the trainer's
@@ -20,8 +21,7 @@
 #   8. real text: `tiny` on tiny-shakespeare on the GPU in bf16 and fp8 with the flags of the carried CPU
 #      run: fp8 within 1% of bf16, and within 0.5% of the CPU build's emulated fp8 curve;
 #   9. a GPU run resumed from its step-3 checkpoint against the uninterrupted run;
-#  10. the NCCL row (1 rank vs no NCCL), kept for issue 8;
-#  11. compute-sanitizer memcheck of the checks that run only our own kernels, limited to those kernels,
+#  10. compute-sanitizer memcheck of the checks that run only our own kernels, limited to those kernels,
 #      MEMCHECK_S seconds at most (a skip row with the reason where the sanitizer cannot run);
 # then the whole table again. OUT_DIR (default $OUT when set, else build/device_check) receives two files:
 # summary.txt (the table) and logs.tar.gz (every log, each cut to LOG_CAP bytes, re-packed after each
@@ -93,22 +93,27 @@ NO_TIME="no time left in the ${BUDGET_S}s budget"
 # limited SECONDS LOG CMD...: CMD with its output in LOG, stopped after SECONDS (killed KILL_AFTER_S later); its status.
 # Waited for in the background, so that a TERM to this script stops it at once (the trap below).
 CHILD=""
+LAST_S=0 # how long the last limited command ran
 limited() {
-    local seconds=$1 log=$2 rc
+    local seconds=$1 log=$2 rc started
     shift 2
+    started=$(date +%s)
     timeout -k "$KILL_AFTER_S" "$seconds" "$@" > "$log" 2>&1 &
     CHILD=$!
     wait "$CHILD"
     rc=$?
     CHILD=""
+    LAST_S=$(( $(date +%s) - started ))
     return "$rc"
 }
 
-# why_failed STATUS SECONDS LOG: one line on a failed process: timed out, killed by a signal, or its last words
+# why_failed STATUS SECONDS LOG: one line on a failed process: timed out (124; 137 when it had to be killed
+# after its TERM: the trainer checkpoints on a TERM), killed by a signal, or its last words
 why_failed() {
     local rc=$1 seconds=$2 log=$3 last
     last=$(grep -v '^[[:space:]]*$' "$log" 2> /dev/null | tail -1)
-    if [ "$rc" -eq 124 ]; then echo "timed out after ${seconds}s; last line: $last"
+    if [ "$rc" -eq 124 ] || { [ "$rc" -eq 137 ] && [ "$LAST_S" -ge "$seconds" ]; }; then
+        echo "timed out after ${seconds}s; last line: $last"
     elif [ "$rc" -gt 128 ]; then echo "killed by signal $((rc - 128)): $last"
     else echo "exit $rc: $last"; fi
 }
@@ -469,13 +474,7 @@ else
     fi
 fi
 
-# ---------------------------------------------------------------- 10. NCCL (issue 8)
-
-# Issue 8 (multi-GPU: MPI + NCCL) fills in this row: one rank through the NCCL path against the same run
-# without NCCL. Until then it stays in the table as a reminder.
-row "NCCL path, 1 rank vs no NCCL" skip "not built yet: issue 8 adds the NCCL path and this check"
-
-# ---------------------------------------------------------------- 11. memcheck
+# ---------------------------------------------------------------- 10. memcheck
 
 echo "== compute-sanitizer memcheck: ${MEMCHECK_CHECKS[*]}"
 memcheck_end=$(( $(elapsed) + $(budget "$MEMCHECK_S") ))

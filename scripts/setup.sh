@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs what llm8 needs and is missing, and says what it installs:
-#   Debian: OpenBLAS (CPU GEMMs, OpenMP build), OpenMPI (multi-rank launch), a C/C++ toolchain;
+#   Debian: OpenBLAS (CPU GEMMs, OpenMP build), OpenMPI (multi-rank launch), cJSON (data set manifests),
+#           a C/C++ toolchain;
 #   PyPI:   numpy, sentencepiece (tokenizing), ml_dtypes (FP8 test reference), matplotlib (loss plots),
-#           safetensors (HF checkpoint interop), pytest, nvidia-cudnn-frontend (header-only cuDNN graph API).
+#           safetensors (HF checkpoint interop), pytest, nvidia-cudnn-frontend (header-only cuDNN graph API),
+#           zstandard and pyarrow (reading .jsonl.zst and .parquet corpora in dev/data/tokenize.py).
 # The CUDA toolkit (nvcc, cuBLASLt, cuDNN, NCCL) is not installed here: the GPU build is skipped without
 # nvcc. Runs as root or through sudo. Set PYTHON to choose the interpreter (default python3).
 set -euo pipefail
@@ -17,6 +19,7 @@ command -v gcc >/dev/null || missing_apt+=(build-essential)
 command -v g++ >/dev/null || missing_apt+=(g++)
 have_header cblas.h && ldconfig -p | grep -q libopenblas || missing_apt+=(libopenblas-openmp-dev)
 command -v mpirun >/dev/null || missing_apt+=(openmpi-bin libopenmpi-dev)
+have_header cjson/cJSON.h || missing_apt+=(libcjson-dev)
 if [ ${#missing_apt[@]} -gt 0 ]; then
     if ! command -v apt-get >/dev/null; then
         echo "error: missing ${missing_apt[*]} and no apt-get to install them; install them by hand" >&2; exit 1
@@ -29,7 +32,8 @@ fi
 command -v "$PYTHON" >/dev/null || { echo "error: $PYTHON not found (install python3 and python3-pip)" >&2; exit 1; }
 missing_pip=()
 for spec in numpy:numpy sentencepiece:sentencepiece ml_dtypes:ml_dtypes matplotlib:matplotlib \
-            safetensors:safetensors pytest:pytest cudnn:nvidia-cudnn-frontend; do
+            safetensors:safetensors pytest:pytest cudnn:nvidia-cudnn-frontend zstandard:zstandard \
+            pyarrow:pyarrow; do
     module=${spec%%:*}; package=${spec#*:}
     "$PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$module') is None)" 2>/dev/null ||
         missing_pip+=("$package")

@@ -2,10 +2,13 @@
  * Training checkpoints, read and written by both builds (README "File formats"): a step's model
  * checkpoint (llama/model_file.h), every rank's training state and the DONE marker.
  *
- * The training state of a rank holds what exact resume needs beyond the weights: step, data position,
- * sampling RNG, skip counter, AdamW moments and this rank's FP32 master weights, plus the run settings
- * that must not change across a resume (compared field by field, so a mismatch names the setting) and a
- * hash of them.
+ * A step's training state is one file per shard of the ZeRO layout it was saved in (dist/zero.h: one
+ * file under ZeRO-0, one per rank under ZeRO-1/2). Each file holds what exact resume needs beyond the
+ * weights, the same in every file (step, data position between global batches, sampling RNG, skip
+ * counters, the run settings that must not change across a resume, compared field by field so a
+ * mismatch names the setting, and a hash of them), then the shard's AdamW moments and FP32 master
+ * weights. The layout is recorded (shard count and ZERO_CHUNK), so a run resumes on another rank count
+ * or ZeRO stage by reading each of its new pieces from the files that hold them (train/shard_io.h).
  *
  * Every file is written to "<name>.tmp", fsynced and renamed; the step's DONE_<step> marker is written
  * the same way only after the model and every state file exist, and resume picks the newest marker, so
@@ -20,15 +23,16 @@
 #include "../llama/model_file.h"
 
 #define STATE_MAGIC 20251130
-#define STATE_VERSION 1
+#define STATE_VERSION 2
 
 /*
- * Settings a resume must keep: changing any of them would change the run's batches or numerics.
- * Build it from a zeroed struct so that its bytes (hashed) are defined.
+ * Settings a resume must keep: changing any of them would change the run's batches or numerics. The
+ * rank count and the ZeRO stage may change (the global batch -d may not). Build it from a zeroed struct
+ * so that its bytes (hashed) are defined.
  */
 typedef struct {
     LlamaConfig cfg;
-    int32_t B, T, world, zero_stage, precision, shuffle, pow2_scales, recompute;
+    int32_t B, T, precision, shuffle, pow2_scales, recompute;
     int32_t reserved; /* explicit padding (0) so that the hashed bytes are all defined */
     int64_t total_batch, seed;
 } RunIdentity;
@@ -44,8 +48,6 @@ typedef struct {
 static const RunSetting RUN_SETTINGS[] = {
     RUN_SETTING("-b", B),
     RUN_SETTING("-t", T),
-    RUN_SETTING("number of ranks", world),
-    RUN_SETTING("-z", zero_stage),
     RUN_SETTING("-p", precision),
     RUN_SETTING("--shuffle", shuffle),
     RUN_SETTING("--pow2-scales", pow2_scales),
@@ -98,21 +100,25 @@ static inline int run_identity_diff(const RunIdentity* a, const RunIdentity* b, 
     return 0;
 }
 
-/* Everything but the big arrays of a rank's training state. */
+/* Everything but the big arrays of one state file. */
 typedef struct {
-    int32_t step;                 /* optimizer steps done */
-    int32_t rank;
+    int32_t step;              /* optimizer steps done */
+    int32_t shard;             /* the shard of the saved layout this file holds */
+    int32_t shards;            /* shards of the saved layout (dist/zero.h): ranks under ZeRO-1/2, 1 under ZeRO-0 */
+    int32_t chunk;             /* ZERO_CHUNK of the writer */
+    int32_t world;             /* ranks of the run that wrote it */
+    int32_t zero_stage;        /* its -z */
     int32_t consecutive_skips;
-    int32_t total_skips;          /* skipped steps so far (AdamW's step count excludes them) */
+    int32_t total_skips;       /* skipped steps so far (AdamW's step count excludes them) */
     DataLoaderPosition data;
-    int32_t reserved;             /* explicit padding (0) */
+    int32_t reserved;          /* explicit padding (0) */
     Rng sample_rng;
     RunIdentity id;
-    uint64_t shard_begin, shard_count; /* this rank's slice of the flat parameter vector */
+    uint64_t shard_elems;      /* elements of each array: the saved layout's shard size */
 } TrainState;
 
-static inline void state_path(char* out, size_t len, const char* dir, int step, int rank) {
-    snprintf(out, len, "%s/state_%08d_%05d.bin", dir, step, rank);
+static inline void state_path(char* out, size_t len, const char* dir, int step, int shard) {
+    snprintf(out, len, "%s/state_%08d_%05d.bin", dir, step, shard);
 }
 
 static inline void model_path(char* out, size_t len, const char* dir, int step) {
@@ -120,9 +126,9 @@ static inline void model_path(char* out, size_t len, const char* dir, int step) 
 }
 
 /*
- * Starts a rank's training state: opens "<path>.tmp" (name in tmp) and writes the header and *s; the
- * caller writes m, v and the master weights of the rank's slice (float32, s->shard_count each, in that
- * order) and finishes with atomic_commit(f, tmp, path).
+ * Starts a state file: opens "<path>.tmp" (name in tmp) and writes the header and *s; the caller writes
+ * the shard's m, v and master weights (float32, s->shard_elems each, in that order) and finishes with
+ * atomic_commit(f, tmp, path).
  */
 static inline FILE* state_write_begin(const char* path, char* tmp, size_t tmp_len, const TrainState* s) {
     int32_t h[HEADER_INTS];
@@ -137,53 +143,37 @@ static inline FILE* state_write_begin(const char* path, char* tmp, size_t tmp_le
     return f;
 }
 
-/* Writes a rank's training state from host arrays m, v, master (s->shard_count float32 each). */
-static inline void state_write(const char* path, const TrainState* s, const float* m, const float* v, const float* master) {
-    char tmp[TMP_PATH_LEN];
-    FILE* f = state_write_begin(path, tmp, sizeof(tmp), s);
-    fwriteCheck(m, sizeof(float), s->shard_count, f, tmp);
-    fwriteCheck(v, sizeof(float), s->shard_count, f, tmp);
-    fwriteCheck(master, sizeof(float), s->shard_count, f, tmp);
-    atomic_commit(f, tmp, path);
+/* Byte offset of element i of array a (0: m, 1: v, 2: master) in a state file of shard_elems per array. */
+static inline long state_array_offset(uint64_t shard_elems, int a, uint64_t i) {
+    return (long)(HEADER_INTS * sizeof(int32_t) + sizeof(TrainState) + ((uint64_t)a * shard_elems + i) * sizeof(float));
 }
 
 /*
- * Opens a rank's training state written for the run `expect` (its settings and parameter slice), reads
- * its header into *s and returns the file positioned at m (then v, then the master weights). Stops
- * naming the file and the first setting that differs, or the size problem, on mismatch.
+ * Opens a state file written for the run `expect` (its settings), reads its header into *s and returns
+ * the file. Stops naming the file and the first setting that differs, or the size problem, on mismatch;
+ * the caller checks the layout fields against the model's.
  */
-static inline FILE* state_open(const char* path, TrainState* s, const RunIdentity* expect, uint64_t shard_begin,
-                               uint64_t shard_count) {
+static inline FILE* state_open(const char* path, TrainState* s, const RunIdentity* expect) {
     FILE* f = fopenCheck(path, "rb");
     size_t bytes = file_size(f, path);
-    size_t expected = HEADER_INTS * sizeof(int32_t) + sizeof(TrainState) + 3 * shard_count * sizeof(float);
-    if (bytes < HEADER_INTS * sizeof(int32_t)) die("%s: truncated training state (%zu bytes)", path, bytes);
+    size_t head = HEADER_INTS * sizeof(int32_t) + sizeof(TrainState);
+    if (bytes < head) die("%s: truncated training state (%zu bytes)", path, bytes);
     int32_t h[HEADER_INTS];
     freadCheck(h, sizeof(int32_t), HEADER_INTS, f, path);
     if (h[0] != STATE_MAGIC) die("%s: bad magic %d in training state (expected %d)", path, h[0], STATE_MAGIC);
     if (h[1] != STATE_VERSION) die("%s: unsupported training state version %d (expected %d)", path, h[1], STATE_VERSION);
     if (h[3] != (int32_t)sizeof(TrainState)) die("%s: training state written by an incompatible build", path);
-    if (bytes != expected) die("%s: truncated or oversized training state: expected %zu bytes, found %zu", path, expected, bytes);
     freadCheck(s, sizeof(TrainState), 1, f, path);
+    if ((uint32_t)h[2] != run_identity_hash(&s->id)) die("%s: config hash does not match its settings (corrupt file)", path);
+    if (s->shards < 1 || s->shard < 0 || s->shard >= s->shards || s->shard_elems > (bytes - head) / sizeof(float))
+        die("%s: bad layout in training state (shard %d of %d, %llu elements per array)", path, s->shard, s->shards,
+            (unsigned long long)s->shard_elems);
+    size_t expected = head + 3 * s->shard_elems * sizeof(float);
+    if (bytes != expected) die("%s: truncated or oversized training state: expected %zu bytes, found %zu", path, expected, bytes);
     char diff[256];
     if (run_identity_diff(&s->id, expect, diff, sizeof(diff)))
         die("%s: the checkpointed run used a different %s; resume with the same settings", path, diff);
-    if ((uint32_t)h[2] != run_identity_hash(&s->id)) die("%s: config hash does not match its settings (corrupt file)", path);
-    if (s->shard_begin != shard_begin || s->shard_count != shard_count)
-        die("%s: parameter slice [%llu, +%llu) differs from this rank's [%llu, +%llu)", path,
-            (unsigned long long)s->shard_begin, (unsigned long long)s->shard_count, (unsigned long long)shard_begin,
-            (unsigned long long)shard_count);
     return f;
-}
-
-/* Reads a rank's training state (state_open's checks) into host arrays m, v, master (shard_count each). */
-static inline void state_read(const char* path, TrainState* s, const RunIdentity* expect, uint64_t shard_begin,
-                              uint64_t shard_count, float* m, float* v, float* master) {
-    FILE* f = state_open(path, s, expect, shard_begin, shard_count);
-    freadCheck(m, sizeof(float), shard_count, f, path);
-    freadCheck(v, sizeof(float), shard_count, f, path);
-    freadCheck(master, sizeof(float), shard_count, f, path);
-    fcloseCheck(f, path);
 }
 
 /* Writes the empty DONE_<step> marker (atomically): the step's checkpoint is complete. */

@@ -35,6 +35,8 @@ typedef struct {
     int ckpt_every;             /* -n; 0: only at the end (when -o is given) */
     int resume;                 /* -y */
     int zero_stage;             /* -z */
+    const char* grad_reduce;    /* --grad-reduce fp32 | bf16 */
+    float comm_timeout;         /* --comm-timeout seconds; 0: no watchdog */
     int recompute;              /* -r */
     int precision;              /* -p (Precision) */
     int overfit;                /* -a: train on the first batch only */
@@ -75,12 +77,14 @@ static const ArgSpec TRAIN_ARG_SPECS[] = {
     ARG("--clip", ARG_FLOAT, grad_clip, "gradient clipping: max global L2 norm (0: off)"),
     ARG("-x", ARG_INT, steps, "optimizer steps (-1: one epoch of the train data)"),
     ARG("-v", ARG_INT, val_every, "validation loss every N steps (0: only at the end)"),
-    ARG("-m", ARG_INT, val_batches, "validation batches per evaluation (-1: all)"),
+    ARG("-m", ARG_INT, val_batches, "validation batches (of -d tokens) per evaluation (-1: all)"),
     ARG("-s", ARG_INT, sample_every, "print a sample every N steps (0: never)"),
     ARG("-g", ARG_INT, sample_tokens, "tokens per sample"),
     ARG("-n", ARG_INT, ckpt_every, "checkpoint every N steps (0: only at the end; needs -o)"),
     ARG("-y", ARG_INT, resume, "1: resume from the latest checkpoint in -o"),
-    ARG("-z", ARG_INT, zero_stage, "ZeRO stage (0 only in this build: one rank)"),
+    ARG("-z", ARG_INT, zero_stage, "ZeRO stage: 0 all-reduce, 1 optimizer state sharded, 2 gradients sharded too"),
+    ARG("--grad-reduce", ARG_STR, grad_reduce, "gradient reduction on the wire: fp32 | bf16"),
+    ARG("--comm-timeout", ARG_FLOAT, comm_timeout, "seconds without progress before a rank aborts the job (0: off)"),
     ARG("-r", ARG_INT, recompute, "1: recompute norm and SwiGLU outputs in backward (bf16/fp32 only)"),
     ARG("-p", ARG_PRECISION, precision, "precision recipe: fp8 | bf16 | fp32"),
     ARG("-a", ARG_INT, overfit, "1: overfit the first batch (debugging)"),
@@ -120,6 +124,8 @@ static inline TrainArgs train_args_default(void) {
     a.ckpt_every = 0;
     a.resume = 0;
     a.zero_stage = 0;
+    a.grad_reduce = "fp32";
+    a.comm_timeout = 900.0f;
     a.recompute = 0;
     a.precision = PRECISION_FP8;
     a.overfit = 0;
@@ -225,7 +231,10 @@ static inline void train_args_check(const TrainArgs* a) {
     if (a->sample_tokens <= 0) die("flag -g: sample tokens must be positive");
     if (a->resume != 0 && a->resume != 1) die("flag -y: must be 0 or 1");
     if (a->resume && a->output_dir == NULL) die("flag -y 1 needs -o (the directory to resume from)");
-    if (a->zero_stage != 0) die("flag -z %d: ZeRO sharding needs the multi-rank build, which this version does not have; use -z 0", a->zero_stage);
+    if (a->zero_stage < 0 || a->zero_stage > 2) die("flag -z: ZeRO stage must be 0, 1 or 2, got %d", a->zero_stage);
+    if (strcmp(a->grad_reduce, "fp32") != 0 && strcmp(a->grad_reduce, "bf16") != 0)
+        die("flag --grad-reduce: '%s' is not fp32 or bf16", a->grad_reduce);
+    if (a->comm_timeout < 0.0f) die("flag --comm-timeout: must be >= 0 seconds");
     if (a->recompute != 0 && a->recompute != 1) die("flag -r: must be 0 or 1");
     if (a->recompute && a->precision == PRECISION_FP8)
         die("flag -r 1: with -p fp8 backward reads the FP8 copies fprop saves and recomputes nothing; use -r 0");

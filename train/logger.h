@@ -3,13 +3,15 @@
  *   main.log        llm.c's lines, "s:<step> trl:<train loss>" and "s:<step> tel:<val loss>", so llm.c's
  *                   plotting tools read it unchanged;
  *   metrics.jsonl   one JSON object per optimizer step: step, loss, lr, grad_norm, ms, tokens_per_s, mfu,
- *                   mem_mib, skipped (and val_loss objects after evaluations);
+ *                   mem_mib, comm_exposed_ms (communication the compute did not hide), skipped (and val_loss objects after evaluations);
  *   fp8_stats.csv   one row per FP8 GEMM operand on steps where statistics are due (--fp8-stats N):
  *                   step,layer,gemm,operand,format,amax,scale,saturated_frac,underflow_frac.
  * Lines are flushed as written so that a crashed run keeps its log. On resume from step k the files
  * keep their lines of steps < k and are appended to.
  */
 #pragma once
+
+#include <math.h>
 
 #include "../core/common.h"
 
@@ -72,17 +74,26 @@ static inline void logger_init(Logger* lg, const char* dir, int resume_step, int
     }
 }
 
+/* A float as JSON: round-trippable (%.9g), and null when not finite (JSON has no NaN or Infinity). */
+static inline const char* json_float(char* buf, size_t len, float x) {
+    if (isfinite(x)) snprintf(buf, len, "%.9g", x);
+    else snprintf(buf, len, "null");
+    return buf;
+}
+
 static inline void logger_train(Logger* lg, int step, float loss, float lr, float grad_norm, double ms,
-                                double tokens_per_s, double mfu, double mem_mib, int skipped) {
+                                double tokens_per_s, double mfu, double mem_mib, double comm_ms, int skipped) {
     if (lg->main_log) {
         fprintf(lg->main_log, "s:%d trl:%f\n", step, loss);
         logger_flush_file(lg, lg->main_log, "main.log");
     }
     if (lg->metrics) {
+        char l[32], r[32], g[32];
         fprintf(lg->metrics,
-                "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"ms\": %.3f, \"tokens_per_s\": %.1f, "
-                "\"mfu\": %.4f, \"mem_mib\": %.1f, \"skipped\": %d}\n",
-                step, loss, lr, grad_norm, ms, tokens_per_s, mfu, mem_mib, skipped);
+                "{\"step\": %d, \"loss\": %s, \"lr\": %s, \"grad_norm\": %s, \"ms\": %.3f, \"tokens_per_s\": %.1f, "
+                "\"mfu\": %.4f, \"mem_mib\": %.1f, \"comm_exposed_ms\": %.3f, \"skipped\": %d}\n",
+                step, json_float(l, sizeof(l), loss), json_float(r, sizeof(r), lr), json_float(g, sizeof(g), grad_norm), ms,
+                tokens_per_s, mfu, mem_mib, comm_ms, skipped);
         logger_flush_file(lg, lg->metrics, "metrics.jsonl");
     }
 }
@@ -93,7 +104,8 @@ static inline void logger_val(Logger* lg, int step, float val_loss) {
         logger_flush_file(lg, lg->main_log, "main.log");
     }
     if (lg->metrics) {
-        fprintf(lg->metrics, "{\"step\": %d, \"val_loss\": %.6f}\n", step, val_loss);
+        char v[32];
+        fprintf(lg->metrics, "{\"step\": %d, \"val_loss\": %s}\n", step, json_float(v, sizeof(v), val_loss));
         logger_flush_file(lg, lg->metrics, "metrics.jsonl");
     }
 }

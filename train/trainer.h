@@ -1,21 +1,37 @@
 /*
- * The training program both builds run: arguments, model and data set-up, the step loop (validation,
- * samples, checkpoints, gradient accumulation, clipping, AdamW, skip of non-finite steps), logging and
- * exact resume. Included after a backend (cpu/backend.h or cuda/backend.cuh): train_llama.c and
- * train_llama.cu are this file plus a backend.
+ * The training program both builds run: arguments, the ranks' start-up agreement, model and data
+ * set-up, the step loop (validation, samples, checkpoints, gradient accumulation, the data-parallel
+ * reduction, clipping, AdamW, skip of non-finite steps), logging and exact resume. Included after a
+ * backend and a communication implementation (cpu/backend.h + dist/comm_mpi.h, or cuda/backend.cuh +
+ * dist/comm_nccl.cuh): train_llama.c and train_llama.cu are this file plus those two.
  *
  * Step k (0-based) of -x K: validation when k % -v == 0 or k == K; at k == K also the final checkpoint;
- * then, for k < K, grad_accum_steps micro-steps of forward + backward, the global gradient norm, and
- * the update. A step whose loss, gradient norm or FP8 amax is not finite is skipped (DESIGN.md 7).
+ * then, for k < K, grad_accum_steps micro-steps of forward + backward on every rank, the global
+ * gradient norm, and the update. A step whose loss, gradient norm or FP8 amax is not finite on any rank
+ * is skipped on every rank (DESIGN.md 7). Rank 0 prints and logs; every rank takes every decision from
+ * values reduced over all ranks, so all ranks decide the same.
  */
 #pragma once
 
+#include <omp.h>
+
+#include "agreement.h"
 #include "checkpoint.h"
 #include "cli.h"
+#include "data_parallel.h"
 #include "logger.h"
+#include "preempt.h"
+#include "shard_io.h"
 #include "../dataloader/dataloader.h"
+#include "../dataloader/manifest.h"
 #include "../dataloader/tokenizer.h"
+#include "../dist/watchdog.h"
 #include "../llama/model.h"
+
+/* Identifies the build in the start-up agreement (the Makefile passes git describe). */
+#ifndef LLM8_BUILD_ID
+#define LLM8_BUILD_ID "unknown"
+#endif
 
 typedef struct {
     TrainArgs args;
@@ -26,6 +42,7 @@ typedef struct {
     int steps;
     DataLoader train, val;
     Llama model;
+    DataParallel dp;
     Tokenizer tokenizer;
     Logger logger;
     Rng sample_rng;
@@ -33,6 +50,10 @@ typedef struct {
     int consecutive_skips;
     int total_skips;
     int overfit_loaded;     /* -a 1: the one batch is in tr->train */
+    int stop_signal;        /* a stop signal reached some rank: checkpoint and exit (train/preempt.h) */
+    double start_time;      /* wall_seconds when the step loop began */
+    double step_seconds;    /* time of the steps run by this process, for the ETA */
+    int steps_run;
 } Trainer;
 
 /* Mixed into --seed for the sampling generator, so samples do not replay the init's draws ("sample" in ASCII). */
@@ -44,14 +65,20 @@ static inline double flops_per_token(const LlamaConfig* c, int T) {
     return 6.0 * n + 12.0 * c->n_layers * c->dim * (double)T;
 }
 
+/* "1h02m", "3m10s" or "42s". */
+static inline void format_duration(char* out, size_t len, double seconds) {
+    long s = seconds > 0.0 ? (long)(seconds + 0.5) : 0;
+    if (s >= 3600) snprintf(out, len, "%ldh%02ldm", s / 3600, (s % 3600) / 60);
+    else if (s >= 60) snprintf(out, len, "%ldm%02lds", s / 60, s % 60);
+    else snprintf(out, len, "%lds", s);
+}
+
 static inline RunIdentity trainer_identity(const Trainer* tr) {
     RunIdentity id;
     memset(&id, 0, sizeof(id));
     id.cfg = tr->cfg;
     id.B = tr->args.B;
     id.T = tr->args.T;
-    id.world = tr->world;
-    id.zero_stage = tr->args.zero_stage;
     id.precision = tr->args.precision;
     id.shuffle = tr->args.shuffle;
     id.pow2_scales = tr->args.pow2_scales;
@@ -61,125 +88,86 @@ static inline RunIdentity trainer_identity(const Trainer* tr) {
     return id;
 }
 
-/* Host staging buffer for moving weights and optimizer state between files and the device: 64 MiB, so
-   that checkpointing a 13B model needs no host copy of it. */
-#define STREAM_CHUNK_FLOATS ((size_t)1 << 24)
-
-/* Writes n floats of device (or, in the CPU build, host) memory to f through buf (STREAM_CHUNK_FLOATS). */
-static inline void stream_to_file(FILE* f, const float* src, size_t n, float* buf, const char* what) {
-    for (size_t off = 0; off < n; off += STREAM_CHUNK_FLOATS) {
-        size_t count = n - off < STREAM_CHUNK_FLOATS ? n - off : STREAM_CHUNK_FLOATS;
-        dev_download(buf, src + off, count * sizeof(float));
-        fwriteCheck(buf, sizeof(float), count, f, what);
-    }
-}
-
-/* Reads n floats from f into device (or host) memory through buf. */
-static inline void stream_from_file(FILE* f, float* dst, size_t n, float* buf, const char* what) {
-    for (size_t off = 0; off < n; off += STREAM_CHUNK_FLOATS) {
-        size_t count = n - off < STREAM_CHUNK_FLOATS ? n - off : STREAM_CHUNK_FLOATS;
-        freadCheck(buf, sizeof(float), count, f, what);
-        dev_upload(dst + off, buf, count * sizeof(float));
-    }
-}
-
-/* Writes model_<step>.bin (rank 0), this rank's state_<step>_<rank>.bin, then DONE_<step>. */
-static inline void trainer_save(Trainer* tr) {
-    const char* dir = tr->args.output_dir;
-    Llama* m = &tr->model;
-    size_t P = m->num_params;
-    char path[PATH_LEN], tmp[TMP_PATH_LEN];
-    float* buf = (float*)mallocCheck(STREAM_CHUNK_FLOATS * sizeof(float));
-    if (tr->rank == 0) {
-        model_path(path, sizeof(path), dir, tr->step);
-        FILE* f = checkpoint_write_begin(path, tmp, sizeof(tmp), &tr->cfg);
-        stream_to_file(f, m->master, P, buf, tmp);
-        atomic_commit(f, tmp, path);
-    }
+/* The global fields of a checkpoint's state (checkpoint_save adds the layout). */
+static inline TrainState trainer_state(const Trainer* tr) {
     TrainState s;
     memset(&s, 0, sizeof(s));
     s.step = tr->step;
-    s.rank = tr->rank;
     s.consecutive_skips = tr->consecutive_skips;
     s.total_skips = tr->total_skips;
     s.data = dataloader_position(&tr->train);
     s.sample_rng = tr->sample_rng;
     s.id = trainer_identity(tr);
-    s.shard_begin = 0;
-    s.shard_count = P;
-    state_path(path, sizeof(path), dir, tr->step, tr->rank);
-    FILE* f = state_write_begin(path, tmp, sizeof(tmp), &s);
-    stream_to_file(f, m->adam_m, P, buf, tmp);
-    stream_to_file(f, m->adam_v, P, buf, tmp);
-    stream_to_file(f, m->master, P, buf, tmp);
-    atomic_commit(f, tmp, path);
-    if (tr->rank == 0) checkpoint_mark_done(dir, tr->step);
-    printf("| checkpoint: step %d written to %s\n", tr->step, dir);
-    free(buf);
+    return s;
 }
 
-/* Restores the newest complete checkpoint of -o (DONE marker) into the trainer. */
+/* Writes the checkpoint of the current step (every rank). */
+static inline void trainer_save(Trainer* tr) {
+    watchdog_phase("checkpoint", tr->step);
+    TrainState s = trainer_state(tr);
+    checkpoint_save(tr->args.output_dir, &tr->model, &s);
+    printf("| checkpoint: step %d written to %s\n", tr->step, tr->args.output_dir);
+}
+
+/* Restores the newest complete checkpoint of -o (DONE marker, as rank 0 sees it) on every rank. */
 static inline void trainer_resume(Trainer* tr) {
     const char* dir = tr->args.output_dir;
-    int step = checkpoint_latest_step(dir);
+    int step = g_dist.rank == 0 ? checkpoint_latest_step(dir) : 0;
+    comm_host_broadcast(&step, sizeof(step), 0);
     if (step < 0) die("%s: no complete checkpoint (DONE_<step> marker) to resume from", dir);
     if (step > tr->steps) die("%s: the newest checkpoint is at step %d, past the run's -x %d steps", dir, step, tr->steps);
-    Llama* m = &tr->model;
-    size_t P = m->num_params;
-    char path[PATH_LEN];
     TrainState s;
     RunIdentity id = trainer_identity(tr);
-    state_path(path, sizeof(path), dir, step, tr->rank);
-    FILE* f = state_open(path, &s, &id, 0, P);
-    if (s.step != step || s.rank != tr->rank) die("%s: holds step %d rank %d, expected step %d rank %d", path, s.step, s.rank, step, tr->rank);
-    float* buf = (float*)mallocCheck(STREAM_CHUNK_FLOATS * sizeof(float));
-    stream_from_file(f, m->adam_m, P, buf, path);
-    stream_from_file(f, m->adam_v, P, buf, path);
-    stream_from_file(f, m->master, P, buf, path);
-    fcloseCheck(f, path);
-    free(buf);
-    llama_refresh_working_weights(m);
+    checkpoint_load(dir, step, &tr->model, &id, &s);
+    dp_refresh_weights(&tr->dp);
     dataloader_restore(&tr->train, s.data);
     tr->sample_rng = s.sample_rng;
     tr->step = s.step;
     tr->consecutive_skips = s.consecutive_skips;
     tr->total_skips = s.total_skips;
-    printf("| resumed from %s at step %d\n", path, step);
+    printf("| resumed from %s at step %d (saved by %d rank(s) with ZeRO-%d, now %d with ZeRO-%d)\n", dir, step, s.world,
+           s.zero_stage, tr->world, tr->args.zero_stage);
 }
 
-/* The initial master weights: a checkpoint's (-e FILE) or a fresh init (-e PRESET), streamed to the device. */
+/* The initial master weights: a checkpoint's (-e FILE) or a fresh init (-e PRESET), this rank's pieces. */
 static inline void trainer_load_weights(Trainer* tr) {
-    Llama* m = &tr->model;
-    size_t P = m->num_params;
-    float* buf = (float*)mallocCheck(STREAM_CHUNK_FLOATS * sizeof(float));
-    if (tr->from_checkpoint) {
-        LlamaConfig file_cfg;
-        FILE* f = checkpoint_open(tr->args.model, &file_cfg);
-        stream_from_file(f, m->master, P, buf, tr->args.model);
-        fcloseCheck(f, tr->args.model);
-    } else {
-        for (size_t off = 0; off < P; off += STREAM_CHUNK_FLOATS) {
-            size_t count = P - off < STREAM_CHUNK_FLOATS ? P - off : STREAM_CHUNK_FLOATS;
-            llama_init_params_range(&tr->cfg, (uint64_t)tr->args.seed, off, count, buf);
-            dev_upload(m->master + off, buf, count * sizeof(float));
-        }
-    }
-    free(buf);
-    llama_refresh_working_weights(m);
+    if (tr->from_checkpoint) model_load(tr->args.model, &tr->model);
+    else model_init(&tr->model, (uint64_t)tr->args.seed);
+    dp_refresh_weights(&tr->dp);
 }
 
-/* Mean loss over -m validation batches (all of them with -m -1). */
+/*
+ * Sum over every rank of the values that rank `rank` writes into slots [rank * per_rank, +per_rank) of
+ * a vector of world * per_rank doubles (zero elsewhere), then summed in slot order: exact and
+ * independent of the rank count, since each slot has one contributor.
+ */
+static inline double trainer_sum_slots(double* slots, size_t n) {
+    comm_host_sum(slots, n);
+    double total = 0.0;
+    for (size_t i = 0; i < n; i++) total += slots[i];
+    return total;
+}
+
+/*
+ * Mean loss over -m global validation batches (all of them with -m -1), each of -d tokens as a training
+ * step's, every rank its micro-batches: the same samples and the same sum for any rank count.
+ */
 static inline float trainer_val_loss(Trainer* tr) {
     DataLoader* d = &tr->val;
     long long available = dataloader_epoch_batches(d);
     long long n = tr->args.val_batches < 0 || tr->args.val_batches > available ? available : tr->args.val_batches;
+    size_t W = (size_t)tr->world, A = (size_t)d->accum, slots_n = (size_t)n * A * W;
+    double* slots = (double*)callocCheck(slots_n, sizeof(double));
     dataloader_reset(d);
-    double sum = 0.0;
-    for (long long i = 0; i < n; i++) {
+    for (size_t i = 0; i < (size_t)n * A; i++) {
+        watchdog_phase("validation", tr->step);
         dataloader_next_batch(d);
-        sum += llama_forward(&tr->model, d->inputs, d->targets, d->B, d->T, 0.0f);
+        slots[i * W + (size_t)tr->rank] = llama_forward(&tr->model, d->inputs, d->targets, d->B, d->T, 0.0f);
     }
-    return (float)(sum / (double)n);
+    watchdog_phase("validation reduction", tr->step);
+    double sum = trainer_sum_slots(slots, slots_n);
+    free(slots);
+    return (float)(sum / (double)slots_n);
 }
 
 /*
@@ -238,24 +226,63 @@ static inline void trainer_tokenizer_path(const Trainer* tr, char* out, size_t l
     else snprintf(out, len, "%.*s/tokenizer.bin", (int)(slash - first), first);
 }
 
-/* Parses arguments, loads the model and data, and prepares (or resumes) the run. */
+/* This rank's settings for the start-up agreement (train/agreement.h). */
+static inline RankSettings trainer_rank_settings(const Trainer* tr) {
+    const TrainArgs* a = &tr->args;
+    RankSettings r;
+    memset(&r, 0, sizeof(r));
+    r.id = trainer_identity(tr);
+    r.zero_stage = a->zero_stage;
+    r.grad_reduce_bf16 = strcmp(a->grad_reduce, "bf16") == 0;
+    r.steps = tr->steps;
+    r.grad_accum_steps = tr->grad_accum_steps;
+    r.val_every = a->val_every;
+    r.val_batches = a->val_batches;
+    r.ckpt_every = a->ckpt_every;
+    r.sample_every = a->sample_every;
+    r.resume = a->resume;
+    r.fp8_stats_every = a->fp8_stats_every;
+    r.max_skips = a->max_skips;
+    r.overfit = a->overfit;
+    r.warmup = a->warmup;
+    uint32_t h = 2166136261u; /* FNV-1a of the schedule's name */
+    for (const char* c = a->schedule; *c; c++) h = (h ^ (unsigned char)*c) * 16777619u;
+    r.schedule_hash = (int32_t)h;
+    r.lr = a->lr;
+    r.final_lr_frac = a->final_lr_frac;
+    r.weight_decay = a->weight_decay;
+    r.grad_clip = a->grad_clip;
+    r.train_tokens = (int64_t)dataloader_total_tokens(&tr->train);
+    r.val_tokens = (int64_t)dataloader_total_tokens(&tr->val);
+    snprintf(r.build, sizeof(r.build), "%s %s", LLM8_BUILD_ID, backend_name());
+    return r;
+}
+
+/*
+ * Parses arguments, joins the job (comm_init came first), checks that every rank agrees, loads the
+ * model and data, and prepares (or resumes) the run.
+ */
 static inline void trainer_init(Trainer* tr, int argc, char** argv) {
     memset(tr, 0, sizeof(*tr));
     TrainArgs defaults = train_args_default();
     tr->args = defaults;
     if (train_args_parse(&tr->args, argc, argv)) {
-        train_args_usage(argv[0], &defaults);
+        if (g_dist.rank == 0) train_args_usage(argv[0], &defaults);
+        comm_finalize();
         exit(EXIT_SUCCESS);
     }
     TrainArgs* a = &tr->args;
     train_args_check(a);
+    tr->rank = g_dist.rank;
+    tr->world = g_dist.world;
+    /* rank 0 speaks for the job; the others keep stderr for their errors */
+    if (tr->rank != 0 && freopen("/dev/null", "w", stdout) == NULL) die("cannot silence stdout of rank %d", tr->rank);
     setvbuf(stdout, NULL, _IOLBF, 0); /* progress reaches a log file line by line, also when the run is killed */
+    watchdog_start(a->comm_timeout);
     if (a->tokenizer_path != NULL && access(a->tokenizer_path, R_OK) != 0)
         die("flag --tokenizer: %s: cannot read (%s)", a->tokenizer_path, strerror(errno));
-    if (a->output_dir != NULL) make_dir(a->output_dir);
+    if (a->output_dir != NULL && tr->rank == 0) make_dir(a->output_dir);
     backend_init((Precision)a->precision);
-    tr->rank = 0;
-    tr->world = 1;
 
     const LlamaConfig* preset = llama_preset(a->model);
     if (preset != NULL) {
@@ -284,23 +311,36 @@ static inline void trainer_init(Trainer* tr, int argc, char** argv) {
             tr->world, micro_tokens);
     tr->grad_accum_steps = (int)(total / micro_tokens);
 
-    dataloader_init(&tr->train, a->train_pattern, a->B, a->T, tr->rank, tr->world, tr->cfg.vocab_size, a->shuffle, (uint64_t)a->seed);
-    dataloader_init(&tr->val, a->val_pattern, a->B, a->T, tr->rank, tr->world, tr->cfg.vocab_size, 0, (uint64_t)a->seed);
-    long long epoch_steps = dataloader_epoch_batches(&tr->train) / tr->grad_accum_steps;
+    dataloader_init(&tr->train, a->train_pattern, a->B, a->T, tr->rank, tr->world, tr->grad_accum_steps, tr->cfg.vocab_size,
+                    a->shuffle, (uint64_t)a->seed);
+    dataloader_init(&tr->val, a->val_pattern, a->B, a->T, tr->rank, tr->world, tr->grad_accum_steps, tr->cfg.vocab_size, 0,
+                    (uint64_t)a->seed);
+    manifest_check(&tr->train, "-i", "train", tr->cfg.vocab_size);
+    manifest_check(&tr->val, "-j", "val", tr->cfg.vocab_size);
+    long long epoch_steps = dataloader_epoch_batches(&tr->train);
     tr->steps = a->steps > 0 ? a->steps : (int)(epoch_steps > 0 ? epoch_steps : 1);
+    RankSettings mine = trainer_rank_settings(tr);
+    watchdog_phase("start-up agreement", 0);
+    agreement_check(&mine);
 
     printf("+-----------------------------------------------------------------------\n");
-    printf("| llm8 train_llama (%s build), precision %s\n", backend_name(), precision_name((Precision)a->precision));
+    printf("| llm8 train_llama (%s build %s), precision %s\n", backend_name(), LLM8_BUILD_ID, precision_name((Precision)a->precision));
     llama_config_print(&tr->cfg);
     printf("| model from: %s\n", a->model);
     printf("| train: %s (%d shard(s), %zu tokens); val: %s (%zu tokens)\n", a->train_pattern, tr->train.num_shards,
            dataloader_total_tokens(&tr->train), a->val_pattern, dataloader_total_tokens(&tr->val));
+    printf("| ranks: %d on %s (%d on this host), ZeRO-%d, gradients reduced in %s\n", tr->world, g_dist.host,
+           g_dist.local_world, a->zero_stage, a->grad_reduce);
     printf("| micro-batch %d x %d, %d rank(s), grad accumulation %d -> %lld tokens per step, %d steps\n", a->B, a->T,
            tr->world, tr->grad_accum_steps, total, tr->steps);
     printf("| lr %g (%s, warmup %d, final x%g), weight decay %g, clip %g, seed %lld\n", a->lr, a->schedule, a->warmup,
            a->final_lr_frac, a->weight_decay, a->grad_clip, a->seed);
+    if (a->output_dir == NULL) printf("| warning: no -o: no logs, checkpoints or final model will be saved\n");
 
-    llama_build(&tr->model, &tr->cfg, (Precision)a->precision, a->B, a->T, a->pow2_scales, a->recompute);
+    Sharding sharding = {tr->world, tr->rank, a->zero_stage};
+    llama_build(&tr->model, &tr->cfg, (Precision)a->precision, a->B, a->T, a->pow2_scales, a->recompute, sharding);
+    dp_init(&tr->dp, &tr->model, strcmp(a->grad_reduce, "bf16") == 0 ? WIRE_BF16 : WIRE_F32);
+    watchdog_phase("loading weights", 0);
     trainer_load_weights(tr);
     printf("+-----------------------------------------------------------------------\n");
 
@@ -311,13 +351,14 @@ static inline void trainer_init(Trainer* tr, int argc, char** argv) {
                     a->precision == PRECISION_FP8 && a->fp8_stats_every > 0);
     char tok_path[PATH_LEN];
     trainer_tokenizer_path(tr, tok_path, sizeof(tok_path));
-    if (a->sample_every > 0) tokenizer_init(&tr->tokenizer, tok_path);
+    if (a->sample_every > 0 && tr->rank == 0) tokenizer_init(&tr->tokenizer, tok_path);
 }
 
 /*
  * Prints the phases of a profiled step (--profile): "profile step k: forward X ms | backward X ms |
- * optimizer X ms | other X ms | fp8 casts X ms (inside the others)", where other is the rest of the step's
- * wall time (loading batches, zeroing the gradients, host time between them).
+ * optimizer X ms | other X ms | fp8 casts X ms (inside the others)", where optimizer runs from the global
+ * norm (with its reductions across ranks) to the update, and other is the rest of the step's wall time
+ * (loading batches, host time between phases).
  */
 static inline void trainer_print_profile(const Trainer* tr, const double* phase_ms, double step_ms) {
     double other = step_ms;
@@ -329,43 +370,63 @@ static inline void trainer_print_profile(const Trainer* tr, const double* phase_
     printf(" other %.1f ms | %s %.1f ms (inside the others)\n", other, PROF_PHASE_NAMES[PROF_FP8_CAST], phase_ms[PROF_FP8_CAST]);
 }
 
-/* One optimizer step (grad_accum_steps micro-steps and the update); prints and logs it. */
+/*
+ * One optimizer step on every rank: grad_accum_steps micro-steps, the data-parallel reduction, the
+ * global norm and the update; rank 0 prints and logs it. The loss of micro-batch (micro, rank) goes to
+ * slot micro * world + rank, so the step's loss is the same sum for any rank count.
+ */
 static inline void trainer_step(Trainer* tr) {
     TrainArgs* a = &tr->args;
     Llama* m = &tr->model;
+    int A = tr->grad_accum_steps, W = tr->world;
     int stats_due = a->fp8_stats_every > 0 && tr->step % a->fp8_stats_every == 0;
     if (stats_due) llama_fp8_stats_begin(m);
     int profiled = a->profile_every > 0 && (tr->step + 1) % a->profile_every == 0;
     if (profiled) backend_profile_begin();
     double t0 = wall_seconds();
-    llama_zero_grads(m);
-    float dloss = 1.0f / ((float)a->B * a->T * tr->grad_accum_steps);
-    double loss = 0.0;
+    dp_begin_step(&tr->dp);
+    float dloss = 1.0f / ((float)a->B * a->T * A * W);
+    double* slots = (double*)callocCheck((size_t)A * W + 1, sizeof(double)); /* the losses, then the FP8 flag */
     char fp8_bad[128];
     int fp8_nonfinite = 0;
-    for (int micro = 0; micro < tr->grad_accum_steps; micro++) {
+    for (int micro = 0; micro < A; micro++) {
         if (!a->overfit || !tr->overfit_loaded) {
             if (a->overfit) dataloader_reset(&tr->train);
             dataloader_next_batch(&tr->train);
-            tr->overfit_loaded = 1;
+            /* -a 1 keeps this batch; the loader stays at the start, where a checkpoint finds it */
+            if (a->overfit) dataloader_reset(&tr->train);
+            tr->overfit_loaded = a->overfit;
         }
+        tr->dp.last_micro = micro == A - 1;
+        watchdog_phase("forward", tr->step);
         backend_timer_start(PROF_FORWARD);
-        loss += llama_forward(m, tr->train.inputs, tr->train.targets, a->B, a->T, dloss);
+        slots[(size_t)micro * W + tr->rank] = llama_forward(m, tr->train.inputs, tr->train.targets, a->B, a->T, dloss);
         backend_timer_stop(PROF_FORWARD);
+        watchdog_phase("backward", tr->step);
         backend_timer_start(PROF_BACKWARD);
         llama_backward(m);
         backend_timer_stop(PROF_BACKWARD);
         /* each micro-step recasts X and dY with fresh scales: check before the next one overwrites them */
         if (!fp8_nonfinite) fp8_nonfinite = llama_fp8_nonfinite(m, fp8_bad, sizeof(fp8_bad));
     }
-    loss /= tr->grad_accum_steps;
+    watchdog_phase("gradient reduction", tr->step);
     int bad;
     backend_timer_start(PROF_OPTIMIZER);
-    float norm = llama_grad_norm(m, &bad);
+    float norm = dp_grad_norm(&tr->dp, &bad);
+    /* rank 0's skip line names its own operand; another rank names the one it saw */
+    if (fp8_nonfinite && tr->rank != 0) fprintf(stderr, "rank %d: step %d: first non-finite FP8 operand: %s\n", tr->rank, tr->step + 1, fp8_bad);
+    /* one reduction for the decisions every rank must share: a non-finite FP8 operand, a stop signal */
+    double flags[2] = {(double)fp8_nonfinite, (double)g_stop_signal};
+    comm_host_max(flags, 2);
+    double fp8_flag = flags[0];
+    tr->stop_signal = (int)flags[1];
+    double loss = trainer_sum_slots(slots, (size_t)A * W) / (double)((size_t)A * W);
+    free(slots);
     float lr = lr_at_step(a->schedule, a->lr, a->warmup, a->final_lr_frac, tr->step, tr->steps);
-    int skip = !isfinite(loss) || !isfinite(norm) || fp8_nonfinite;
+    int skip = !isfinite(loss) || !isfinite(norm) || fp8_flag != 0.0;
+    watchdog_phase("optimizer", tr->step);
     if (!skip) {
-        llama_update(m, lr, a->weight_decay, tr->step - tr->total_skips, clip_factor(norm, a->grad_clip));
+        dp_update(&tr->dp, lr, a->weight_decay, tr->step - tr->total_skips, clip_factor(norm, a->grad_clip));
         tr->consecutive_skips = 0;
     } else {
         tr->consecutive_skips++;
@@ -373,19 +434,21 @@ static inline void trainer_step(Trainer* tr) {
         char name[128] = "none";
         if (bad >= 0) llama_segment_name(m, bad, name, sizeof(name));
         printf("step %d skipped: loss %f, grad norm %f, first non-finite gradient: %s, first non-finite FP8 operand: %s (%d in a row)\n",
-               tr->step + 1, (float)loss, norm, name, fp8_nonfinite ? fp8_bad : "none", tr->consecutive_skips);
+               tr->step + 1, (float)loss, norm, name, fp8_flag != 0.0 ? (fp8_nonfinite ? fp8_bad : "on another rank") : "none",
+               tr->consecutive_skips);
         if (tr->consecutive_skips >= a->max_skips)
             die("%d consecutive steps with a non-finite loss, gradient or FP8 amax (--max-skips %d): stopping", tr->consecutive_skips, a->max_skips);
     }
     backend_timer_stop(PROF_OPTIMIZER);
     backend_synchronize();
+    double comm_ms = comm_exposed_ms();
     double ms = (wall_seconds() - t0) * 1e3;
     double phase_ms[PROF_PHASES];
     backend_profile_end(phase_ms);
-    double tokens = (double)tr->grad_accum_steps * a->B * a->T * tr->world;
+    double tokens = (double)A * a->B * a->T * W;
     double tok_s = tokens / (ms / 1e3);
     double peak = backend_peak_flops((Precision)a->precision);
-    double mfu = peak > 0.0 ? flops_per_token(&tr->cfg, a->T) * tok_s / (peak * tr->world) : 0.0;
+    double mfu = peak > 0.0 ? flops_per_token(&tr->cfg, a->T) * tok_s / (peak * W) : 0.0;
     if (stats_due) {
         llama_fp8_stats_end(m, trainer_emit_fp8, tr);
         logger_flush(&tr->logger);
@@ -393,18 +456,46 @@ static inline void trainer_step(Trainer* tr) {
     printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s", tr->step + 1, tr->steps, (float)loss, lr,
            norm, ms, tok_s);
     if (mfu > 0.0) printf(" | MFU %.1f%%", 100.0 * mfu);
-    printf("\n");
+    if (W > 1) printf(" | comm %.1f ms", comm_ms);
+    tr->step_seconds += ms / 1e3;
+    tr->steps_run++;
+    char elapsed[32], eta[32];
+    format_duration(elapsed, sizeof(elapsed), wall_seconds() - tr->start_time);
+    format_duration(eta, sizeof(eta), tr->step_seconds / tr->steps_run * (tr->steps - tr->step - 1));
+    printf(" | %s elapsed, ETA %s\n", elapsed, eta);
     if (profiled) trainer_print_profile(tr, phase_ms, ms);
-    logger_train(&tr->logger, tr->step, (float)loss, lr, norm, ms, tok_s, mfu, backend_memory_mib(), skip);
+    logger_train(&tr->logger, tr->step, (float)loss, lr, norm, ms, tok_s, mfu, backend_memory_mib(), comm_ms, skip);
     tr->step++;
 }
 
-/* The whole run. Returns the process exit status. */
+/* Ranks sharing a node share its cores: OpenMP threads spinning on more cores than there are slow
+   every rank down by orders of magnitude. OMP_NUM_THREADS, when set, decides. */
+static inline void share_cores(void) {
+    if (g_dist.local_world <= 1 || getenv("OMP_NUM_THREADS") != NULL) return;
+    int threads = omp_get_num_procs() / g_dist.local_world;
+    omp_set_num_threads(threads > 0 ? threads : 1);
+}
+
+static inline void trainer_free(Trainer* tr) {
+    logger_free(&tr->logger);
+    dp_free(&tr->dp);
+    llama_free(&tr->model);
+    tokenizer_free(&tr->tokenizer);
+    dataloader_free(&tr->train);
+    dataloader_free(&tr->val);
+    free(tr);
+}
+
+/* The whole run on this rank. Returns the process exit status: 0, or EXIT_PREEMPTED after a stop signal. */
 static inline int train_main(int argc, char** argv) {
+    comm_init(&argc, &argv);
+    share_cores();
+    preempt_install();
     Trainer* tr = (Trainer*)callocCheck(1, sizeof(Trainer));
     trainer_init(tr, argc, argv);
     TrainArgs* a = &tr->args;
     int start = tr->step;
+    tr->start_time = wall_seconds();
     for (;;) {
         int last = tr->step >= tr->steps;
         if (last || (a->val_every > 0 && tr->step % a->val_every == 0)) {
@@ -413,15 +504,26 @@ static inline int train_main(int argc, char** argv) {
             logger_val(&tr->logger, tr->step, val);
         }
         if (a->output_dir && tr->step > start && (last || (a->ckpt_every > 0 && tr->step % a->ckpt_every == 0))) trainer_save(tr);
-        if (a->sample_every > 0 && (last || tr->step % a->sample_every == 0)) trainer_sample(tr);
+        if (a->sample_every > 0 && tr->rank == 0 && (last || tr->step % a->sample_every == 0)) {
+            watchdog_phase("sample", tr->step);
+            trainer_sample(tr);
+        }
         if (last) break;
         trainer_step(tr);
+        if (tr->stop_signal && tr->step < tr->steps) {
+            printf("| %s: stopping after step %d\n", signal_name(tr->stop_signal), tr->step);
+            if (a->output_dir) trainer_save(tr);
+            else printf("| no -o: nothing is saved\n");
+            watchdog_phase("shutdown", tr->step);
+            comm_barrier();
+            trainer_free(tr);
+            comm_finalize();
+            return EXIT_PREEMPTED;
+        }
     }
-    logger_free(&tr->logger);
-    llama_free(&tr->model);
-    tokenizer_free(&tr->tokenizer);
-    dataloader_free(&tr->train);
-    dataloader_free(&tr->val);
-    free(tr);
+    watchdog_phase("shutdown", tr->step);
+    comm_barrier();
+    trainer_free(tr);
+    comm_finalize();
     return EXIT_SUCCESS;
 }

@@ -69,7 +69,11 @@ void cpu_ref_classifier(float* logits, float* losses, const int* targets, size_t
     op_classifier(logits, losses, targets, N, V, dloss);
 }
 
-double cpu_ref_sum_squares(const float* x, size_t n) { return op_sum_squares(x, n); }
+void cpu_ref_sum_squares_chunks(double* partials, const float* x, size_t n, size_t chunk) {
+    op_sum_squares_chunks(partials, x, n, chunk);
+}
+
+double cpu_ref_sum_f64(const double* x, size_t n) { return op_sum_f64(x, n); }
 
 void cpu_ref_adamw(float* master, float* m, float* v, const float* grads, size_t n, float lr, float wd, float bc1,
                    float bc2_sqrt, float grad_scale) {

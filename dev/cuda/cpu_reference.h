@@ -34,7 +34,8 @@ void cpu_ref_attention_backward(float* dqkv, const float* dout, const float* qkv
 void cpu_ref_swiglu_forward(float* out, const float* inp, size_t N, int F);
 void cpu_ref_swiglu_backward(float* dinp, const float* dout, const float* inp, size_t N, int F);
 void cpu_ref_classifier(float* logits, float* losses, const int* targets, size_t N, int V, float dloss);
-double cpu_ref_sum_squares(const float* x, size_t n);
+void cpu_ref_sum_squares_chunks(double* partials, const float* x, size_t n, size_t chunk);
+double cpu_ref_sum_f64(const double* x, size_t n);
 void cpu_ref_adamw(float* master, float* m, float* v, const float* grads, size_t n, float lr, float wd, float bc1,
                    float bc2_sqrt, float grad_scale);
 void cpu_ref_amax(Fp8Scale* s, const float* x, size_t n);

@@ -24,6 +24,7 @@
 #include "cpu_reference.h"
 #include "../../core/rng.h"
 #include "../../cuda/backend.cuh"
+#include "../../dist/zero.h"
 
 /* Shape of a case: batch, sequence, model width, query heads, kv heads, SwiGLU hidden size, vocabulary. */
 typedef struct {
@@ -861,18 +862,35 @@ static int kc_case_classifier(const KernelShape* s, int iters, uint64_t seed) {
 static int kc_case_sum_squares(const KernelShape* s, int iters, uint64_t seed) {
     uint64_t stream = seed;
     size_t n = (size_t)2 * s->C * s->F + 12345; /* a w1|w3 gradient, plus a ragged tail */
+    size_t chunks = zero_chunks(n);
     float* x = kc_host(n);
     kc_fill_normal(x, n, splitmix64(&stream), 0.0f, 1e-3f, 0);
     float* d_x = kc_dev_f32(x, n);
-    double ref = cpu_ref_sum_squares(x, n);
-    double got = op_sum_squares(d_x, n);
-    double err = fabs(got - ref), rel = ref != 0.0 ? err / fabs(ref) : err;
-    int failed = !(rel <= 1e-10);
-    printf("    sum_squares: max abs err %.3e, rel L2 %.3e (gpu %.17g, cpu %.17g), tol rel 1e-10%s\n", err, rel, got, ref,
-           failed ? "  FAIL" : "");
-    kc_time("sum_squares", iters, 4.0 * n, 0.0, [&] { (void)op_sum_squares(d_x, n); });
+    double* ref = (double*)mallocCheck(chunks * sizeof(double));
+    double* got = (double*)mallocCheck(chunks * sizeof(double));
+    double* d_partials = (double*)dev_alloc(chunks * sizeof(double));
+    kc_poison(d_partials, chunks * sizeof(double));
+    cpu_ref_sum_squares_chunks(ref, x, n, ZERO_CHUNK);
+    op_sum_squares_chunks(d_partials, d_x, n, ZERO_CHUNK);
+    dev_download(got, d_partials, chunks * sizeof(double));
+    /* both sum a chunk's squares exactly-rounded products in double, in different orders: ~1e-16 relative */
+    double worst = 0.0;
+    for (size_t k = 0; k < chunks; k++) {
+        double rel = ref[k] != 0.0 ? fabs(got[k] - ref[k]) / fabs(ref[k]) : fabs(got[k]);
+        if (!(rel <= worst)) worst = isnan(rel) ? INFINITY : rel;
+    }
+    double total_ref = cpu_ref_sum_f64(ref, chunks);
+    double total = op_sum_f64(d_partials, chunks);
+    double total_rel = fabs(total - total_ref) / fabs(total_ref);
+    int failed = !(worst <= 1e-10) + !(total_rel <= 1e-10);
+    printf("    sum_squares_chunks: %zu chunks, worst rel err %.3e; sum_f64: gpu %.17g, cpu %.17g, rel err %.3e; tol 1e-10%s\n",
+           chunks, worst, total, total_ref, total_rel, failed ? "  FAIL" : "");
+    kc_time("sum_squares_chunks", iters, 4.0 * n, 0.0, [&] { op_sum_squares_chunks(d_partials, d_x, n, ZERO_CHUNK); });
     free(x);
+    free(ref);
+    free(got);
     dev_free(d_x);
+    dev_free(d_partials);
     return failed;
 }
 
@@ -1228,7 +1246,7 @@ static int kc_case_optimizer(const KernelShape* s, int iters, uint64_t seed) {
 /* ------------------------------------------------------------ the table */
 
 static const KernelCase KERNEL_CASES[] = {
-    {"optimizer", "op_params_from_master, op_sum_squares, op_adamw", kc_case_optimizer},
+    {"optimizer", "op_params_from_master, op_sum_squares_chunks, op_sum_f64, op_adamw", kc_case_optimizer},
     {"encoder", "op_encoder_forward, op_encoder_backward", kc_case_encoder},
     {"rmsnorm", "op_rmsnorm_forward, op_residual_rmsnorm_forward, op_rmsnorm_backward", kc_case_rmsnorm},
     {"rope", "op_rope_forward, op_rope_backward", kc_case_rope},

@@ -1,10 +1,13 @@
 """
 Shared pieces of llm8's data preparation: the llm.c token-shard format, the tokenizer decode table
-(`tokenizer.bin`), paragraph splitting, and locating the shared data files (tokenizer, tiny-shakespeare).
-The formats are specified in README.md, "File formats"; all integers are little-endian.
+(`tokenizer.bin`), the text normalisation every input gets, durable file writes, and locating the shared
+data files (tokenizer, tiny-shakespeare). The formats are specified in README.md, "File formats"; all
+integers are little-endian.
 """
 import hashlib
+import json
 import os
+import re
 import shutil
 import sys
 import urllib.request
@@ -46,6 +49,13 @@ class DataError(Exception):
 # ----------------------------------------------------------------------------------------------------
 # token shards
 
+def shard_header(count, version):
+    """The 1024-byte header of a shard holding `count` tokens of `version` (1 = uint16, 2 = uint32)."""
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[0:3] = (SHARD_MAGIC, version, count)
+    return header.tobytes()
+
+
 def write_shard(path, tokens, version=None):
     """Write `tokens` (1-D ints, 0 <= id < 2^32) as an llm.c shard at `path`.
 
@@ -67,11 +77,9 @@ def write_shard(path, tokens, version=None):
         raise ValueError(f"{path}: token id {max_id} does not fit version 1 (uint16)")
     if tokens.size >= 2**31:
         raise ValueError(f"{path}: {tokens.size} tokens do not fit the header's int32 count")
-    header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[0:3] = (SHARD_MAGIC, version, tokens.size)
     tmp = f"{path}.tmp"
     with open(tmp, "wb") as f:
-        f.write(header.tobytes())
+        f.write(shard_header(tokens.size, version))
         f.write(tokens.astype(SHARD_TOKEN_DTYPES[version]).tobytes())
     os.replace(tmp, path)
 
@@ -156,20 +164,49 @@ def export_tokenizer(model_path, out_path):
 
 
 # ----------------------------------------------------------------------------------------------------
-# documents
+# text normalisation (README.md, "Your own data": the rules)
 
-def split_paragraphs(lines):
-    """Yield the paragraphs of an iterable of lines: runs of lines separated by blank (whitespace-only)
-    lines, stripped of surrounding whitespace; empty paragraphs are dropped."""
-    block = []
-    for line in lines:
-        if line.strip():
-            block.append(line)
-        elif block:
-            yield "".join(block).strip()
-            block = []
-    if block:
-        yield "".join(block).strip()
+# Removed: U+FEFF (a byte-order mark at the start of a file, and mid-stream where files were concatenated;
+# its other use, a zero-width no-break space, is deprecated in favour of U+2060), and the C0 controls and
+# DEL except TAB, LF and FF (FF separates pages in plain-text books and source code). NUL and the others
+# are corruption or terminal residue and would cost a byte-fallback token each.
+_REMOVED = [*range(0x00, 0x09), 0x0B, *range(0x0E, 0x20), 0x7F, 0xFEFF]
+_REMOVE_TABLE = dict.fromkeys(_REMOVED)
+# Anything normalize_text changes; most text has none of it and is returned untouched.
+_NEEDS_NORMALIZING = re.compile(r"[\x00-\x08\x0b\x0d-\x1f\x7f\ufeff]")
+
+
+def normalize_text(text):
+    """`text` with CRLF and CR line ends made LF and the characters in _REMOVED dropped."""
+    if not _NEEDS_NORMALIZING.search(text):
+        return text
+    return text.replace("\r\n", "\n").replace("\r", "\n").translate(_REMOVE_TABLE)
+
+
+# ----------------------------------------------------------------------------------------------------
+# durable writes
+
+def fsync_dir(path):
+    """Make the entries of folder `path` (renames into it) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json(path, obj):
+    """Write `obj` as JSON to `path` through a temporary file, fsynced and renamed, so a reader (or a
+    run after a crash) finds either the old file or the whole new one."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
 # ----------------------------------------------------------------------------------------------------

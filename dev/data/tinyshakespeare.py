@@ -1,7 +1,8 @@
 """
 Tokenize tiny-shakespeare with the Llama-2 tokenizer into llm.c shards for `make train` and the tests.
 
-Documents are the paragraphs of the text (split on blank lines), each prefixed with BOS. The first 10%
+Documents are the paragraphs of the text (split on blank lines, normalised as every input of the data
+scripts is: llm8_data.normalize_text), each prefixed with BOS. The first 10%
 of documents, in order, are the validation split, the rest train. Writes tiny_shakespeare_val.bin,
 tiny_shakespeare_train.bin and tokenizer.bin into --out; does nothing if those are newer than the inputs.
 """
@@ -19,6 +20,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+import llm8_corpus  # noqa: E402
 import llm8_data  # noqa: E402
 
 VAL_FRACTION = 0.1
@@ -55,13 +57,13 @@ def main():
             if not p.is_file():
                 raise llm8_data.DataError(f"{p} not found")
         outputs = [args.out / name for name in OUTPUT_NAMES]
-        scripts = [Path(__file__).resolve(), Path(llm8_data.__file__).resolve()]
+        scripts = [Path(__file__).resolve(), Path(llm8_data.__file__).resolve(),
+                   Path(llm8_corpus.__file__).resolve()]
         if up_to_date(outputs, [input_path, model_path] + scripts):
             print(f"skipped: {args.out} is newer than its inputs")
             return
         sp = llm8_data.load_tokenizer(model_path)
-        with open(input_path, encoding="utf-8") as f:
-            docs = list(llm8_data.split_paragraphs(f))
+        docs = list(llm8_corpus.read_documents(input_path, split_paragraphs=True))
         if len(docs) < 2:
             raise llm8_data.DataError(f"{input_path}: need at least 2 paragraphs, found {len(docs)}")
         n_val = max(1, int(len(docs) * VAL_FRACTION))
@@ -72,7 +74,7 @@ def main():
         llm8_data.write_shard(outputs[0], val)
         llm8_data.write_shard(outputs[1], train)
         llm8_data.export_tokenizer(model_path, outputs[2])
-    except (llm8_data.DataError, OSError, UnicodeDecodeError, ValueError) as e:
+    except (llm8_data.DataError, OSError, ValueError) as e:
         sys.exit(f"{os.path.basename(sys.argv[0])}: error: {e}")
     print(f"{len(docs)} documents: val {n_val} documents, {val.size:,} tokens -> {outputs[0]}")
     print(f"train {len(docs) - n_val} documents, {train.size:,} tokens -> {outputs[1]}")

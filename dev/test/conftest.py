@@ -64,11 +64,36 @@ requires_data = pytest.mark.skipif(DATA_ERROR is not None, reason=f"shared data 
 SHAKESPEARE_TRAIN = REPO / "dev/data/tinyshakespeare/tiny_shakespeare_train.bin"
 
 
+def shared_data_file(kind):
+    """llm8_data.resolve_data_file(kind), or a skip with the reason when the shared data is unavailable."""
+    if DATA_ERROR is not None:
+        pytest.skip(f"shared data unavailable: {DATA_ERROR}")
+    return load_llm8_data().resolve_data_file(kind)
+
+
+@pytest.fixture(scope="session")
+def model_path():
+    """The Llama-2 SentencePiece model."""
+    return shared_data_file("tokenizer")
+
+
+@pytest.fixture(scope="session")
+def text_path():
+    """tiny-shakespeare's input.txt."""
+    return shared_data_file("tinyshakespeare")
+
+
+@pytest.fixture(scope="session")
+def sp(model_path):
+    """The Llama-2 tokenizer, loaded by sentencepiece itself (the tests' independent reference)."""
+    import sentencepiece as spm
+    return spm.SentencePieceProcessor(model_file=str(model_path))
+
+
 @pytest.fixture(scope="session")
 def shakespeare():
     """The tokenized tiny-shakespeare shards (the default -i/-j of the trainer), prepared if missing."""
-    if DATA_ERROR is not None:
-        pytest.skip(f"shared data unavailable: {DATA_ERROR}")
+    shared_data_file("tinyshakespeare")
     if not SHAKESPEARE_TRAIN.exists():
         subprocess.run([sys.executable, str(REPO / "dev/data/tinyshakespeare.py")], cwd=REPO, check=True)
     return SHAKESPEARE_TRAIN.parent

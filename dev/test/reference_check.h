@@ -4,13 +4,16 @@
  *   - the reference run: the model of dev/reference/llama_ref_model.bin on the reference batch (logits,
  *     loss, every gradient, the losses of the reference's AdamW steps), compared with a reference state
  *     (HF transformers' float64 run, or a CPU run dumped in the same format for the GPU to match);
- *   - save -> load -> continue is bit-identical; gradient accumulation; recompute.
- * Included after a backend (cpu/backend.h or cuda/backend.cuh).
+ *   - save -> load -> continue is bit-identical; gradient accumulation; recompute; the ZeRO stages on
+ *     one rank (the GPU build's NCCL path with one rank against the path without it).
+ * Included after a backend and a communication implementation (the trainer's entry point).
  */
 #pragma once
 
 #include "testing.h"
 #include "../../llama/model.h"
+#include "../../train/data_parallel.h"
+#include "../../train/shard_io.h"
 
 typedef struct {
     double logits_max_abs;  /* max |logit - ref| */
@@ -59,7 +62,7 @@ static inline RefTolerance gpu_ref_tolerance(RefTolerance cpu_vs_ref, RefToleran
 /* Loads the reference model into a fresh model of precision p sized for the batch of r. */
 static inline void reference_model(Llama* m, Precision p, const LlamaConfig* cfg, const RefState* r, int B, int recompute) {
     backend_init(p);
-    llama_build(m, cfg, p, B, r->T, 0, recompute);
+    llama_build(m, cfg, p, B, r->T, 0, recompute, SINGLE_PROCESS);
     float* params = (float*)mallocCheck(m->num_params * sizeof(float));
     checkpoint_read_params(REF_MODEL_PATH, cfg, params);
     llama_set_params(m, params);
@@ -91,7 +94,7 @@ static inline void reference_run(Precision p, const LlamaConfig* cfg, const RefS
     llama_zero_grads(&m);
     out->loss = llama_forward(&m, ref->inputs, ref->targets, ref->B, ref->T, 1.0f / (float)N);
     llama_backward(&m);
-    dev_download(out->grads, m.grads_memory, ref->num_params * sizeof(float));
+    llama_get_grads(&m, out->grads);
     for (int s = 0; s < ref->steps; s++) {
         llama_zero_grads(&m);
         out->losses[s] = llama_forward(&m, ref->inputs, ref->targets, ref->B, ref->T, 1.0f / (float)N);
@@ -114,25 +117,22 @@ static inline int reference_compare(const RefState* got, const RefState* want, c
     printf("    loss: %.7f vs ref %.7f, abs err %.3e\n", got->loss, want->loss, loss_err);
     if (!(loss_err <= tol.loss_abs)) failures += fail("loss abs err %.3e > %.1e", loss_err, tol.loss_abs);
 
-    Llama shape; /* only the layout fields, for the per-tensor segments */
-    memset(&shape, 0, sizeof(shape));
-    shape.cfg = *cfg;
-    param_sizes(cfg, shape.param_sizes);
-    GradSegment* seg = (GradSegment*)mallocCheck(llama_grad_segment_count(cfg->n_layers) * sizeof(GradSegment));
-    int nseg = llama_grad_segments(&shape, seg);
+    int nseg = param_segment_count(cfg);
+    ParamSegment* seg = (ParamSegment*)mallocCheck((size_t)nseg * sizeof(ParamSegment));
+    param_segments(cfg, seg);
     double worst = -1.0;
     int worst_seg = 0;
     for (int i = 0; i < nseg; i++) {
-        ErrorStats ge = error_stats(got->grads + seg[i].offset, want->grads + seg[i].offset, seg[i].count);
+        ErrorStats ge = error_stats(got->grads + seg[i].param_offset, want->grads + seg[i].param_offset, seg[i].count);
         double e = ge.nonfinite ? INFINITY : ge.rel_l2;
         if (e > worst) {
             worst = e;
             worst_seg = i;
         }
     }
-    free(seg);
     char name[64];
-    llama_segment_name(&shape, worst_seg, name, sizeof(name));
+    param_segment_name(&seg[worst_seg], name, sizeof(name));
+    free(seg);
     printf("    gradients: worst relative L2 error %.3e in %s (%d tensors)\n", worst, name, nseg);
     if (!(worst <= tol.grad_rel_l2)) failures += fail("gradient of %s: relative L2 error %.3e > %.1e", name, worst, tol.grad_rel_l2);
 
@@ -194,7 +194,7 @@ static inline float* reference_gradient(Precision p, int micro, int recompute) {
         llama_backward(&m);
     }
     float* grads = (float*)mallocCheck(m.num_params * sizeof(float));
-    dev_download(grads, m.grads_memory, m.num_params * sizeof(float));
+    llama_get_grads(&m, grads);
     llama_free(&m);
     ref_state_free(&r);
     return grads;
@@ -226,10 +226,10 @@ static inline int check_recompute_in(Precision p) {
 }
 
 /*
- * Save -> load -> continue in precision p: 3 AdamW steps, a checkpoint and training state written with
- * the trainer's functions, 3 more steps; then a fresh model restored from the files runs the same 3
- * steps. Losses and final weights must be bit-identical (in fp8 the FP8 copies and scales are rebuilt
- * from the master weights: current scaling has no history).
+ * Save -> load -> continue in precision p: 3 AdamW steps, a checkpoint written with the trainer's
+ * functions (train/shard_io.h), 3 more steps; then a fresh model restored from the checkpoint runs the
+ * same 3 steps. Losses and final weights must be bit-identical (in fp8 the FP8 copies and scales are
+ * rebuilt from the master weights: current scaling has no history).
  */
 static inline int check_resume_in(Precision p) {
     LlamaConfig cfg;
@@ -237,14 +237,8 @@ static inline int check_resume_in(Precision p) {
     RefState r;
     ref_state_read(&r, REF_STATE_PATH, &cfg);
     size_t P = param_count(&cfg), N = (size_t)r.B * r.T;
-    float* am = (float*)mallocCheck(P * sizeof(float));
-    float* av = (float*)mallocCheck(P * sizeof(float));
-    float* master = (float*)mallocCheck(P * sizeof(float));
     char dir[] = "/tmp/llm8_resume_XXXXXX";
     if (mkdtemp(dir) == NULL) die("mkdtemp failed");
-    char model_file[PATH_LEN], state_file[PATH_LEN];
-    model_path(model_file, sizeof(model_file), dir, 3);
-    state_path(state_file, sizeof(state_file), dir, 3, 0);
     RunIdentity id;
     memset(&id, 0, sizeof(id));
     id.cfg = cfg;
@@ -259,11 +253,8 @@ static inline int check_resume_in(Precision p) {
         int start = 0;
         if (run == 1) {
             TrainState s;
-            state_read(state_file, &s, &id, 0, P, am, av, master);
-            checkpoint_read_params(model_file, &cfg, master);
-            llama_set_params(&m, master);
-            dev_upload(m.adam_m, am, P * sizeof(float));
-            dev_upload(m.adam_v, av, P * sizeof(float));
+            checkpoint_load(dir, 3, &m, &id, &s);
+            llama_refresh_working_weights(&m);
             start = s.step;
         }
         for (int step = start; step < 6; step++) {
@@ -279,12 +270,7 @@ static inline int check_resume_in(Precision p) {
                 memset(&s, 0, sizeof(s));
                 s.step = 3;
                 s.id = id;
-                s.shard_count = P;
-                llama_get_params(&m, master);
-                dev_download(am, m.adam_m, P * sizeof(float));
-                dev_download(av, m.adam_v, P * sizeof(float));
-                checkpoint_write(model_file, &cfg, master);
-                state_write(state_file, &s, am, av, master);
+                checkpoint_save(dir, &m, &s);
             }
         }
         final_weights[run] = (float*)mallocCheck(P * sizeof(float));
@@ -297,14 +283,73 @@ static inline int check_resume_in(Precision p) {
         if (memcmp(&losses[0][i], &losses[1][i], sizeof(float)) != 0) failures += fail("step %d loss differs after resume", i + 3);
     }
     if (memcmp(final_weights[0], final_weights[1], P * sizeof(float)) != 0) failures += fail("final weights differ after resume");
-    remove(model_file);
-    remove(state_file);
+    char path[PATH_LEN];
+    model_path(path, sizeof(path), dir, 3);
+    remove(path);
+    state_path(path, sizeof(path), dir, 3, 0);
+    remove(path);
+    snprintf(path, sizeof(path), "%s/DONE_%08d", dir, 3);
+    remove(path);
     rmdir(dir);
     free(final_weights[0]);
     free(final_weights[1]);
-    free(master);
-    free(am);
-    free(av);
+    ref_state_free(&r);
+    return failures != 0;
+}
+
+/*
+ * The data-parallel driver on one rank (train/data_parallel.h): ZeRO-1 and ZeRO-2 (a reduce-scatter
+ * into a shard, the ZeRO-2 bucket buffers, the communication library's one-rank collectives) give the
+ * losses and weights of ZeRO-0 bit for bit, over steps of two accumulated micro-batches.
+ */
+static inline int check_zero_stages_in(Precision p) {
+    LlamaConfig cfg;
+    checkpoint_read_config(REF_MODEL_PATH, &cfg);
+    RefState r;
+    ref_state_read(&r, REF_STATE_PATH, &cfg);
+    enum { STEPS = 3, MICRO = 2 };
+    int Bm = r.B / MICRO;
+    size_t P = param_count(&cfg);
+    float losses[3][STEPS];
+    float* weights[3];
+    for (int z = 0; z < 3; z++) {
+        Llama m;
+        backend_init(p);
+        Sharding sh = {1, 0, z};
+        llama_build(&m, &cfg, p, Bm, r.T, 0, 0, sh);
+        float* params = (float*)mallocCheck(P * sizeof(float));
+        checkpoint_read_params(REF_MODEL_PATH, &cfg, params);
+        llama_set_params(&m, params);
+        free(params);
+        DataParallel dp;
+        dp_init(&dp, &m, WIRE_F32);
+        for (int step = 0; step < STEPS; step++) {
+            dp_begin_step(&dp);
+            double loss = 0.0;
+            for (int k = 0; k < MICRO; k++) {
+                dp.last_micro = k == MICRO - 1;
+                size_t off = (size_t)k * Bm * r.T;
+                loss += llama_forward(&m, r.inputs + off, r.targets + off, Bm, r.T, 1.0f / (float)(r.B * r.T));
+                llama_backward(&m);
+            }
+            int bad;
+            float norm = dp_grad_norm(&dp, &bad);
+            dp_update(&dp, r.lr, r.weight_decay, step, clip_factor(norm, r.clip));
+            losses[z][step] = (float)(loss / MICRO);
+        }
+        weights[z] = (float*)mallocCheck(P * sizeof(float));
+        llama_get_params(&m, weights[z]);
+        dp_free(&dp);
+        llama_free(&m);
+    }
+    int failures = 0;
+    for (int z = 1; z < 3; z++) {
+        if (memcmp(losses[z], losses[0], sizeof(losses[0])) != 0) failures += fail("ZeRO-%d losses differ from ZeRO-0's", z);
+        if (memcmp(weights[z], weights[0], P * sizeof(float)) != 0) failures += fail("ZeRO-%d weights differ from ZeRO-0's", z);
+    }
+    printf("    %s, %d steps of %d micro-batches: ZeRO-0/1/2 losses %.9g / %.9g / %.9g at the last step\n", precision_name(p),
+           STEPS, MICRO, losses[0][STEPS - 1], losses[1][STEPS - 1], losses[2][STEPS - 1]);
+    for (int z = 0; z < 3; z++) free(weights[z]);
     ref_state_free(&r);
     return failures != 0;
 }

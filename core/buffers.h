@@ -1,0 +1,46 @@
+/*
+ * Memory you can see (STYLE.md): a kind of buffer is one allocation described by a table of named
+ * sub-buffers, each aligned to BUFFER_ALIGN bytes; the table gives the allocation's size, points every
+ * sub-buffer into it and prints the sizes in MiB at start-up. The model lays out its state, activations
+ * and communication buffers this way.
+ */
+#pragma once
+
+#include "common.h"
+
+/* One named buffer of a layout table: *ptr receives its address (NULL when count is 0). */
+typedef struct {
+    const char* name;
+    void** ptr;
+    size_t count;
+    size_t elem;
+} BufferSpec;
+
+/* Alignment of every sub-buffer: cuBLASLt and vector loads want 16 bytes; 256 keeps cache lines apart. */
+#define BUFFER_ALIGN 256
+
+static inline size_t buffer_bytes(const BufferSpec* spec) {
+    return ceil_div(spec->count * spec->elem, BUFFER_ALIGN) * BUFFER_ALIGN;
+}
+
+static inline size_t buffers_bytes(const BufferSpec* specs, int n) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += buffer_bytes(&specs[i]);
+    return total;
+}
+
+/* Points every buffer of the table into `base` (one allocation of buffers_bytes), in table order. */
+static inline void buffers_point(const BufferSpec* specs, int n, void* base) {
+    char* p = (char*)base;
+    for (int i = 0; i < n; i++) {
+        *specs[i].ptr = specs[i].count > 0 ? (void*)p : NULL;
+        p += buffer_bytes(&specs[i]);
+    }
+}
+
+static inline void buffers_print(const char* title, const BufferSpec* specs, int n) {
+    printf("| %s: %.1f MiB\n", title, mib(buffers_bytes(specs, n)));
+    for (int i = 0; i < n; i++) {
+        if (specs[i].count > 0) printf("|   %-14s %10.2f MiB\n", specs[i].name, mib(specs[i].count * specs[i].elem));
+    }
+}

@@ -1,0 +1,269 @@
+"""
+Data-parallel training on the CPU build under mpirun (DESIGN.md section 6): the same global batch on any
+rank count gives bit-identical losses, gradient norms and weights; checkpoints move between rank counts;
+faults end the job with one clear message instead of a hang; and the same runs across two simulated
+hosts (../shared/tools/netns_cluster.sh).
+
+Runs are tiny (the `tiny` preset, 64-token micro-batches, a few steps) because 2 cores carry all ranks.
+Exactness is checked on metrics.jsonl's losses and norms (printed round-trippable, %.9g) and on the
+bytes of the model checkpoints.
+"""
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, requires_data
+
+MPIRUN = shutil.which("mpirun")
+NETNS = REPO.parent / "shared" / "tools" / "netns_cluster.sh"
+pytestmark = [pytest.mark.skipif(MPIRUN is None, reason="mpirun not found (make setup installs Open MPI)"), requires_data]
+
+# tiny model, 64-token micro-batches, validation on one global batch, fixed data order
+BASE = ["-e", "tiny", "-b", "2", "-t", "32", "-v", "2", "-m", "1", "-u", "2", "--shuffle", "0"]
+MICRO_TOKENS = 64
+RUN_TIMEOUT = 300
+MPI_ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMP_NUM_THREADS": "1"}
+
+
+def mpirun(ranks, args, **kw):
+    cmd = [MPIRUN, "--oversubscribe", "-np", str(ranks), str(REPO / "train_llama_cpu"), *map(str, args)]
+    return subprocess.run(cmd, cwd=REPO, env=MPI_ENV, capture_output=True, text=True, timeout=RUN_TIMEOUT, **kw)
+
+
+def train(ranks, out, *extra, steps=3, global_micro=2):
+    """A run of `steps` steps whose global batch is `global_micro` micro-batches, on `ranks` ranks."""
+    args = [*BASE, "-x", steps, "-d", global_micro * MICRO_TOKENS, "-o", out, *extra]
+    r = mpirun(ranks, args)
+    assert r.returncode == 0, f"{ranks} rank(s) {extra} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+    return r
+
+
+def trajectory(out):
+    """(step, loss, grad_norm) of every step and (step, val_loss) of every evaluation, as written."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in rows if "loss" in r]
+    val = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
+    return train, val
+
+
+def assert_same_run(a, b, step):
+    ta, va = trajectory(a)
+    tb, vb = trajectory(b)
+    assert ta == tb, f"train trajectories differ:\n{ta}\n{tb}"
+    assert va == vb, f"validation losses differ:\n{va}\n{vb}"
+    name = f"model_{step:08d}.bin"
+    assert (a / name).read_bytes() == (b / name).read_bytes(), f"{a / name} and {b / name} differ"
+
+
+@pytest.mark.parametrize("precision", ["fp8", "bf16"])
+def test_one_rank_accumulating_equals_two_ranks(tmp_path, precision):
+    """1 rank x accum 2 = 2 ranks x accum 1, and ZeRO 0 = 1 = 2 at 2 ranks (fp8)."""
+    train(1, tmp_path / "r1", "-p", precision)
+    stages = [0, 1, 2] if precision == "fp8" else [0]
+    for z in stages:
+        train(2, tmp_path / f"r2z{z}", "-p", precision, "-z", z)
+        assert_same_run(tmp_path / "r1", tmp_path / f"r2z{z}", 3)
+
+
+def test_three_ranks_padding(tmp_path):
+    """1 rank x accum 3 = 3 ranks x accum 1 for ZeRO 0, 1, 2 (shards padded: nothing divides by 3)."""
+    train(1, tmp_path / "r1", global_micro=3)
+    for z in [0, 1, 2]:
+        train(3, tmp_path / f"r3z{z}", "-z", z, global_micro=3)
+        assert_same_run(tmp_path / "r1", tmp_path / f"r3z{z}", 3)
+    # the optimizer state really is sharded: three state files, one third of the elements each
+    states = sorted((tmp_path / "r3z1").glob("state_00000003_*.bin"))
+    assert len(states) == 3 and len({p.stat().st_size for p in states}) == 1
+    single = (tmp_path / "r1" / "state_00000003_00000.bin").stat().st_size
+    assert states[0].stat().st_size < single / 2
+
+
+def test_zero2_any_split_of_the_batch(tmp_path):
+    """ZeRO-2 reduces every micro-step in rank order: 2 ranks x accum 2 = 1 rank x accum 4."""
+    train(1, tmp_path / "r1", "-z", 2, global_micro=4, steps=2)
+    train(2, tmp_path / "r2", "-z", 2, global_micro=4, steps=2)
+    assert_same_run(tmp_path / "r1", tmp_path / "r2", 2)
+
+
+def copy_checkpoint(src, dst, step):
+    dst.mkdir()
+    for f in src.iterdir():
+        if f"{step:08d}" in f.name:
+            shutil.copy2(f, dst / f.name)
+
+
+def test_resume_across_rank_counts(tmp_path):
+    """Saved on 2 ranks: resumed on 2 ranks bit-exact; on 1 and 3 ranks (same global batch) it continues
+    exactly as the uninterrupted run (ZeRO-2, whose sums do not depend on how the batch is split)."""
+    full = tmp_path / "full"
+    train(2, full, "-z", 2, "-n", 2, steps=4, global_micro=6)
+    for ranks, z in [(2, 2), (1, 2), (3, 1)]:
+        resumed = tmp_path / f"resumed{ranks}"
+        copy_checkpoint(full, resumed, 2)
+        r = train(ranks, resumed, "-z", z, "-n", 2, "-y", 1, steps=4, global_micro=6)
+        assert "resumed from" in r.stdout and "saved by 2 rank(s)" in r.stdout
+        ta = [row for row in trajectory(full)[0] if row[0] >= 2]
+        tb, _ = trajectory(resumed)
+        assert [row[0] for row in tb] == [2, 3]
+        if z == 2:
+            assert ta == tb, f"{ranks} ranks: the resumed run differs:\n{ta}\n{tb}"
+            assert (full / "model_00000004.bin").read_bytes() == (resumed / "model_00000004.bin").read_bytes()
+        else:
+            # ZeRO-1 accumulates each rank's micro-batches first: the same run up to rounding
+            for (sa, la, na, _), (sb, lb, nb, _) in zip(ta, tb):
+                assert sa == sb and abs(la - lb) < 1e-5 * abs(la) and abs(na - nb) < 1e-4 * abs(na)
+
+
+def test_mismatched_flags_stop_every_rank(tmp_path):
+    """MPMD launch with -b 4 on one rank and -b 8 on the other: one message naming -b, non-zero, fast."""
+    args = [*BASE, "-x", "2", "-o", tmp_path / "run"]
+    cmd = [MPIRUN, "--oversubscribe", "-np", "1", REPO / "train_llama_cpu", *args, "-b", "4", ":",
+           "-np", "1", REPO / "train_llama_cpu", *args, "-b", "8"]
+    start = time.time()
+    r = subprocess.run([str(c) for c in cmd], cwd=REPO, env=MPI_ENV, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert r.returncode != 0
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "disagree on -b" in lines[0] and "rank 0 has 4" in lines[0] and "rank 1 has 8" in lines[0], r.stderr
+    assert time.time() - start < 60
+
+
+def write_shard(path, tokens):
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = [20240520, 1, len(tokens)]
+    path.write_bytes(header.tobytes() + np.asarray(tokens, dtype=np.uint16).tobytes())
+
+
+def test_nan_on_one_rank_skips_on_every_rank(tmp_path, rng):
+    """A token whose embedding is NaN appears in rank 1's micro-batch of step 1 only: every rank skips."""
+    poison = 31999
+    n = 33 * 64 + 1
+    tokens = rng.integers(3, 31000, size=n)
+    tokens[2 * 32 + 5] = poison  # sample 2 = rank 1's first sequence of step 1 (2 ranks x B 2)
+    write_shard(tmp_path / "train.bin", tokens)
+    write_shard(tmp_path / "val.bin", rng.integers(3, 31000, size=n))
+    model = tmp_path / "model.bin"
+    r = subprocess.run([str(REPO / "train_llama_cpu"), "-e", "tiny", "-x", "1", "-o", tmp_path / "init", *BASE[2:],
+                        "-i", tmp_path / "train.bin", "-j", tmp_path / "val.bin"], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    data = bytearray((tmp_path / "init" / "model_00000001.bin").read_bytes())
+    offset = 1024 + poison * 128 * 4  # tok_embeddings row `poison` (dim 128)
+    data[offset:offset + 4] = struct.pack("<f", float("nan"))
+    model.write_bytes(bytes(data))
+    args = ["-e", model, *BASE[2:], "-x", 3, "-d", 2 * MICRO_TOKENS, "-i", tmp_path / "train.bin", "-j", tmp_path / "val.bin",
+            "-v", 0, "-o", tmp_path / "run", "-z", 1]
+    r = mpirun(2, args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    # rank 0 prints for the job: its own batch was finite, yet it skipped with rank 1
+    assert "step 1 skipped: loss nan" in r.stdout and "first non-finite gradient: tok_embeddings" in r.stdout, r.stdout
+    assert "step 2 skipped" not in r.stdout and "step 3 skipped" not in r.stdout
+    train_rows, _ = trajectory(tmp_path / "run")
+    assert [row[0] for row in train_rows] == [0, 1, 2]
+
+
+def wait_for(predicate, timeout):
+    end = time.time() + timeout
+    while time.time() < end:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def start_long_run(out, *extra):
+    args = [*BASE, "-x", 200, "-d", 3 * MICRO_TOKENS, "-o", out, "-n", 1, "-z", 2, *extra]
+    cmd = [MPIRUN, "--oversubscribe", "-np", "3", str(REPO / "train_llama_cpu"), *map(str, args)]
+    return subprocess.Popen(cmd, cwd=REPO, env=MPI_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def rank_pids(mpirun_pid):
+    out = subprocess.run(["pgrep", "-P", str(mpirun_pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_killed_rank_ends_the_job(tmp_path):
+    """A rank killed mid-run ends the whole job non-zero; the checkpoint written before still loads."""
+    out = tmp_path / "run"
+    job = start_long_run(out)
+    try:
+        assert wait_for(lambda: (out / "DONE_00000002").exists(), 120), "no checkpoint appeared"
+        pids = rank_pids(job.pid)
+        assert len(pids) == 3, pids
+        os.kill(pids[1], signal.SIGKILL)
+        job.wait(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode != 0
+    done = max(int(p.name[5:]) for p in out.glob("DONE_*"))
+    r = train(1, out, "-z", 2, "-n", 1, "-y", 1, steps=done + 1, global_micro=3)
+    assert f"resumed from {out} at step {done}" in r.stdout
+
+
+def test_stalled_rank_trips_the_watchdog(tmp_path):
+    """A rank that stops responding: the others' watchdog names rank, host, step and phase and aborts."""
+    out = tmp_path / "run"
+    job = start_long_run(out, "--comm-timeout", 6)
+    try:
+        assert wait_for(lambda: (out / "DONE_00000001").exists(), 120), "the run did not start"
+        pids = rank_pids(job.pid)
+        os.kill(pids[2], signal.SIGSTOP)
+        _, stderr = job.communicate(timeout=90)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode != 0
+    lines = [line for line in stderr.splitlines() if "no progress for" in line]
+    assert lines, stderr[-2000:]
+    assert lines[0].startswith("error: rank ") and " on " in lines[0] and "step " in lines[0] and "phase " in lines[0]
+
+
+@pytest.fixture(scope="module")
+def two_hosts():
+    if os.geteuid() != 0:
+        pytest.skip("the two-host simulation needs root (network namespaces)")
+    if not NETNS.exists() or shutil.which("ip") is None or shutil.which("unshare") is None:
+        pytest.skip(f"{NETNS} or iproute2/util-linux is missing")
+    subprocess.run(["bash", NETNS, "down"], capture_output=True)
+    up = subprocess.run(["bash", NETNS, "up", "2"], capture_output=True, text=True)
+    if up.returncode != 0:
+        pytest.skip(f"netns_cluster.sh up 2 failed here: {up.stderr.strip()[-300:]}")
+    yield
+    subprocess.run(["bash", NETNS, "down"], capture_output=True)
+
+
+def test_two_hosts(tmp_path, two_hosts):
+    """4 ranks on 2 simulated hosts over TCP = 1 rank accumulating 4 micro-batches (ZeRO-1)."""
+    train(1, tmp_path / "r1", "-z", 1, global_micro=4, steps=2)
+    out = tmp_path / "r4"
+    train_dir = REPO / "dev/data/tinyshakespeare"
+    args = [*BASE, "-x", 2, "-d", 4 * MICRO_TOKENS, "-z", 1, "-o", out,
+            "-i", train_dir / "tiny_shakespeare_train.bin", "-j", train_dir / "tiny_shakespeare_val.bin"]
+    r = subprocess.run(["bash", str(NETNS), "run", "-x", "OMP_NUM_THREADS=1", "-wdir", str(REPO), "-np", "4",
+                        str(REPO / "train_llama_cpu"), *map(str, args)], capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "4 rank(s)" in r.stdout and "(2 on this host)" in r.stdout
+    assert_same_run(tmp_path / "r1", out, 2)
+
+
+def test_launcher(tmp_path):
+    """scripts/launch.sh with a one-host hostfile starts one rank per slot and forwards NCCL_ variables."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\n")
+    out = tmp_path / "run"
+    env = {**MPI_ENV, "NCCL_DEBUG": "WARN", "MPIRUN_ARGS": "--oversubscribe"}
+    r = subprocess.run(["bash", str(REPO / "scripts/launch.sh"), str(hostfile), "2", "--", str(REPO / "train_llama_cpu"),
+                        *map(str, [*BASE, "-x", 1, "-o", out])], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=RUN_TIMEOUT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "1 host(s) x 2 rank(s) = 2 ranks" in r.stderr and "-x NCCL_DEBUG" in r.stderr
+    assert "| ranks: 2 on" in r.stdout

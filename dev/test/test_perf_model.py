@@ -1,0 +1,397 @@
+"""
+Tests of scripts/perf_model.py, the performance model of a training step.
+
+Run from the repo root: python -m pytest dev/test/test_perf_model.py. FLOP counts are checked against
+sums written out here matmul by matmul for a tiny config, the ring formula against a case computed by
+hand, calibration against sample logs this file writes in the device check's formats (random measured
+rates from a seed printed by each test; set LLM8_TEST_SEED to replay one), and the predictions against
+orderings that must hold whatever the rates.
+"""
+import importlib.util
+import json
+import math
+import os
+import secrets
+import subprocess
+import sys
+import tarfile
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "perf_model.py"
+
+
+def load_perf_model():
+    spec = importlib.util.spec_from_file_location("perf_model", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+pm = load_perf_model()
+# A tiny GQA config: C 64, L 2, 4 heads of 16, 2 kv heads, ffn 96, vocab 128; sequence 32.
+TINY = pm.Shape("tiny-test", C=64, L=2, NH=4, NKV=2, F=96, V=128)
+TINY_T = 32
+
+
+@pytest.fixture
+def rng():
+    seed = int(os.environ.get("LLM8_TEST_SEED", secrets.randbits(32)))
+    print(f"LLM8_TEST_SEED={seed}")
+    return np.random.default_rng(seed)
+
+
+def run(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, cwd=REPO)
+
+
+def plan(shape=TINY, precision="fp8", gpu="H100", nodes=1, per_node=1, B=1, T=TINY_T, accum=1, zero=0, **kw):
+    p = pm.Plan(shape=shape, precision=precision, gpu=gpu, nodes=nodes, gpus_per_node=per_node, B=B, T=T,
+                grad_accum=accum, zero=zero, recompute="none", recompute_layers=0, grad_bytes=4,
+                weight_gather="e4m3" if precision == "fp8" else "bf16", overlap=True, nics_per_node=8,
+                nic_bytes_s=50e9)
+    return replace(p, **kw)
+
+
+# --- FLOP counts ------------------------------------------------------------------------------------
+
+def test_llmc_flops_tiny_by_hand():
+    # parameters without the embedding, tensor by tensor (README's checkpoint table), HS 16, KVC 32:
+    # per layer attn_norm 64 + wqkv (64+2*32)*64 = 8192 + wo 64*64 = 4096 + ffn_norm 64
+    #   + w13 2*96*64 = 12288 + w2 64*96 = 6144 = 30848; two layers 61696; + norm 64 + output 128*64 = 8192
+    n = 61696 + 64 + 8192
+    assert n == 69952
+    expected = 6 * 69952 + 12 * 2 * 64 * 32  # 419712 + 49152
+    assert pm.flops_per_token_llmc(TINY, TINY_T) == expected == 468864
+
+
+def test_megatron_flops_tiny_matmul_by_matmul():
+    # one forward pass over a sequence of T tokens, every matmul 2 m n k, attention full T x T as
+    # Megatron counts it; backward twice the forward
+    C, L, NH, NKV, F, V, T = 64, 2, 4, 2, 96, 128, TINY_T
+    HS = C // NH
+    forward = 0
+    for _ in range(L):
+        for out_features in (C, NKV * HS, NKV * HS):  # q, k, v
+            forward += 2 * T * C * out_features
+        forward += NH * 2 * T * T * HS  # Q K^T per head
+        forward += NH * 2 * T * T * HS  # P V per head
+        forward += 2 * T * C * C  # o
+        forward += 2 * T * C * F * 2  # gate and up
+        forward += 2 * T * F * C  # down
+    forward += 2 * T * C * V  # logits
+    assert pm.flops_per_token_megatron(TINY, T) == pytest.approx(3 * forward / T, rel=1e-12)
+
+
+def test_megatron_formula_reduces_to_gpt():
+    # QKV = 3h and a two-matrix 4h MLP (6 h F = 16 h^2 with F = 8h/3): Narayanan et al.'s GPT formula
+    h, L, V, s = 768 * 3, 12, 51200, 2048
+    gpt_like = pm.Shape("gpt", C=h, L=L, NH=12, NKV=12, F=8 * h // 3, V=V)
+    megatron = 72 * L * h * h * (1 + s / (6 * h) + V / (12 * h * L))
+    assert pm.flops_per_token_megatron(gpt_like, s) == pytest.approx(megatron, rel=1e-12)
+
+
+def test_micro_step_flops_tiny():
+    # GEMMs: every linear layer (the four of each block and the output layer) costs 2 N params forward and
+    # twice that backward; attention forward is half of 4 B NH T^2 HS (causal), backward 2.5x that
+    B, T = 2, TINY_T
+    N = B * T
+    linear = 2 * (8192 + 4096 + 12288 + 6144) + 128 * 64
+    p = plan(B=B, T=T)
+    ops = [op for seg in (lambda m: m.forward + m.backward)(pm.micro_step_ops(p)) for op in seg]
+    gemm = sum(op.flops for op in ops if op.gemm is not None)
+    attention = sum(op.flops for op in ops if op.attention is not None)
+    assert gemm == 3 * 2 * N * linear
+    assert attention == 2 * (2 * B * 4 * T * T * 16) * (1 + 2.5)
+    fp8_gemms = [op for op in ops if op.gemm is not None and op.gemm[0] == "fp8"]
+    assert len(fp8_gemms) == 2 * 4 * 3  # the output layer stays BF16
+
+
+# --- collectives ----------------------------------------------------------------------------------
+
+def test_ring_time_by_hand():
+    # 8 ranks, a 2 GB buffer, bus bandwidth 100 GB/s, latency 30 us:
+    # reduce-scatter / all-gather: 2e9 * 7/8 / 1e11 = 17.5 ms; all-reduce twice that: 35 ms
+    assert pm.ring_time("reduce_scatter", 2e9, 8, 100e9, 30e-6) == pytest.approx(0.0175 + 30e-6, rel=1e-12)
+    assert pm.ring_time("all_gather", 2e9, 8, 100e9, 30e-6) == pytest.approx(0.0175 + 30e-6, rel=1e-12)
+    assert pm.ring_time("all_reduce", 2e9, 8, 100e9, 30e-6) == pytest.approx(0.035 + 30e-6, rel=1e-12)
+    assert pm.ring_time("all_reduce", 2e9, 1, 100e9, 30e-6) == 0.0
+    with pytest.raises(ValueError):
+        pm.ring_time("broadcast", 2e9, 8, 100e9, 30e-6)
+
+
+def test_bus_bandwidth():
+    # NVLink 900 / 400 GB/s both ways -> 450 / 200 per direction; across nodes, 8 NICs of 50 GB/s
+    eff, nic = pm.NVLINK_EFFICIENCY, pm.NIC_EFFICIENCY
+    assert pm.bus_bandwidth(plan(gpu="H100", per_node=8)) == pytest.approx(450e9 * eff)
+    assert pm.bus_bandwidth(plan(gpu="H800", per_node=8)) == pytest.approx(200e9 * eff)
+    assert pm.bus_bandwidth(plan(gpu="H800", nodes=2, per_node=8)) == pytest.approx(min(200e9 * eff, 400e9 * nic))
+    slow_nics = plan(gpu="H100", nodes=2, per_node=8, nics_per_node=1)
+    assert pm.bus_bandwidth(slow_nics) == pytest.approx(50e9 * nic)
+
+
+def test_overlap_helpers():
+    # buckets ready at 1, 2, 3 s taking 0.5 s each: the stream ends at 3.5 s, 0.5 s after compute's 3 s
+    assert pm.fifo_exposed([1, 2, 3], [0.5, 0.5, 0.5], 3.0) == pytest.approx(0.5)
+    # a slow first bucket: the others queue behind it: ends at 1 + 3 + 0.5 + 0.5 = 5 s
+    assert pm.fifo_exposed([1, 2, 3], [3, 0.5, 0.5], 3.0) == pytest.approx(2.0)
+    # gathers of 1 s ahead of 0.5 s segments: segment i starts at i + 1, the forward ends at 3.5 s, not 1.5
+    assert pm.gated_delay([1, 1, 1], [0.5, 0.5, 0.5]) == pytest.approx(2.0)
+    assert pm.gated_delay([0.1, 0.1], [1, 1]) == pytest.approx(0.1)
+
+
+# --- calibration ----------------------------------------------------------------------------------
+
+DEVICE_LINE = "| device: NVIDIA H200, compute capability 9.0, 139.8 GiB; cuBLASLt workspace 32 MiB; attention: cuDNN SDPA"
+SHAPE_7B = "B 1 T 4096 C 4096 NH 32 NKV 32 F 11008 V 32000"
+
+
+def write_gemm_log(path, fp8_tf, bf16_tf):
+    """test_llama --bench-gemm output for llama2-7b's twelve block GEMMs at the given TFLOP/s."""
+    C, F, QKV, M = 4096, 11008, 3 * 4096, 4096
+    lines = [f"{'model':<11} {'layer':<5} {'gemm':<6} {'m':>6} {'n':>6} {'k':>6} | bf16 TF/s  fp8 TF/s | speedup"]
+    for layer, (OC, Cin) in (("wqkv", (QKV, C)), ("wo", (C, C)), ("w13", (2 * F, C)), ("w2", (C, F))):
+        for kind, mnk in (("fprop", (OC, M, Cin)), ("dgrad", (Cin, M, OC)), ("wgrad", (Cin, OC, M))):
+            lines.append(f"llama2-7b   {layer:<5} {kind:<6} {mnk[0]:6d} {mnk[1]:6d} {mnk[2]:6d} | "
+                         f"{bf16_tf:9.1f} {fp8_tf:9.1f} | {fp8_tf / bf16_tf:6.2f}x")
+    lines.append("gemm llama2-7b block: bf16 12.345 ms, fp8 6.789 ms, speedup 1.82x")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_calibration_replaces_matching_rates(tmp_path, rng):
+    # one decimal, as the logs print them
+    fp8_tf, bf16_tf, norm_gbs, att_tf = (round(rng.uniform(lo, hi), 1) for lo, hi in ((700, 1500), (400, 800),
+                                                                                    (1500, 4000), (300, 600)))
+    write_gemm_log(tmp_path / "gemm.log", fp8_tf, bf16_tf)
+    (tmp_path / "kernels.log").write_text("\n".join([
+        DEVICE_LINE,
+        f"[ rmsnorm ] op_rmsnorm_forward, op_residual_rmsnorm_forward, op_rmsnorm_backward; {SHAPE_7B}, seed 3",
+        "    rmsnorm_forward: max abs err 0.000e+00, rel L2 0.000e+00, tol bit-identical",
+        f"    rmsnorm_forward: 41.2 us, {norm_gbs:.1f} GB/s",
+        f"[ attention ] op_attention_forward, op_attention_backward (causal, GQA); {SHAPE_7B}, seed 4",
+        f"    attention_forward: 1234.5 us, {att_tf:.1f} TFLOP/s",
+        "    some_future_op: 12.0 us, 99.0 GB/s",
+    ]) + "\n")
+    (tmp_path / "shard.bin").write_bytes(b"\x00\x01binary")  # a binary file beside the logs is skipped
+    c = pm.parse_calibration([str(tmp_path)], "auto")
+    assert c.device == "H200"
+    h100 = pm.GPUS["H100"]
+    calibrated, sheet = pm.Rates(h100, c), pm.Rates(h100)
+
+    # exact GEMM shapes: the measured TFLOP/s, carried as a fraction of the (same) peak
+    fprop = pm.gemm_op("fp8", "fprop", 3 * 4096, 4096, 4096, "wqkv fprop")
+    assert calibrated.time(fprop) == pytest.approx(fprop.flops / (fp8_tf * 1e12), rel=1e-9)
+    wgrad = pm.gemm_op("bf16", "wgrad", 4096, 2 * 11008, 4096, "w13 wgrad")
+    assert calibrated.time(wgrad) == pytest.approx(wgrad.flops / (bf16_tf * 1e12), rel=1e-9)
+    # an unmeasured shape of a measured kind: the mean measured fraction
+    output = pm.gemm_op("bf16", "fprop", 32000, 4096, 4096, "output fprop")
+    assert calibrated.time(output) == pytest.approx(output.flops / (bf16_tf * 1e12), rel=1e-9)
+    # memory-bound: the measured fraction of the H200's 4.8 TB/s, applied to the H100's 3.35 TB/s
+    norm = pm.mem_op("rmsnorm_forward", 1e9)
+    assert calibrated.time(norm) == pytest.approx(1e9 / (norm_gbs * 1e9 / 4.8e12 * 3.35e12), rel=1e-9)
+    assert pm.Rates(pm.GPUS["H200"], c).time(norm) == pytest.approx(1 / norm_gbs, rel=1e-9)  # where it was measured
+    attention = pm.attention_ops(1, 4096, pm.PRESETS["llama2-7b"])[0]
+    assert calibrated.time(attention) == pytest.approx(attention.flops / (att_tf * 1e12), rel=1e-9)
+    # what was not measured keeps its datasheet rate
+    for op in (pm.mem_op("swiglu_forward", 1e9), pm.attention_ops(1, 4096, pm.PRESETS["llama2-7b"])[1],
+               pm.mem_op("some_future_op", 1e9)):
+        assert calibrated.time(op) == sheet.time(op)
+    replaced = pm.replaced_rates(c)
+    assert len(replaced) == 2 * 3 + 1 + 1  # GEMMs: 2 precisions x 3 kinds, attention forward, rmsnorm_forward
+    assert any(line.startswith("GEMM fp8 wgrad: 4 shapes") for line in replaced)
+    assert any(line.startswith("rmsnorm_forward:") for line in replaced)
+    assert not any("swiglu" in line or "backward" in line or "future" in line for line in replaced)
+
+
+def write_train_log(path, precision, ms_per_step, layers=4, accum=8, device=DEVICE_LINE):
+    lines = ["+-----", f"| llm8 train_llama (cuda build), precision {precision}", device,
+             f"| model: dim 4096, layers {layers}, heads 32, kv heads 32, head dim 128, ffn 11008, vocab 32000, "
+             "max seq 4096",
+             "| model from: llama2-7b",
+             f"| micro-batch 1 x 4096, 1 rank(s), grad accumulation {accum} -> {accum * 4096} tokens per step, "
+             f"{len(ms_per_step)} steps"]
+    for i, ms in enumerate(ms_per_step):
+        tok_s = accum * 4096 / (ms / 1e3)
+        lines.append(f"step {i + 1:4d}/{len(ms_per_step)} | loss 10.1 | lr 1.00e-04 | norm 1.2000 | {ms:.1f} ms | "
+                     f"{tok_s:.0f} tok/s | MFU 30.0%")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_train_logs_predicted_vs_measured(tmp_path, rng):
+    ms = {p: rng.uniform(200, 900, size=6) for p in ("bf16", "fp8")}
+    write_train_log(tmp_path / "train_bf16.log", "bf16", ms["bf16"])
+    write_train_log(tmp_path / "train_fp8.log", "fp8", ms["fp8"])
+    out = run("--calibrate", tmp_path, "--models", "llama2-7b", "--gpus", "H100", "--topologies", "1x8", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["measured_vs_predicted"]
+    by_what = {r["what"].split(",")[0]: r for r in rows}
+    for p in ("bf16", "fp8"):
+        row = by_what[f"train llama2-7b L4 {p} -b 1 -t 4096 x8 on H200"]
+        # the mean leaves out the first two (warm-up) steps
+        assert row["measured"] == pytest.approx(np.mean(ms[p][2:]), rel=1e-3)
+        single = pm.single_gpu_plan(replace(pm.PRESETS["llama2-7b"], name="llama2-7b L4", L=4), p, "H200", 1, 4096, 8)
+        assert row["datasheet"] == pytest.approx(pm.predict(single, pm.Rates(pm.GPUS["H200"]))["step_ms"])
+        assert row["calibrated"] == pytest.approx(row["datasheet"])  # no rates were measured
+    speedup = by_what["train llama2-7b L4 fp8 / bf16 tokens/s on H200"]
+    assert speedup["measured"] == pytest.approx(np.mean(ms["bf16"][2:]) / np.mean(ms["fp8"][2:]), rel=1e-3)
+
+
+def test_calibration_reads_the_device_checks_archive(tmp_path, rng):
+    """The device check packs its logs into logs.tar.gz: calibrating from the archive is calibrating from
+    the logs themselves."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write_gemm_log(logs / "gemm.log", round(rng.uniform(700, 1500), 1), round(rng.uniform(400, 800), 1))
+    write_train_log(logs / "train_fp8.log", "fp8", rng.uniform(200, 900, size=6))
+    (logs / "shard.bin").write_bytes(b"\x00\x01binary")
+    out = tmp_path / "out"
+    out.mkdir()
+    with tarfile.open(out / "logs.tar.gz", "w:gz") as archive:
+        archive.add(logs, arcname="logs")
+    args = ["--models", "llama2-7b", "--gpus", "H100", "--topologies", "1x8", "--json"]
+    from_logs, from_archive = run("--calibrate", logs, *args), run("--calibrate", out, *args)
+    assert from_logs.returncode == 0 and from_archive.returncode == 0, from_logs.stderr + from_archive.stderr
+    a, b = json.loads(from_logs.stdout), json.loads(from_archive.stdout)
+    assert a["predictions"] == b["predictions"] and a["measured_vs_predicted"] == b["measured_vs_predicted"]
+    assert len(a["measured_vs_predicted"]) > 0
+
+
+def test_slow_gemms_give_what_it_would_take(tmp_path):
+    # FP8 GEMMs measured at 500 TFLOP/s put 7B below 18,000 tokens/s/GPU: the section says by how much
+    write_gemm_log(tmp_path / "gemm.log", 500.0, 400.0)
+    (tmp_path / "device.txt").write_text("NVIDIA H100 80GB HBM3, 9.0, 81559 MiB, 570.86\n")
+    out = run("--calibrate", tmp_path, "--models", "llama2-7b", "--gpus", "H100", "--topologies", "1x8", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    takes = result["what_it_takes"]
+    assert takes["predicted"] < pm.TARGET_7B_FP8
+    tokens = result["predictions"][1]["tokens_per_gpu_step"]
+    assert takes["must_lose_ms"] == pytest.approx(takes["step_ms"] - 1e3 * tokens / pm.TARGET_7B_FP8)
+    gemm = next(t for t in takes["terms"] if t["term"] == "gemm")
+    assert 0 < gemm["alone_change"] < 1
+    text = run("--calibrate", tmp_path, "--models", "llama2-7b", "--gpus", "H100", "--topologies", "1x8")
+    assert "must lose" in text.stdout and "replaced datasheet rates (6, measured on H100)" in text.stdout
+
+
+KERNEL_LINES = f"[ rmsnorm ] ops; {SHAPE_7B}, seed 1\n    rmsnorm_forward: 41.2 us, 2000.0 GB/s\n"
+
+
+@pytest.mark.parametrize("files,message", [
+    ({"a.log": DEVICE_LINE + "\n" + KERNEL_LINES, "b.log": DEVICE_LINE.replace("H200", "H800") + "\n"}, "several GPUs"),
+    ({"train.log": "step    3/10 | loss 1 | lr 1 | norm 1 | 5.0 ms | 9 tok/s\n" * 4}, "header line"),
+    ({"notes.txt": "nothing to see\n"}, "nothing recognised"),
+    ({"k.log": KERNEL_LINES}, "--measured-on"),
+])
+def test_calibration_errors(tmp_path, files, message):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    out = run("--calibrate", tmp_path)
+    assert out.returncode == 2
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    missing = run("--calibrate", tmp_path / "absent")
+    assert missing.returncode == 2 and "absent: no such file" in missing.stderr
+
+
+# --- orderings that must hold -----------------------------------------------------------------------
+
+def test_fp8_gemm_faster_than_bf16_at_every_shape():
+    for gpu in pm.GPUS.values():
+        rates = pm.Rates(gpu)
+        for shape in (pm.PRESETS["llama2-7b"], pm.PRESETS["llama2-13b"]):
+            fp8 = pm.block_gemm_ops(shape, "fp8", 4096)
+            bf16 = pm.block_gemm_ops(shape, "bf16", 4096)
+            for a, b in zip(fp8, bf16):
+                assert a.gemm[1:] == b.gemm[1:]
+                assert rates.time(a) < rates.time(b), a.name
+
+
+@pytest.mark.parametrize("model", ["llama2-7b", "llama2-13b"])
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_more_gpus_never_beat_one_gpu_compute(model, precision):
+    shape = pm.PRESETS[model]
+    one = pm.predict(pm.single_gpu_plan(shape, precision, "H100", 1, 4096, 1), pm.Rates(pm.GPUS["H100"]))
+    limit = one["compute_bound_tokens_per_s"]
+    assert one["tokens_per_s_per_gpu"] < limit
+    for gpu in ("H100", "H800"):
+        per_gpu = []
+        for nodes in (1, 2, 4):
+            p = plan(shape=shape, precision=precision, gpu=gpu, nodes=nodes, per_node=8, T=4096, accum=64 // (8 * nodes),
+                     zero=pm.ZERO_STAGE_OF[model])
+            r = pm.predict(p, pm.Rates(pm.GPUS[gpu]))
+            assert r["tokens_per_s_per_gpu"] <= limit
+            assert 0 <= r["comm_exposed_ms"] <= r["comm_total_ms"]
+            assert sum(r["split_ms"].values()) == pytest.approx(r["step_ms"])
+            per_gpu.append(r["tokens_per_s_per_gpu"])
+        # the same global batch over more GPUs amortizes the collectives over fewer micro-steps
+        assert per_gpu == sorted(per_gpu, reverse=True)
+
+
+def test_faster_links_and_overlap_never_hurt():
+    shape = pm.PRESETS["llama2-13b"]
+    base = dict(shape=shape, precision="fp8", per_node=8, T=4096, accum=16, zero=2)
+    tok = {}
+    for gpu in ("H100", "H800"):
+        for overlap in (True, False):
+            p = plan(gpu=gpu, overlap=overlap, **base)
+            tok[gpu, overlap] = pm.predict(p, pm.Rates(pm.GPUS[gpu]))["tokens_per_s_per_gpu"]
+    assert tok["H100", True] > tok["H800", True]
+    assert tok["H100", True] > tok["H100", False]
+    assert tok["H800", True] > tok["H800", False]
+    bf16_wire = pm.predict(plan(gpu="H800", grad_bytes=2, **base), pm.Rates(pm.GPUS["H800"]))
+    assert bf16_wire["tokens_per_s_per_gpu"] > tok["H800", True]
+
+
+def test_recompute_trades_time_for_memory():
+    p = plan(shape=pm.PRESETS["llama2-13b"], precision="fp8", per_node=8, T=4096, accum=16, zero=2)
+    rates = pm.Rates(pm.GPUS["H100"])
+    previous = pm.predict(p, rates)
+    # one block recomputed saves nothing: recomputing it needs one block's buffers
+    one = pm.predict(replace(p, recompute="full", recompute_layers=1), rates)
+    assert one["memory_gib"] == pytest.approx(previous["memory_gib"])
+    for k in (2, 10, 40):
+        r = pm.predict(replace(p, recompute="full", recompute_layers=k), rates)
+        assert r["memory_gib"] < previous["memory_gib"]
+        assert r["tokens_per_s_per_gpu"] < previous["tokens_per_s_per_gpu"]
+        previous = r
+    fitted = pm.fit_recompute(p)
+    assert fitted.recompute == "none" or pm.memory_gib(fitted) <= pm.GPUS["H100"].memory_gib
+
+
+# --- the command line ---------------------------------------------------------------------------------
+
+def test_default_report():
+    out = run()
+    assert out.returncode == 0, out.stderr
+    for model in ("llama2-7b", "llama2-13b"):
+        for gpus in ("1x8 H100", "2x8 H100", "1x8 H800", "2x8 H800"):
+            for precision in ("bf16", "fp8"):
+                assert any(line.startswith(f"| {model}") and f"| {precision}" in line and gpus in line
+                           for line in out.stdout.splitlines()), (model, gpus, precision)
+    assert "== What it would take: llama2-7b fp8 1x8 H100, target 18,000 tokens/s/GPU" in out.stdout
+
+
+def test_json_is_complete_and_finite():
+    out = run("--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert len(result["predictions"]) == 2 * 2 * 2 * 2
+    for r in result["predictions"]:
+        for key in ("tokens_per_s_per_gpu", "step_ms", "mfu_llmc", "mfu_megatron", "memory_gib"):
+            assert math.isfinite(r[key]) and r[key] > 0, key
+        assert 0 < r["mfu_llmc"] < 1 and abs(r["mfu_llmc"] / r["mfu_megatron"] - 1) < 0.01
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--models", "llama2-8b"], "flag --models: unknown 'llama2-8b'"),
+    (["--topologies", "8"], "flag --topologies: '8'"),
+    (["--global-batch", "1000"], "flag --global-batch: 1000 tokens"),
+    (["--recompute", "full:99", "--models", "llama2-7b"], "flag --recompute: full:99"),
+    (["--recompute", "cheap"], "flag --recompute: cheap is bf16 only"),
+])
+def test_bad_flags(args, message):
+    out = run(*args)
+    assert out.returncode == 2 and message in out.stderr, out.stderr

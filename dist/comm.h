@@ -1,0 +1,106 @@
+/*
+ * The communication contract of data-parallel training (DESIGN.md section 6), implemented twice: with MPI
+ * collectives on host memory for the CPU build (dist/comm_mpi.h) and with NCCL on device memory for the GPU
+ * build (dist/comm_nccl.cuh, MPI only to bootstrap). Each implementation includes this header and then
+ * defines every function below, so a drifting signature fails to compile as llama/backend.h's contract does.
+ *
+ * Ordering. A collective is issued after all work queued so far (on the GPU: it runs on the
+ * communication stream once the compute stream has reached the call) and may still be running when it
+ * returns; comm_mark(slot) remembers "everything issued so far" and comm_wait(slot) makes later compute
+ * wait for it; comm_wait_all() waits for everything issued. The CPU implementation finishes every
+ * collective before returning, so its marks and waits are no-ops. The comm_host_* functions are
+ * synchronous and return the result to every rank's host memory.
+ *
+ * Determinism. Sums over ranks are taken in rank order: reduce-scatter with accumulation computes
+ * acc = (((acc + x_0) + x_1) + ... + x_{world-1}) in FP32 on the CPU build, which is the order one rank
+ * accumulating the same micro-batches would use, so the CPU build's results do not depend on the rank
+ * count (NCCL's ring order is its own; the GPU build is deterministic for a fixed rank count only).
+ *
+ * Errors stop with one line naming the call and the library's message. A binary started without a
+ * launcher (mpirun, srun) is one rank and needs no MPI.
+ */
+#pragma once
+
+#include "../core/common.h"
+
+/* What goes over the wire for gradient reductions (--grad-reduce): FP32 by default, or BF16. */
+typedef enum { WIRE_F32 = 0, WIRE_BF16 = 1 } CommWire;
+
+/* This process's place in the job, filled by comm_init. */
+typedef struct {
+    int rank, world;             /* among all processes */
+    int local_rank, local_world; /* among the processes of this node (MPI_COMM_TYPE_SHARED) */
+    int launched;                /* started by an MPI launcher (otherwise world is 1) */
+    char host[256];
+} DistInfo;
+
+static DistInfo g_dist = {0, 1, 0, 1, 0, "localhost"};
+
+/* ---------------------------------------------------------------- life cycle */
+
+/* Bootstraps the job (MPI_Init_thread when launched by mpirun/srun) and fills g_dist; on the GPU also
+   selects the local rank's device and creates the NCCL communicator. Stops naming the host when a node
+   has more ranks than GPUs. */
+static inline void comm_init(int* argc, char*** argv);
+/* Clean shutdown, on the success path only (a failed job must never wait in finalize). */
+static inline void comm_finalize(void);
+/* Error path: aborts the communicator (NCCL) or the job (MPI) and exits with `status`, without
+   destroying or finalizing anything; safe from the watchdog thread. */
+LLM8_NORETURN static inline void comm_abort(int status);
+/* Polled by the watchdog: 0, or 1 with the communicator's asynchronous error in `why`. */
+static inline int comm_async_error(char* why, size_t len);
+
+/* ---------------------------------------------------------------- collectives on backend memory */
+
+/*
+ * recv (n) = sum over ranks of rank r's send[rank * n .. (rank + 1) * n), added to recv when accumulate
+ * (send: world * n FP32 on every rank). With WIRE_BF16 every rank's contribution travels as BF16.
+ */
+static inline void comm_reduce_scatter(const float* send, float* recv, size_t n, int accumulate, CommWire wire);
+/* buf (n) FP32 = sum over ranks of buf, in place. */
+static inline void comm_all_reduce(float* buf, size_t n, CommWire wire);
+/* buf (n) doubles = sum over ranks; exact when each element has one non-zero contributor (norm partials). */
+static inline void comm_all_reduce_f64(double* buf, size_t n);
+/* buf (n) FP32 = max over ranks (amax of a tensor cast while sharded). */
+static inline void comm_all_reduce_max(float* buf, size_t n);
+/* In place: buf holds world pieces of `bytes` each, this rank's at rank * bytes; afterwards every rank
+   holds every piece. */
+static inline void comm_all_gather(void* buf, size_t bytes);
+/* Marks of issued collectives, by slot (0 <= slot < COMM_SLOTS), and waits for them (see the banner). */
+#define COMM_SLOTS 512
+static inline void comm_mark(int slot);
+static inline void comm_wait(int slot);
+static inline void comm_wait_all(void);
+/* Milliseconds the compute stream spent waiting for communication since the last call (the time not
+   hidden); on the CPU, the time spent in collectives. Synchronizes. */
+static inline double comm_exposed_ms(void);
+
+/* ---------------------------------------------------------------- host values */
+
+/* x (n) = elementwise sum / max over ranks, on every rank. */
+static inline void comm_host_sum(double* x, size_t n);
+static inline void comm_host_max(double* x, size_t n);
+/* x (bytes) = root's x on every rank. */
+static inline void comm_host_broadcast(void* x, size_t bytes, int root);
+/* all (world * bytes) = every rank's `mine`, in rank order (start-up agreement). */
+static inline void comm_host_all_gather(const void* mine, void* all, size_t bytes);
+/* Every rank waits for all others here. */
+static inline void comm_barrier(void);
+
+/* ---------------------------------------------------------------- shared by both implementations */
+
+/* The rank count a launcher announces through the environment (0 when none did). */
+static inline int launcher_world(void) {
+    const char* vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "MPI_LOCALNRANKS"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        const char* v = getenv(vars[i]);
+        if (v != NULL && atoi(v) > 0) return atoi(v);
+    }
+    /* srun --mpi=pmix sets PMIX_RANK but not always a size; one rank of a job started by a launcher */
+    return getenv("PMIX_RANK") != NULL || getenv("PMI_RANK") != NULL ? 1 : 0;
+}
+
+static inline void dist_set_host(void) {
+    if (gethostname(g_dist.host, sizeof(g_dist.host)) != 0) snprintf(g_dist.host, sizeof(g_dist.host), "unknown-host");
+    g_dist.host[sizeof(g_dist.host) - 1] = '\0';
+}

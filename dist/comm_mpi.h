@@ -1,0 +1,261 @@
+/*
+ * dist/comm.h on MPI, for the CPU build: collectives on host memory, each finished before it returns.
+ * Sums over ranks are computed here, in rank order, rather than by MPI_Allreduce / MPI_Reduce_scatter
+ * (whose order MPI leaves open): the pieces are exchanged with MPI_Alltoall / MPI_Allgather and added
+ * one rank after the other, so results do not depend on the rank count (dist/comm.h, Determinism).
+ * Built without MPI (make USE_MPI=0) the job is one rank; a launcher announcing more is an error.
+ */
+#pragma once
+
+#include <limits.h>
+
+#ifdef LLM8_MPI
+#include <mpi.h>
+#endif
+
+#include "comm.h"
+#include "../fp8/fp8.h"
+
+/* Elements per MPI call: MPI counts are ints. */
+#define MPI_MAX_COUNT ((size_t)1 << 28)
+
+static double g_comm_seconds = 0.0; /* time spent in collectives since comm_exposed_ms last read it */
+
+#ifdef LLM8_MPI
+static inline void mpi_check(int rc, const char* call, const char* file, int line) {
+    if (rc == MPI_SUCCESS) return;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    die("MPI error at %s:%d: %s: %s", file, line, call, msg);
+}
+#define mpiCheck(call) mpi_check((call), #call, __FILE__, __LINE__)
+#endif
+
+/* MPI is in use: built with it and started by a launcher (a plain start is one rank without MPI_Init). */
+static inline int mpi_active(void) {
+#ifdef LLM8_MPI
+    return g_dist.launched;
+#else
+    return 0;
+#endif
+}
+
+static inline void comm_init(int* argc, char*** argv) {
+    dist_set_host();
+    int announced = launcher_world();
+#ifdef LLM8_MPI
+    if (announced > 0) {
+        int provided;
+        /* the watchdog thread may abort while the main thread sits in a collective */
+        mpiCheck(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
+        if (provided < MPI_THREAD_MULTIPLE) die("MPI on %s does not provide MPI_THREAD_MULTIPLE (the watchdog needs it)", g_dist.host);
+        mpiCheck(MPI_Comm_rank(MPI_COMM_WORLD, &g_dist.rank));
+        mpiCheck(MPI_Comm_size(MPI_COMM_WORLD, &g_dist.world));
+        MPI_Comm local;
+        mpiCheck(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_dist.rank, MPI_INFO_NULL, &local));
+        mpiCheck(MPI_Comm_rank(local, &g_dist.local_rank));
+        mpiCheck(MPI_Comm_size(local, &g_dist.local_world));
+        mpiCheck(MPI_Comm_free(&local));
+        g_dist.launched = 1;
+    }
+#else
+    (void)argc;
+    (void)argv;
+    if (announced > 1) die("this binary was built without MPI (make USE_MPI=0) but the launcher started %d ranks", announced);
+#endif
+}
+
+static inline void comm_finalize(void) {
+#ifdef LLM8_MPI
+    if (mpi_active()) mpiCheck(MPI_Finalize());
+#endif
+}
+
+LLM8_NORETURN static inline void comm_abort(int status) {
+    fflush(stdout);
+    fflush(stderr);
+#ifdef LLM8_MPI
+    if (mpi_active()) MPI_Abort(MPI_COMM_WORLD, status);
+#endif
+    _exit(status);
+}
+
+static inline int comm_async_error(char* why, size_t len) {
+    (void)why;
+    (void)len;
+    return 0; /* MPI reports errors at the call, which stops there */
+}
+
+/* ---------------------------------------------------------------- collectives */
+
+/* BF16 on the wire: what a contribution becomes when it travels as BF16. */
+static inline float wire_value(float x, CommWire wire) { return wire == WIRE_BF16 ? bf16_round(x) : x; }
+
+/*
+ * all (world * n) = every rank's x (n), in rank order, in pieces of at most MPI_MAX_COUNT elements
+ * (all is laid out rank-major for each piece: piece p of rank r at r * len).
+ */
+static inline void comm_exchange(const float* x, float* all, size_t begin, size_t len) {
+#ifdef LLM8_MPI
+    if (mpi_active()) {
+        mpiCheck(MPI_Allgather(x + begin, (int)len, MPI_FLOAT, all, (int)len, MPI_FLOAT, MPI_COMM_WORLD));
+        return;
+    }
+#endif
+    memcpy(all, x + begin, len * sizeof(float));
+}
+
+static inline void comm_reduce_scatter(const float* send, float* recv, size_t n, int accumulate, CommWire wire) {
+    double t0 = wall_seconds();
+    int W = g_dist.world;
+    size_t step = MPI_MAX_COUNT / (size_t)W;
+    float* parts = (float*)mallocCheck((size_t)W * (n < step ? n : step) * sizeof(float) + 1);
+    for (size_t begin = 0; begin < n; begin += step) {
+        size_t len = n - begin < step ? n - begin : step;
+        if (W == 1) {
+            memcpy(parts, send + begin, len * sizeof(float));
+        } else {
+#ifdef LLM8_MPI
+            /* rank r receives every rank's [r * n + begin, + len) */
+            float* mine = (float*)mallocCheck((size_t)W * len * sizeof(float));
+            for (int r = 0; r < W; r++) memcpy(mine + (size_t)r * len, send + (size_t)r * n + begin, len * sizeof(float));
+            mpiCheck(MPI_Alltoall(mine, (int)len, MPI_FLOAT, parts, (int)len, MPI_FLOAT, MPI_COMM_WORLD));
+            free(mine);
+#endif
+        }
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < len; i++) {
+            float acc = accumulate ? recv[begin + i] + wire_value(parts[i], wire) : wire_value(parts[i], wire);
+            for (int r = 1; r < W; r++) acc += wire_value(parts[(size_t)r * len + i], wire);
+            recv[begin + i] = acc;
+        }
+    }
+    free(parts);
+    g_comm_seconds += wall_seconds() - t0;
+}
+
+static inline void comm_all_reduce(float* buf, size_t n, CommWire wire) {
+    double t0 = wall_seconds();
+    int W = g_dist.world;
+    size_t step = MPI_MAX_COUNT / (size_t)W;
+    float* all = (float*)mallocCheck((size_t)W * (n < step ? n : step) * sizeof(float) + 1);
+    for (size_t begin = 0; begin < n; begin += step) {
+        size_t len = n - begin < step ? n - begin : step;
+        comm_exchange(buf, all, begin, len);
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < len; i++) {
+            float acc = wire_value(all[i], wire);
+            for (int r = 1; r < W; r++) acc += wire_value(all[(size_t)r * len + i], wire);
+            buf[begin + i] = acc;
+        }
+    }
+    free(all);
+    g_comm_seconds += wall_seconds() - t0;
+}
+
+static inline void comm_all_reduce_f64(double* buf, size_t n) {
+#ifdef LLM8_MPI
+    if (!mpi_active()) return;
+    double t0 = wall_seconds();
+    for (size_t begin = 0; begin < n; begin += MPI_MAX_COUNT) {
+        size_t len = n - begin < MPI_MAX_COUNT ? n - begin : MPI_MAX_COUNT;
+        mpiCheck(MPI_Allreduce(MPI_IN_PLACE, buf + begin, (int)len, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+    }
+    g_comm_seconds += wall_seconds() - t0;
+#else
+    (void)buf;
+    (void)n;
+#endif
+}
+
+static inline void comm_all_reduce_max(float* buf, size_t n) {
+#ifdef LLM8_MPI
+    if (!mpi_active()) return;
+    double t0 = wall_seconds();
+    /* MPI_MAX of floats drops NaN on some MPIs; amax must stay NaN (fp8.h amax_combine), so gather and combine */
+    int W = g_dist.world;
+    float* all = (float*)mallocCheck((size_t)W * n * sizeof(float) + 1);
+    for (size_t begin = 0; begin < n; begin += MPI_MAX_COUNT / (size_t)W) {
+        size_t len = n - begin < MPI_MAX_COUNT / (size_t)W ? n - begin : MPI_MAX_COUNT / (size_t)W;
+        comm_exchange(buf, all, begin, len);
+        for (size_t i = 0; i < len; i++) {
+            float a = all[i];
+            for (int r = 1; r < W; r++) a = amax_combine(a, all[(size_t)r * len + i]);
+            buf[begin + i] = a;
+        }
+    }
+    free(all);
+    g_comm_seconds += wall_seconds() - t0;
+#else
+    (void)buf;
+    (void)n;
+#endif
+}
+
+static inline void comm_all_gather(void* buf, size_t bytes) {
+#ifdef LLM8_MPI
+    if (!mpi_active()) return;
+    double t0 = wall_seconds();
+    if (bytes > (size_t)INT_MAX) die("all-gather of %zu bytes per rank exceeds MPI's int count", bytes);
+    mpiCheck(MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, buf, (int)bytes, MPI_BYTE, MPI_COMM_WORLD));
+    g_comm_seconds += wall_seconds() - t0;
+#else
+    (void)buf;
+    (void)bytes;
+#endif
+}
+
+static inline void comm_mark(int slot) { (void)slot; }
+static inline void comm_wait(int slot) { (void)slot; }
+static inline void comm_wait_all(void) {}
+
+static inline double comm_exposed_ms(void) {
+    double ms = g_comm_seconds * 1e3;
+    g_comm_seconds = 0.0;
+    return ms;
+}
+
+/* ---------------------------------------------------------------- host values */
+
+static inline void comm_host_sum(double* x, size_t n) { comm_all_reduce_f64(x, n); }
+
+static inline void comm_host_max(double* x, size_t n) {
+#ifdef LLM8_MPI
+    if (!mpi_active()) return;
+    if (n > (size_t)INT_MAX) die("host max over %zu values", n);
+    mpiCheck(MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+#else
+    (void)x;
+    (void)n;
+#endif
+}
+
+static inline void comm_host_broadcast(void* x, size_t bytes, int root) {
+#ifdef LLM8_MPI
+    if (!mpi_active()) return;
+    if (bytes > (size_t)INT_MAX) die("broadcast of %zu bytes exceeds MPI's int count", bytes);
+    mpiCheck(MPI_Bcast(x, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD));
+#else
+    (void)x;
+    (void)bytes;
+    (void)root;
+#endif
+}
+
+static inline void comm_host_all_gather(const void* mine, void* all, size_t bytes) {
+#ifdef LLM8_MPI
+    if (mpi_active()) {
+        if (bytes > (size_t)INT_MAX) die("all-gather of %zu bytes exceeds MPI's int count", bytes);
+        mpiCheck(MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, MPI_COMM_WORLD));
+        return;
+    }
+#endif
+    memcpy(all, mine, bytes);
+}
+
+static inline void comm_barrier(void) {
+#ifdef LLM8_MPI
+    if (mpi_active()) mpiCheck(MPI_Barrier(MPI_COMM_WORLD));
+#endif
+}

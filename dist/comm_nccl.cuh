@@ -1,0 +1,292 @@
+/*
+ * dist/comm.h on NCCL, for the GPU build (DESIGN.md section 6). MPI only bootstraps: MPI_Init_thread,
+ * the local rank from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), cudaSetDevice(local rank), rank 0's
+ * ncclUniqueId sent by MPI_Bcast, then MPI_Barrier before ncclCommInitRank (a broadcast still in flight
+ * can deadlock against the blocking init: NVIDIA/cuDecomp#24). Every collective of the step loop is
+ * NCCL's, host values included, so no MPI call runs inside it. Built without MPI (make USE_MPI=0), or
+ * started without a launcher, the job is one rank with a one-rank NCCL communicator.
+ *
+ * Collectives run on their own non-blocking, high-priority stream, after an event recorded on the
+ * compute stream (the legacy default stream, which a non-blocking stream does not synchronize with), so
+ * they overlap the kernels queued after them; comm_wait makes the compute stream wait for a marked
+ * point, timed with a pair of events so that the time not hidden can be reported per step. Scratch for
+ * the FP32 <-> BF16 conversions of --grad-reduce bf16 and for accumulating reductions is used by one
+ * collective at a time (they are serialized on the stream).
+ */
+#pragma once
+
+#include <nccl.h>
+
+#ifdef LLM8_MPI
+#include <mpi.h>
+#endif
+
+#include "comm.h"
+#include "../core/cuda_utils.cuh"
+
+static inline void nccl_check(ncclResult_t r, const char* call, const char* file, int line) {
+    if (r != ncclSuccess) die("NCCL error at %s:%d: %s: %s (%s)", file, line, call, ncclGetErrorString(r), ncclGetLastError(NULL));
+}
+#define ncclCheck(call) nccl_check((call), #call, __FILE__, __LINE__)
+
+#ifdef LLM8_MPI
+static inline void mpi_check(int rc, const char* call, const char* file, int line) {
+    if (rc == MPI_SUCCESS) return;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    die("MPI error at %s:%d: %s: %s", file, line, call, msg);
+}
+#define mpiCheck(call) mpi_check((call), #call, __FILE__, __LINE__)
+#endif
+
+/* comm_wait timings kept per step; beyond this many waits a step reports what it measured. */
+#define COMM_TIMED_WAITS 4096
+
+static ncclComm_t g_nccl = NULL;
+static cudaStream_t g_comm_stream = NULL;
+static cudaEvent_t g_issue_event;             /* compute stream reached a collective's call */
+static cudaEvent_t g_done_event;              /* everything issued so far is done (comm_wait_all) */
+static cudaEvent_t g_slot_event[COMM_SLOTS];  /* comm_mark */
+static cudaEvent_t g_wait_event[2 * COMM_TIMED_WAITS];
+static int g_waits = 0;                       /* timed waits since comm_exposed_ms */
+static DeviceScratch g_comm_scratch;          /* conversions and accumulation */
+static DeviceScratch g_host_scratch;          /* comm_host_* values */
+
+static inline int mpi_active(void) {
+#ifdef LLM8_MPI
+    return g_dist.launched;
+#else
+    return 0;
+#endif
+}
+
+static inline void comm_init(int* argc, char*** argv) {
+    dist_set_host();
+    int announced = launcher_world();
+#ifdef LLM8_MPI
+    if (announced > 0) {
+        int provided;
+        /* the watchdog thread aborts while the main thread may be inside the library */
+        mpiCheck(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
+        if (provided < MPI_THREAD_MULTIPLE) die("MPI on %s does not provide MPI_THREAD_MULTIPLE (the watchdog needs it)", g_dist.host);
+        mpiCheck(MPI_Comm_rank(MPI_COMM_WORLD, &g_dist.rank));
+        mpiCheck(MPI_Comm_size(MPI_COMM_WORLD, &g_dist.world));
+        MPI_Comm local;
+        mpiCheck(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_dist.rank, MPI_INFO_NULL, &local));
+        mpiCheck(MPI_Comm_rank(local, &g_dist.local_rank));
+        mpiCheck(MPI_Comm_size(local, &g_dist.local_world));
+        mpiCheck(MPI_Comm_free(&local));
+        g_dist.launched = 1;
+    }
+#else
+    (void)argc;
+    (void)argv;
+    if (announced > 1) die("this binary was built without MPI (make USE_MPI=0) but the launcher started %d ranks", announced);
+#endif
+    int gpus = 0;
+    cudaError_t err = cudaGetDeviceCount(&gpus);
+    if (err != cudaSuccess || gpus == 0)
+        die("rank %d on %s: no usable CUDA GPU (%s); the CPU build is train_llama_cpu", g_dist.rank, g_dist.host,
+            err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    if (g_dist.local_world > gpus)
+        die("%s runs %d ranks but has %d visible GPU(s): start at most one rank per GPU (mpirun --map-by ppr:%d:node)",
+            g_dist.host, g_dist.local_world, gpus, gpus);
+    cudaCheck(cudaSetDevice(g_dist.local_rank));
+
+    ncclUniqueId id;
+    if (g_dist.rank == 0) ncclCheck(ncclGetUniqueId(&id));
+#ifdef LLM8_MPI
+    if (mpi_active()) {
+        mpiCheck(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD));
+        mpiCheck(MPI_Barrier(MPI_COMM_WORLD));
+    }
+#endif
+    ncclCheck(ncclCommInitRank(&g_nccl, g_dist.world, id, g_dist.rank));
+    int least, greatest;
+    cudaCheck(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaCheck(cudaStreamCreateWithPriority(&g_comm_stream, cudaStreamNonBlocking, greatest));
+    cudaCheck(cudaEventCreateWithFlags(&g_issue_event, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&g_done_event, cudaEventDisableTiming));
+    for (int i = 0; i < COMM_SLOTS; i++) cudaCheck(cudaEventCreateWithFlags(&g_slot_event[i], cudaEventDisableTiming));
+    for (int i = 0; i < 2 * COMM_TIMED_WAITS; i++) cudaCheck(cudaEventCreate(&g_wait_event[i]));
+}
+
+static inline void comm_finalize(void) {
+    cudaCheck(cudaStreamSynchronize(g_comm_stream));
+    ncclCheck(ncclCommDestroy(g_nccl));
+#ifdef LLM8_MPI
+    if (mpi_active()) mpiCheck(MPI_Finalize());
+#endif
+}
+
+LLM8_NORETURN static inline void comm_abort(int status) {
+    fflush(stdout);
+    fflush(stderr);
+    if (g_nccl) ncclCommAbort(g_nccl); /* unblocks kernels waiting for a dead peer */
+#ifdef LLM8_MPI
+    if (mpi_active()) MPI_Abort(MPI_COMM_WORLD, status);
+#endif
+    _exit(status);
+}
+
+static inline int comm_async_error(char* why, size_t len) {
+    if (g_nccl == NULL) return 0;
+    ncclResult_t r;
+    if (ncclCommGetAsyncError(g_nccl, &r) != ncclSuccess) return 0;
+    if (r == ncclSuccess || r == ncclInProgress) return 0;
+    snprintf(why, len, "NCCL asynchronous error: %s", ncclGetErrorString(r));
+    return 1;
+}
+
+/* ---------------------------------------------------------------- conversion kernels */
+
+__global__ void comm_to_bf16_kernel(__nv_bfloat16* out, const float* x, size_t n) {
+    for (size_t i = grid_index(); i < n; i += grid_stride()) out[i] = f_to_bf16(x[i]);
+}
+
+/* out (n) FP32 = x, or out += x when accumulate; x FP32 or BF16 */
+template <typename T>
+__global__ void comm_store_kernel(float* out, const T* x, size_t n, int accumulate) {
+    for (size_t i = grid_index(); i < n; i += grid_stride()) {
+        float v = (float)x[i];
+        out[i] = accumulate ? out[i] + v : v;
+    }
+}
+
+/* NCCL's max is not specified for NaN; an amax must stay non-finite, so NaN travels as +Inf. */
+__global__ void comm_nan_to_inf_kernel(float* x, size_t n) {
+    for (size_t i = grid_index(); i < n; i += grid_stride())
+        if (x[i] != x[i]) x[i] = INFINITY;
+}
+
+/* ---------------------------------------------------------------- collectives */
+
+/* The communication stream waits until the compute stream reaches this point. */
+static inline void comm_issue(void) {
+    cudaCheck(cudaEventRecord(g_issue_event, 0));
+    cudaCheck(cudaStreamWaitEvent(g_comm_stream, g_issue_event, 0));
+}
+
+static inline void comm_reduce_scatter(const float* send, float* recv, size_t n, int accumulate, CommWire wire) {
+    size_t W = (size_t)g_dist.world;
+    comm_issue();
+    unsigned int blocks = grid_for(W * n, BLOCK_THREADS);
+    if (wire == WIRE_BF16) {
+        __nv_bfloat16* tmp = (__nv_bfloat16*)scratch_reserve(&g_comm_scratch, (W + 1) * n * sizeof(__nv_bfloat16));
+        comm_to_bf16_kernel<<<blocks, BLOCK_THREADS, 0, g_comm_stream>>>(tmp, send, W * n);
+        launchCheck();
+        ncclCheck(ncclReduceScatter(tmp, tmp + W * n, n, ncclBfloat16, ncclSum, g_nccl, g_comm_stream));
+        comm_store_kernel<<<grid_for(n, BLOCK_THREADS), BLOCK_THREADS, 0, g_comm_stream>>>(recv, tmp + W * n, n, accumulate);
+        launchCheck();
+    } else if (accumulate) {
+        float* tmp = (float*)scratch_reserve(&g_comm_scratch, n * sizeof(float));
+        ncclCheck(ncclReduceScatter(send, tmp, n, ncclFloat, ncclSum, g_nccl, g_comm_stream));
+        comm_store_kernel<<<grid_for(n, BLOCK_THREADS), BLOCK_THREADS, 0, g_comm_stream>>>(recv, tmp, n, 1);
+        launchCheck();
+    } else {
+        ncclCheck(ncclReduceScatter(send, recv, n, ncclFloat, ncclSum, g_nccl, g_comm_stream));
+    }
+}
+
+static inline void comm_all_reduce(float* buf, size_t n, CommWire wire) {
+    comm_issue();
+    if (wire == WIRE_BF16) {
+        __nv_bfloat16* tmp = (__nv_bfloat16*)scratch_reserve(&g_comm_scratch, n * sizeof(__nv_bfloat16));
+        comm_to_bf16_kernel<<<grid_for(n, BLOCK_THREADS), BLOCK_THREADS, 0, g_comm_stream>>>(tmp, buf, n);
+        launchCheck();
+        ncclCheck(ncclAllReduce(tmp, tmp, n, ncclBfloat16, ncclSum, g_nccl, g_comm_stream));
+        comm_store_kernel<<<grid_for(n, BLOCK_THREADS), BLOCK_THREADS, 0, g_comm_stream>>>(buf, tmp, n, 0);
+        launchCheck();
+    } else {
+        ncclCheck(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, g_nccl, g_comm_stream));
+    }
+}
+
+static inline void comm_all_reduce_f64(double* buf, size_t n) {
+    comm_issue();
+    ncclCheck(ncclAllReduce(buf, buf, n, ncclDouble, ncclSum, g_nccl, g_comm_stream));
+}
+
+static inline void comm_all_reduce_max(float* buf, size_t n) {
+    comm_issue();
+    comm_nan_to_inf_kernel<<<grid_for(n, BLOCK_THREADS), BLOCK_THREADS, 0, g_comm_stream>>>(buf, n);
+    launchCheck();
+    ncclCheck(ncclAllReduce(buf, buf, n, ncclFloat, ncclMax, g_nccl, g_comm_stream));
+}
+
+static inline void comm_all_gather(void* buf, size_t bytes) {
+    comm_issue();
+    const char* mine = (const char*)buf + (size_t)g_dist.rank * bytes;
+    ncclCheck(ncclAllGather(mine, buf, bytes, ncclUint8, g_nccl, g_comm_stream));
+}
+
+static inline void comm_mark(int slot) { cudaCheck(cudaEventRecord(g_slot_event[slot], g_comm_stream)); }
+
+/* The compute stream waits for `done` (recorded on the communication stream), timed when events remain. */
+static inline void comm_wait_event(cudaEvent_t done) {
+    int timed = g_waits < COMM_TIMED_WAITS;
+    if (timed) cudaCheck(cudaEventRecord(g_wait_event[2 * g_waits], 0));
+    cudaCheck(cudaStreamWaitEvent(0, done, 0));
+    if (timed) cudaCheck(cudaEventRecord(g_wait_event[2 * g_waits + 1], 0));
+    g_waits += timed;
+}
+
+static inline void comm_wait(int slot) { comm_wait_event(g_slot_event[slot]); }
+
+static inline void comm_wait_all(void) {
+    cudaCheck(cudaEventRecord(g_done_event, g_comm_stream));
+    comm_wait_event(g_done_event);
+}
+
+static inline double comm_exposed_ms(void) {
+    double total = 0.0;
+    if (g_waits > 0) cudaCheck(cudaEventSynchronize(g_wait_event[2 * g_waits - 1]));
+    for (int i = 0; i < g_waits; i++) {
+        float ms;
+        cudaCheck(cudaEventElapsedTime(&ms, g_wait_event[2 * i], g_wait_event[2 * i + 1]));
+        total += ms;
+    }
+    g_waits = 0;
+    return total;
+}
+
+/* ---------------------------------------------------------------- host values */
+
+/* x (n) on every rank = op over ranks, through a device buffer and NCCL (no MPI in the step loop). */
+static inline void comm_host_reduce(double* x, size_t n, ncclRedOp_t op) {
+    double* d = (double*)scratch_reserve(&g_host_scratch, n * sizeof(double));
+    cudaCheck(cudaMemcpy(d, x, n * sizeof(double), cudaMemcpyHostToDevice));
+    comm_issue();
+    ncclCheck(ncclAllReduce(d, d, n, ncclDouble, op, g_nccl, g_comm_stream));
+    cudaCheck(cudaStreamSynchronize(g_comm_stream));
+    cudaCheck(cudaMemcpy(x, d, n * sizeof(double), cudaMemcpyDeviceToHost));
+}
+
+static inline void comm_host_sum(double* x, size_t n) { comm_host_reduce(x, n, ncclSum); }
+static inline void comm_host_max(double* x, size_t n) { comm_host_reduce(x, n, ncclMax); }
+
+static inline void comm_host_broadcast(void* x, size_t bytes, int root) {
+    void* d = scratch_reserve(&g_host_scratch, bytes);
+    cudaCheck(cudaMemcpy(d, x, bytes, cudaMemcpyHostToDevice));
+    comm_issue();
+    ncclCheck(ncclBroadcast(d, d, bytes, ncclUint8, root, g_nccl, g_comm_stream));
+    cudaCheck(cudaStreamSynchronize(g_comm_stream));
+    cudaCheck(cudaMemcpy(x, d, bytes, cudaMemcpyDeviceToHost));
+}
+
+static inline void comm_host_all_gather(const void* mine, void* all, size_t bytes) {
+    size_t W = (size_t)g_dist.world;
+    char* d = (char*)scratch_reserve(&g_host_scratch, W * bytes);
+    cudaCheck(cudaMemcpy(d + (size_t)g_dist.rank * bytes, mine, bytes, cudaMemcpyHostToDevice));
+    comm_issue();
+    ncclCheck(ncclAllGather(d + (size_t)g_dist.rank * bytes, d, bytes, ncclUint8, g_nccl, g_comm_stream));
+    cudaCheck(cudaStreamSynchronize(g_comm_stream));
+    cudaCheck(cudaMemcpy(all, d, W * bytes, cudaMemcpyDeviceToHost));
+}
+
+static inline void comm_barrier(void) {
+    double x = 0.0;
+    cudaCheck(cudaDeviceSynchronize());
+    comm_host_sum(&x, 1);
+}

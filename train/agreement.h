@@ -1,0 +1,149 @@
+/*
+ * Start-up agreement of the ranks (DESIGN.md section 6): before anything that communicates, every rank
+ * contributes the settings that must be equal everywhere (the run identity of train/checkpoint.h, the
+ * ZeRO stage and every setting that decides when the ranks communicate: steps, validation, checkpoint
+ * and sample intervals, the schedule, and the data's token counts and the build), and every rank
+ * compares all of them. On a difference every rank stops: rank 0 says which setting differs on which
+ * ranks, in one line, and all exit non-zero within seconds, where a mismatch would otherwise hang in a
+ * collective or die deep inside the loader (llm.c#727).
+ */
+#pragma once
+
+#include "checkpoint.h"
+#include "../dist/comm.h"
+
+/* Longest build id compared (git describe of the build). */
+#define BUILD_ID_LEN 48
+
+typedef struct {
+    RunIdentity id;
+    int32_t zero_stage, grad_reduce_bf16, steps, grad_accum_steps, val_every, val_batches, ckpt_every, sample_every;
+    int32_t resume, fp8_stats_every, max_skips, overfit, warmup, schedule_hash;
+    float lr, final_lr_frac, weight_decay, grad_clip;
+    int64_t train_tokens, val_tokens;
+    char build[BUILD_ID_LEN];
+} RankSettings;
+
+typedef enum { SETTING_I32, SETTING_I64, SETTING_F32, SETTING_STR } SettingKind;
+
+typedef struct {
+    const char* flag;
+    size_t offset;
+    SettingKind kind;
+} AgreedSetting;
+
+#define AGREED(flag, field, kind) {flag, offsetof(RankSettings, field), kind}
+static const AgreedSetting AGREED_SETTINGS[] = {
+    AGREED("-z", zero_stage, SETTING_I32),
+    AGREED("--grad-reduce bf16", grad_reduce_bf16, SETTING_I32),
+    AGREED("-x (steps)", steps, SETTING_I32),
+    AGREED("gradient accumulation steps", grad_accum_steps, SETTING_I32),
+    AGREED("-v", val_every, SETTING_I32),
+    AGREED("-m", val_batches, SETTING_I32),
+    AGREED("-n", ckpt_every, SETTING_I32),
+    AGREED("-s", sample_every, SETTING_I32),
+    AGREED("-y", resume, SETTING_I32),
+    AGREED("--fp8-stats", fp8_stats_every, SETTING_I32),
+    AGREED("--max-skips", max_skips, SETTING_I32),
+    AGREED("-a", overfit, SETTING_I32),
+    AGREED("-u", warmup, SETTING_I32),
+    AGREED("-k (hash)", schedule_hash, SETTING_I32),
+    AGREED("-l", lr, SETTING_F32),
+    AGREED("-q", final_lr_frac, SETTING_F32),
+    AGREED("-c", weight_decay, SETTING_F32),
+    AGREED("--clip", grad_clip, SETTING_F32),
+    AGREED("train data tokens (-i)", train_tokens, SETTING_I64),
+    AGREED("validation data tokens (-j)", val_tokens, SETTING_I64),
+    AGREED("build id", build, SETTING_STR),
+};
+#define NUM_AGREED_SETTINGS (sizeof(AGREED_SETTINGS) / sizeof(AGREED_SETTINGS[0]))
+
+/* A setting's value as text, for the message. */
+static inline void setting_text(const RankSettings* r, const AgreedSetting* s, char* out, size_t len) {
+    const char* p = (const char*)r + s->offset;
+    if (s->kind == SETTING_STR) {
+        snprintf(out, len, "%.*s", BUILD_ID_LEN, p);
+        return;
+    }
+    if (s->kind == SETTING_F32) {
+        float v;
+        memcpy(&v, p, sizeof(v));
+        snprintf(out, len, "%g", v);
+        return;
+    }
+    long long v;
+    if (s->kind == SETTING_I64) {
+        int64_t x;
+        memcpy(&x, p, sizeof(x));
+        v = x;
+    } else {
+        int32_t x;
+        memcpy(&x, p, sizeof(x));
+        v = x;
+    }
+    snprintf(out, len, "%lld", v);
+}
+
+static inline size_t setting_size(SettingKind k) {
+    return k == SETTING_I64 ? sizeof(int64_t) : k == SETTING_STR ? BUILD_ID_LEN : sizeof(int32_t);
+}
+
+/* The first setting on which a and b differ: its flag and both values as text; 0 when they agree. */
+static inline int settings_diff(const RankSettings* a, const RankSettings* b, char* flag, size_t flag_len, char* va,
+                                char* vb, size_t value_len) {
+    if (memcmp(&a->id.cfg, &b->id.cfg, sizeof(LlamaConfig)) != 0) {
+        snprintf(flag, flag_len, "model config (-e)");
+        snprintf(va, value_len, "dim %d, %d layers", a->id.cfg.dim, a->id.cfg.n_layers);
+        snprintf(vb, value_len, "dim %d, %d layers", b->id.cfg.dim, b->id.cfg.n_layers);
+        return 1;
+    }
+    for (size_t k = 0; k < NUM_RUN_SETTINGS; k++) {
+        long long x = run_setting_value(&a->id, &RUN_SETTINGS[k]), y = run_setting_value(&b->id, &RUN_SETTINGS[k]);
+        if (x == y) continue;
+        snprintf(flag, flag_len, "%s", RUN_SETTINGS[k].flag);
+        snprintf(va, value_len, "%lld", x);
+        snprintf(vb, value_len, "%lld", y);
+        return 1;
+    }
+    for (size_t k = 0; k < NUM_AGREED_SETTINGS; k++) {
+        const AgreedSetting* s = &AGREED_SETTINGS[k];
+        if (memcmp((const char*)a + s->offset, (const char*)b + s->offset, setting_size(s->kind)) == 0) continue;
+        snprintf(flag, flag_len, "%s", s->flag);
+        setting_text(a, s, va, value_len);
+        setting_text(b, s, vb, value_len);
+        return 1;
+    }
+    return 0;
+}
+
+/*
+ * Exchanges `mine` with every rank and stops every rank (exit 1) if any rank's settings differ from rank
+ * 0's; rank 0 names the first differing setting, its values and the ranks that differ.
+ */
+static inline void agreement_check(const RankSettings* mine) {
+    int W = g_dist.world;
+    if (W == 1) return;
+    RankSettings* all = (RankSettings*)callocCheck((size_t)W, sizeof(RankSettings));
+    comm_host_all_gather(mine, all, sizeof(RankSettings));
+    char flag[96] = "", v0[96] = "", vr[96] = "", ranks[256] = "";
+    int first = -1;
+    size_t used = 0;
+    for (int r = 1; r < W; r++) {
+        char f[96], a[96], b[96];
+        if (!settings_diff(&all[0], &all[r], f, sizeof(f), a, b, sizeof(a))) continue;
+        if (first < 0) {
+            first = r;
+            snprintf(flag, sizeof(flag), "%s", f);
+            snprintf(v0, sizeof(v0), "%s", a);
+            snprintf(vr, sizeof(vr), "%s", b);
+        }
+        if (used + 16 < sizeof(ranks)) used += (size_t)snprintf(ranks + used, sizeof(ranks) - used, "%s%d", used ? ", " : "", r);
+    }
+    free(all);
+    if (first < 0) return;
+    if (g_dist.rank == 0)
+        fprintf(stderr, "error: the ranks disagree on %s: rank 0 has %s, rank %d has %s (ranks that differ from rank 0: %s); every rank must run with the same settings\n",
+                flag, v0, first, vr, ranks);
+    fflush(stderr);
+    exit(EXIT_FAILURE);
+}

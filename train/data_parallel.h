@@ -1,0 +1,154 @@
+/*
+ * Data-parallel training with ZeRO (DESIGN.md section 6): the driver of llama/model.h's bucket hooks.
+ *
+ *   -z 0  every rank holds everything; on the step's last micro-step each bucket's gradients are
+ *         all-reduced as soon as the backward has written them; every rank runs AdamW on all of it.
+ *   -z 1  optimizer state sharded: on the last micro-step each bucket is reduce-scattered into this
+ *         rank's gradient shard; AdamW updates the rank's shard of the master weights and moments; the
+ *         new BF16 weights are all-gathered bucket by bucket, in the order the next forward needs them.
+ *   -z 2  gradients sharded too: every micro-step reduce-scatters each bucket, added into the shard
+ *         (the model's gradients for a bucket live in one of three reused buffers), then as -z 1.
+ * Gradients are summed in FP32 (Megatron's grad_reduce_in_fp32) or, with --grad-reduce bf16, sent as
+ * BF16; the loss was scaled by 1 / (global tokens) at its source, so the sum is the global mean
+ * gradient. On the GPU the collectives overlap the backward (a layer is reduced while the next one
+ * computes) and the next step's forward (a layer's weights are gathered ahead of its use); the time the
+ * compute stream still waits is what the trainer reports as exposed communication.
+ *
+ * Included after a backend, a communication implementation (dist/comm_mpi.h or dist/comm_nccl.cuh) and
+ * llama/model.h.
+ */
+#pragma once
+
+#include "../dist/comm.h"
+#include "../llama/model.h"
+
+/* Communication slots (dist/comm.h comm_mark): a bucket's weight all-gather, and its gradient reduction. */
+#define SLOT_GATHER(bucket) (bucket)
+#define SLOT_REDUCE(bucket) (COMM_SLOTS / 2 + (bucket))
+
+typedef struct {
+    Llama* m;
+    CommWire wire;
+    int last_micro;                /* the running micro-step is the step's last: ZeRO-0/1 reduce now */
+    int buffer_user[GRAD_BUFFERS]; /* ZeRO-2: the slot of the reduction last reading each buffer, or -1 */
+    char* gather_pending;          /* (buckets) a weight all-gather was issued and not yet waited for */
+} DataParallel;
+
+/* Elements of bucket b's part of its ZeRO-2 gradient buffer (its segments with their padding). */
+static inline size_t dp_bucket_elems(const Llama* m, int bucket) {
+    size_t end = 0;
+    for (int i = 0; i < m->num_segs; i++) {
+        const ModelSegment* s = &m->segs[i];
+        size_t e = s->buffer_offset + s->shard.piece * (size_t)m->layout.shards;
+        if (s->bucket == bucket && e > end) end = e;
+    }
+    return end;
+}
+
+static void dp_weights_needed(void* ctx, int bucket) {
+    DataParallel* dp = (DataParallel*)ctx;
+    if (!dp->gather_pending[bucket]) return;
+    comm_wait(SLOT_GATHER(bucket));
+    dp->gather_pending[bucket] = 0;
+}
+
+static void dp_grads_needed(void* ctx, int bucket) {
+    DataParallel* dp = (DataParallel*)ctx;
+    Llama* m = dp->m;
+    if (m->sharding.zero_stage != 2) return;
+    int buf = llama_grad_buffer_of(m, bucket);
+    /* the buffer's previous bucket must have been reduced before the backward overwrites it */
+    if (dp->buffer_user[buf] >= 0) comm_wait(dp->buffer_user[buf]);
+    dp->buffer_user[buf] = -1;
+    dev_zero(m->grad_buffer[buf], dp_bucket_elems(m, bucket) * sizeof(float));
+}
+
+static void dp_grads_ready(void* ctx, int bucket) {
+    DataParallel* dp = (DataParallel*)ctx;
+    Llama* m = dp->m;
+    int z = m->sharding.zero_stage;
+    if (z < 2 && !dp->last_micro) return;
+    if (z == 0 && m->sharding.world == 1) return;
+    for (int i = 0; i < m->num_segs; i++) {
+        ModelSegment* s = &m->segs[i];
+        if (s->bucket != bucket) continue;
+        if (z == 0) {
+            comm_all_reduce(m->grads + s->shard.offset, s->param.count, dp->wire);
+        } else {
+            const float* send = z == 2 ? m->grad_buffer[s->grad_buffer] + s->buffer_offset : m->grads + s->shard.offset;
+            comm_reduce_scatter(send, m->grad_shard + s->shard.shard_offset, s->shard.piece, z == 2, dp->wire);
+        }
+    }
+    comm_mark(SLOT_REDUCE(bucket));
+    if (z == 2) dp->buffer_user[llama_grad_buffer_of(m, bucket)] = SLOT_REDUCE(bucket);
+}
+
+/* Attaches the driver to the model's hooks. wire: how gradients travel (--grad-reduce). */
+static inline void dp_init(DataParallel* dp, Llama* m, CommWire wire) {
+    memset(dp, 0, sizeof(*dp));
+    dp->m = m;
+    dp->wire = wire;
+    dp->gather_pending = (char*)callocCheck((size_t)llama_num_buckets(m), 1);
+    for (int b = 0; b < GRAD_BUFFERS; b++) dp->buffer_user[b] = -1;
+    m->hooks.ctx = dp;
+    m->hooks.weights_needed = dp_weights_needed;
+    m->hooks.grads_needed = dp_grads_needed;
+    m->hooks.grads_ready = dp_grads_ready;
+}
+
+static inline void dp_free(DataParallel* dp) {
+    free(dp->gather_pending);
+    memset(&dp->m->hooks, 0, sizeof(dp->m->hooks));
+}
+
+/* Starts a step: the gradients the micro-steps accumulate into are zeroed. */
+static inline void dp_begin_step(DataParallel* dp) {
+    Llama* m = dp->m;
+    llama_zero_grads(m);
+    if (m->sharding.zero_stage == 2) dev_zero(m->grad_shard, m->layout.shard * sizeof(float));
+}
+
+/*
+ * After the last micro-step's backward: waits for the reductions and returns the global gradient norm,
+ * identical on every rank (and, on the CPU build, for any rank count); *bad as llama_grad_norm_total.
+ */
+static inline float dp_grad_norm(DataParallel* dp, int* bad) {
+    Llama* m = dp->m;
+    comm_wait_all();
+    llama_grad_norm_partials(m);
+    if (m->layout.shards > 1) {
+        comm_all_reduce_f64(m->norm_partials, m->layout.chunks);
+        comm_wait_all();
+    }
+    return llama_grad_norm_total(m, bad);
+}
+
+/*
+ * AdamW on this rank's shard (llama_update), then, under ZeRO-1/2, the all-gather of the new weights,
+ * bucket by bucket in forward order; the next forward waits for each bucket just before using it.
+ */
+static inline void dp_update(DataParallel* dp, float lr, float weight_decay, int step, float grad_scale) {
+    Llama* m = dp->m;
+    llama_update(m, lr, weight_decay, step, grad_scale);
+    if (m->layout.shards == 1) return;
+    for (int b = 0; b < llama_num_buckets(m); b++) {
+        for (int i = 0; i < m->num_segs; i++) {
+            ModelSegment* s = &m->segs[i];
+            if (s->bucket == b) comm_all_gather(m->weights + s->shard.offset, s->shard.piece * sizeof(act_t));
+        }
+        comm_mark(SLOT_GATHER(b));
+        dp->gather_pending[b] = 1;
+    }
+}
+
+/* After loading master weights into the shards (init, checkpoint, resume): every rank's working weights. */
+static inline void dp_refresh_weights(DataParallel* dp) {
+    Llama* m = dp->m;
+    llama_refresh_working_weights(m);
+    if (m->layout.shards == 1) return;
+    for (int i = 0; i < m->num_segs; i++) {
+        ModelSegment* s = &m->segs[i];
+        comm_all_gather(m->weights + s->shard.offset, s->shard.piece * sizeof(act_t));
+    }
+    comm_wait_all();
+}

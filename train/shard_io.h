@@ -1,0 +1,200 @@
+/*
+ * Checkpoints of a sharded model (DESIGN.md section 6 "Checkpoints"), for any rank count and ZeRO stage:
+ *   - the model file (llama/model_file.h) holds every parameter in checkpoint order; rank 0 writes it,
+ *     the other ranks' pieces of the master weights reaching it by all-gather, a bounded chunk at a time;
+ *   - every rank that holds a shard of the ZeRO layout writes its state file (train/checkpoint.h): the
+ *     global fields and its shard's AdamW moments and master weights, as laid out in memory;
+ *   - after a barrier rank 0 writes DONE_<step>, so a checkpoint is either complete or ignored.
+ * Loading reads, for each of this rank's pieces, the parts of the saved files that hold it: the saved
+ * layout (its shard count, recorded in the files) need not be this run's, so a run saved on N ranks
+ * resumes on M ranks or another ZeRO stage. Weights and state stream between files and backend memory
+ * through STREAM_CHUNK_FLOATS-float host buffers: no host copy of the model is ever made.
+ * Included after a backend, a communication implementation and llama/model.h.
+ */
+#pragma once
+
+#include "checkpoint.h"
+#include "../dist/comm.h"
+#include "../llama/model.h"
+
+/* Host staging buffer between files and backend memory: 64 MiB, so checkpointing a 13B model needs no
+   host copy of it. */
+#define STREAM_CHUNK_FLOATS ((size_t)1 << 24)
+
+/* Byte offset of parameter i (checkpoint order) in a model file. */
+static inline long model_param_offset(size_t i) { return (long)(HEADER_INTS * sizeof(int32_t) + i * sizeof(float)); }
+
+/*
+ * Rank 0 writes the FP32 master weights of the whole model to `path` (atomically); every rank must call
+ * it (the pieces of other ranks arrive by all-gather of at most STREAM_CHUNK_FLOATS floats in all).
+ */
+static inline void model_save(const char* path, Llama* m) {
+    int lead = g_dist.rank == 0, S = m->layout.shards;
+    char tmp[TMP_PATH_LEN];
+    FILE* f = lead ? checkpoint_write_begin(path, tmp, sizeof(tmp), &m->cfg) : NULL;
+    size_t step = STREAM_CHUNK_FLOATS / (size_t)S;
+    float* host = (float*)mallocCheck(STREAM_CHUNK_FLOATS * sizeof(float));
+    float* staging = S > 1 ? (float*)dev_alloc(STREAM_CHUNK_FLOATS * sizeof(float)) : NULL;
+    for (int i = 0; i < m->num_segs; i++) {
+        ModelSegment* s = &m->segs[i];
+        if (S == 1) {
+            for (size_t k = 0; lead && k < s->param.count; k += STREAM_CHUNK_FLOATS) {
+                size_t n = s->param.count - k < STREAM_CHUNK_FLOATS ? s->param.count - k : STREAM_CHUNK_FLOATS;
+                dev_download(host, m->master + s->shard.shard_offset + k, n * sizeof(float));
+                fwriteCheck(host, sizeof(float), n, f, tmp);
+            }
+            continue;
+        }
+        /* chunk k of every rank's piece at once: rank r's floats at staging + r * len */
+        for (size_t k = 0; k < s->shard.piece; k += step) {
+            size_t len = s->shard.piece - k < step ? s->shard.piece - k : step;
+            dev_copy(staging + (size_t)g_dist.rank * len, m->master + s->shard.shard_offset + k, len * sizeof(float));
+            comm_all_gather(staging, len * sizeof(float));
+            comm_wait_all();
+            if (!lead) continue;
+            dev_download(host, staging, (size_t)S * len * sizeof(float));
+            for (int r = 0; r < S; r++) {
+                size_t first = (size_t)r * s->shard.piece + k; /* segment-local index of the chunk's first float */
+                if (first >= s->param.count) break;
+                size_t n = s->param.count - first < len ? s->param.count - first : len;
+                fseekCheck(f, model_param_offset(s->param.param_offset + first), SEEK_SET, tmp);
+                fwriteCheck(host + (size_t)r * len, sizeof(float), n, f, tmp);
+            }
+        }
+    }
+    free(host);
+    if (staging) dev_free(staging);
+    if (lead) atomic_commit(f, tmp, path);
+}
+
+/* Loads this rank's pieces of the master weights from a model checkpoint (already validated for the
+   model's config) and refreshes nothing: the caller refreshes the working weights. */
+static inline void model_load(const char* path, Llama* m) {
+    LlamaConfig file_cfg;
+    FILE* f = checkpoint_open(path, &file_cfg);
+    if (memcmp(&file_cfg, &m->cfg, sizeof(LlamaConfig)) != 0) die("%s: model config differs from the run's", path);
+    float* host = (float*)mallocCheck(STREAM_CHUNK_FLOATS * sizeof(float));
+    for (int i = 0; i < m->num_segs; i++) {
+        ModelSegment* s = &m->segs[i];
+        size_t b, n;
+        llama_own_piece(m, s, &b, &n);
+        for (size_t k = 0; k < n; k += STREAM_CHUNK_FLOATS) {
+            size_t len = n - k < STREAM_CHUNK_FLOATS ? n - k : STREAM_CHUNK_FLOATS;
+            fseekCheck(f, model_param_offset(s->param.param_offset + b + k), SEEK_SET, path);
+            freadCheck(host, sizeof(float), len, f, path);
+            dev_upload(m->master + s->shard.shard_offset + k, host, len * sizeof(float));
+        }
+    }
+    free(host);
+    fcloseCheck(f, path);
+}
+
+/* Llama-style random init (params.h) of this rank's pieces of the master weights. */
+static inline void model_init(Llama* m, uint64_t seed) {
+    float* host = (float*)mallocCheck(STREAM_CHUNK_FLOATS * sizeof(float));
+    for (int i = 0; i < m->num_segs; i++) {
+        ModelSegment* s = &m->segs[i];
+        size_t b, n;
+        llama_own_piece(m, s, &b, &n);
+        for (size_t k = 0; k < n; k += STREAM_CHUNK_FLOATS) {
+            size_t len = n - k < STREAM_CHUNK_FLOATS ? n - k : STREAM_CHUNK_FLOATS;
+            llama_init_params_range(&m->cfg, seed, s->param.param_offset + b + k, len, host);
+            dev_upload(m->master + s->shard.shard_offset + k, host, len * sizeof(float));
+        }
+    }
+    free(host);
+}
+
+/* Does this rank write a state file? One per shard of the layout: rank r holds shard r (ZeRO-0: rank 0). */
+static inline int state_writer(const Llama* m) { return g_dist.rank < m->layout.shards; }
+
+/*
+ * Writes the checkpoint of step s->step to `dir`: the model (rank 0), this rank's state file (if it
+ * holds a shard) with the global fields of *s and its layout, then DONE_<step> after a barrier.
+ * Every rank must call it.
+ */
+static inline void checkpoint_save(const char* dir, Llama* m, TrainState* s) {
+    char path[PATH_LEN], tmp[TMP_PATH_LEN];
+    model_path(path, sizeof(path), dir, s->step);
+    model_save(path, m);
+    if (state_writer(m)) {
+        s->shard = m->shard_index;
+        s->shards = m->layout.shards;
+        s->chunk = (int32_t)ZERO_CHUNK;
+        s->world = m->sharding.world;
+        s->zero_stage = m->sharding.zero_stage;
+        s->shard_elems = m->layout.shard;
+        state_path(path, sizeof(path), dir, s->step, m->shard_index);
+        FILE* f = state_write_begin(path, tmp, sizeof(tmp), s);
+        float* host = (float*)mallocCheck(STREAM_CHUNK_FLOATS * sizeof(float));
+        const float* arrays[3] = {m->adam_m, m->adam_v, m->master};
+        for (int a = 0; a < 3; a++) {
+            for (size_t k = 0; k < m->layout.shard; k += STREAM_CHUNK_FLOATS) {
+                size_t n = m->layout.shard - k < STREAM_CHUNK_FLOATS ? m->layout.shard - k : STREAM_CHUNK_FLOATS;
+                dev_download(host, arrays[a] + k, n * sizeof(float));
+                fwriteCheck(host, sizeof(float), n, f, tmp);
+            }
+        }
+        free(host);
+        atomic_commit(f, tmp, path);
+    }
+    comm_barrier();
+    if (g_dist.rank == 0) checkpoint_mark_done(dir, s->step);
+}
+
+/*
+ * Loads step `step` of `dir` into this rank's pieces of the master weights and AdamW moments, whatever
+ * layout it was saved in, and returns the global fields in *s. Checks every file's settings against
+ * `expect` and its layout against the model's config; stops naming the file otherwise.
+ */
+static inline void checkpoint_load(const char* dir, int step, Llama* m, const RunIdentity* expect, TrainState* s) {
+    char path[PATH_LEN];
+    state_path(path, sizeof(path), dir, step, 0);
+    FILE* first = state_open(path, s, expect);
+    fcloseCheck(first, path);
+    if (s->step != step) die("%s: holds step %d, expected %d", path, s->step, step);
+    if (s->chunk != (int32_t)ZERO_CHUNK) die("%s: written with shard granule %d, this build uses %zu", path, s->chunk, ZERO_CHUNK);
+    /* the saved layout, from the same segments */
+    ShardSegment* saved = (ShardSegment*)mallocCheck((size_t)m->num_segs * sizeof(ShardSegment));
+    for (int i = 0; i < m->num_segs; i++) saved[i].count = m->segs[i].param.count;
+    ShardLayout lay = zero_layout(saved, m->num_segs, s->shards);
+    if (lay.shard != s->shard_elems) die("%s: %llu elements per array, the model's layout of %d shards has %zu", path,
+                                         (unsigned long long)s->shard_elems, s->shards, lay.shard);
+    FILE** files = (FILE**)callocCheck((size_t)s->shards, sizeof(FILE*));
+    float* host = (float*)mallocCheck(STREAM_CHUNK_FLOATS * sizeof(float));
+    float* arrays[3] = {m->adam_m, m->adam_v, m->master};
+    for (int i = 0; i < m->num_segs; i++) {
+        ModelSegment* seg = &m->segs[i];
+        size_t b, n;
+        llama_own_piece(m, seg, &b, &n);
+        for (size_t x = b; x < b + n;) {
+            /* the run of this piece that saved shard r holds, at most a buffer's worth */
+            int r = zero_owner(&saved[i], x);
+            size_t end = ((size_t)r + 1) * saved[i].piece < b + n ? ((size_t)r + 1) * saved[i].piece : b + n;
+            size_t len = end - x < STREAM_CHUNK_FLOATS ? end - x : STREAM_CHUNK_FLOATS;
+            state_path(path, sizeof(path), dir, step, r);
+            if (files[r] == NULL) {
+                TrainState other;
+                files[r] = state_open(path, &other, expect);
+                if (other.step != step || other.shard != r || other.shards != s->shards || other.shard_elems != s->shard_elems)
+                    die("%s: holds shard %d of %d at step %d, expected shard %d of %d at step %d", path, other.shard,
+                        other.shards, other.step, r, s->shards, step);
+            }
+            for (int a = 0; a < 3; a++) {
+                uint64_t at = saved[i].shard_offset + (x - (size_t)r * saved[i].piece);
+                fseekCheck(files[r], state_array_offset(s->shard_elems, a, at), SEEK_SET, path);
+                freadCheck(host, sizeof(float), len, files[r], path);
+                dev_upload(arrays[a] + seg->shard.shard_offset + (x - b), host, len * sizeof(float));
+            }
+            x += len;
+        }
+    }
+    for (int r = 0; r < s->shards; r++) {
+        if (files[r] == NULL) continue;
+        state_path(path, sizeof(path), dir, step, r);
+        fcloseCheck(files[r], path);
+    }
+    free(files);
+    free(host);
+    free(saved);
+}
