@@ -268,7 +268,8 @@ else
     else
         missing=$(for b in train_llama test_llama test_llama_cpu; do [ -x "$b" ] || echo -n "$b "; done)
         row "build train_llama test_llama test_llama_cpu" FAIL \
-            "not built: ${missing:-none}; $(grep -m1 -E 'error|Error' "$LOGS/build.log" || why_failed "$rc" "$s" "$LOGS/build.log")"
+            "not built: ${missing:-none}; $(grep -m1 -E '(error|fatal error):|undefined reference|cannot find -l|\*\*\*' "$LOGS/build.log" ||
+                why_failed "$rc" "$s" "$LOGS/build.log")"
     fi
 fi
 pack_logs "$LOG_CAP"
