@@ -117,7 +117,7 @@ FUZZ_BINS = $(FUZZ_HARNESSES:%=build/fuzz/fuzz_%)
 FUZZ_SEEDS = build/fuzz/seeds/.done
 FUZZ_SECONDS ?= 60
 
-.PHONY: all cpu gpu train test setup data clean help fp8-vs-bf16 fuzz fuzz-build
+.PHONY: all cpu gpu train test setup data clean help fp8-vs-bf16 fuzz fuzz-build device-prepare
 
 all: $(CPU_TARGETS) $(GPU_TARGETS)
 cpu: $(CPU_TARGETS)
@@ -133,6 +133,7 @@ help:
 	@echo "make setup        install the Debian and PyPI packages llm8 needs"
 	@echo "make clean        remove build outputs"
 	@echo "make dev/cuda/bench_kernels  kernel playground: every GPU op vs its CPU op, timed at Llama-2 7B/13B shapes"
+	@echo "make device-prepare  prepare build/device for scripts/device_check.sh on a GPU machine (prints what to carry)"
 
 # Installs what is missing (Debian: OpenBLAS, OpenMPI; PyPI: numpy, sentencepiece, ml_dtypes, ...).
 $(SETUP_STAMP): scripts/setup.sh
@@ -210,6 +211,11 @@ test: all train_llama_cpu test_llama_cpu $(SANITIZED_CPU_TARGETS) fuzz-build
 
 fp8-vs-bf16: train_llama_cpu $(TRAIN_DATA)
 	bash scripts/fp8_vs_bf16.sh
+
+# What the device check needs and the GPU machine cannot make (no network, no cuDNN frontend headers, no
+# OpenBLAS), made here into build/device: the cuDNN glue object, the shards, the CPU build's fp8 curve.
+device-prepare: build/cudnn_att.o train_llama_cpu $(TRAIN_DATA)
+	CUDNN_FRONTEND_INCLUDE="$(CUDNN_FRONTEND_INCLUDE)" bash scripts/device_prepare.sh
 
 clean:
 	rm -rf build train_llama_cpu test_llama_cpu train_llama test_llama dev/cuda/bench_kernels

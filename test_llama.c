@@ -24,29 +24,12 @@ static Rng test_rng(uint64_t salt) {
 
 /* ------------------------------------------------------------ HF reference */
 
-/*
- * Tolerances, about 3x the errors measured when they were set (fp32: logits 1.8e-7, gradients 6.6e-7,
- * steps 1.1e-7; bf16: logits 4.0e-3, loss 5.7e-5, gradients 1.1e-2, steps 1.0e-4; fp8: logits 3.4e-2,
- * loss 5.9e-4, gradients 1.4e-1, steps 1.8e-3) and in line with the formats: fp32 is FP32 rounding
- * against HF's float64; bf16 rounds every stored activation to 8 significant bits (2^-9 relative); fp8
- * rounds the block's GEMM operands to 4 (E4M3) / 3 (E5M2) significant bits (2^-4 / 2^-3 per element).
- * The fixture is fixed, so these measured errors repeat exactly; the tolerances leave room for another
- * compiler or BLAS.
- */
-static int check_reference_fp32(void) {
-    RefTolerance tol = {1e-5, 1e-5, 1e-5, 1e-5};
-    return reference_check(PRECISION_FP32, REF_STATE_PATH, tol);
-}
+/* Tolerances: CPU_REF_TOL_* (dev/test/reference_check.h), with the errors they were set from. */
+static int check_reference_fp32(void) { return reference_check(PRECISION_FP32, REF_STATE_PATH, CPU_REF_TOL_FP32); }
 
-static int check_reference_bf16(void) {
-    RefTolerance tol = {1.5e-2, 2e-4, 4e-2, 4e-4};
-    return reference_check(PRECISION_BF16, REF_STATE_PATH, tol);
-}
+static int check_reference_bf16(void) { return reference_check(PRECISION_BF16, REF_STATE_PATH, CPU_REF_TOL_BF16); }
 
-static int check_reference_fp8(void) {
-    RefTolerance tol = {1e-1, 2e-3, 4e-1, 6e-3};
-    return reference_check(PRECISION_FP8, REF_STATE_PATH, tol);
-}
+static int check_reference_fp8(void) { return reference_check(PRECISION_FP8, REF_STATE_PATH, CPU_REF_TOL_FP8); }
 
 /* ------------------------------------------------------------ FP8 scaling policy */
 

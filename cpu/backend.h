@@ -60,6 +60,38 @@ static inline double backend_memory_mib(void) { return 0.0; }
 /* Attention backward reads the softmax probabilities: (B, NH, T, T) floats per layer. */
 static inline size_t att_stats_size(size_t B, int NH, int T) { return B * (size_t)NH * (size_t)T * (size_t)T; }
 
+/* ---------------------------------------------------------------- profiling (wall clock: every op is synchronous) */
+
+static int g_prof_on = 0;
+static double g_prof_ms[PROF_PHASES];
+static double g_prof_started[PROF_PHASES]; /* wall_seconds() of the open interval, -1 when none is open */
+
+static inline void backend_profile_begin(void) {
+    g_prof_on = 1;
+    for (int p = 0; p < PROF_PHASES; p++) {
+        g_prof_ms[p] = 0.0;
+        g_prof_started[p] = -1.0;
+    }
+}
+
+static inline void backend_timer_start(ProfPhase p) {
+    if (!g_prof_on) return;
+    if (g_prof_started[p] >= 0.0) die("profiling: phase %s started twice", PROF_PHASE_NAMES[p]);
+    g_prof_started[p] = wall_seconds();
+}
+
+static inline void backend_timer_stop(ProfPhase p) {
+    if (!g_prof_on) return;
+    if (g_prof_started[p] < 0.0) die("profiling: phase %s stopped without a start", PROF_PHASE_NAMES[p]);
+    g_prof_ms[p] += 1e3 * (wall_seconds() - g_prof_started[p]);
+    g_prof_started[p] = -1.0;
+}
+
+static inline void backend_profile_end(double* ms) {
+    for (int p = 0; p < PROF_PHASES; p++) ms[p] = g_prof_on ? g_prof_ms[p] : 0.0;
+    g_prof_on = 0;
+}
+
 /* ---------------------------------------------------------------- elementwise and row ops */
 
 /* out (n) = master rounded to the activation type. */
@@ -383,11 +415,17 @@ static inline void op_adamw(float* master, float* m, float* v, const float* grad
 
 /* ---------------------------------------------------------------- FP8 and GEMM (the FP8 library's CPU emulation) */
 
-static inline void op_amax(Fp8Scale* s, const act_t* x, size_t n) { fp8_amax_cpu(s, x, n); }
+static inline void op_amax(Fp8Scale* s, const act_t* x, size_t n) {
+    backend_timer_start(PROF_FP8_CAST);
+    fp8_amax_cpu(s, x, n);
+    backend_timer_stop(PROF_FP8_CAST);
+}
 
 static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols, Fp8Format f,
                                      Fp8Scale* s, int pow2, Fp8Counts* counts) {
+    backend_timer_start(PROF_FP8_CAST);
     fp8_cast_transpose_cpu(out, out_t, x, rows, cols, f, s, pow2, counts);
+    backend_timer_stop(PROF_FP8_CAST);
 }
 
 /*

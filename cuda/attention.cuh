@@ -22,6 +22,30 @@ static inline void attention_init(void) {
 #endif
 }
 
+/* The attention path of this build for the start-up line: cuDNN SDPA with its versions, or the fallback. */
+static inline void attention_describe(char* out, size_t len) {
+#ifdef USE_CUDNN
+    char versions[128];
+    cudnn_att_versions(versions, sizeof(versions));
+    snprintf(out, len, "cuDNN SDPA (%s)", versions);
+#else
+    snprintf(out, len, "fallback kernels (built without cuDNN)");
+#endif
+}
+
+/*
+ * Selects the deterministic attention backward (on != 0) or the fastest one, which with cuDNN is not
+ * bit-reproducible; returns the previous choice. The fallback kernels are always deterministic.
+ */
+static inline int attention_set_deterministic(int on) {
+#ifdef USE_CUDNN
+    return cudnn_att_set_deterministic(on);
+#else
+    (void)on;
+    return 1;
+#endif
+}
+
 #ifndef USE_CUDNN
 
 /* Threads per row of the fallback kernels. */

@@ -103,15 +103,18 @@ static inline void backend_init(Precision p) {
         }
         gemm_cublaslt_init();
         attention_init();
-        printf("| device: %s, compute capability %d.%d, %.1f GiB; cuBLASLt workspace %.0f MiB; attention: %s\n",
+        int runtime = 0, driver = 0;
+        cudaCheck(cudaRuntimeGetVersion(&runtime));
+        cudaCheck(cudaDriverGetVersion(&driver));
+        size_t cublaslt = cublasLtGetVersion(); /* major * 10000 + minor * 100 + patch */
+        char attention[192];
+        attention_describe(attention, sizeof(attention));
+        /* one line that scripts/device_check.sh reads ("attention: " last) */
+        printf("| device: %s, compute capability %d.%d, %.1f GiB; CUDA runtime %d.%d, driver %d.%d; cuBLASLt %zu.%zu.%zu, "
+               "workspace %.0f MiB; attention: %s\n",
                g_device_prop.name, g_device_prop.major, g_device_prop.minor, mib(g_device_prop.totalGlobalMem) / 1024.0,
-               mib(CUBLASLT_WORKSPACE_BYTES),
-#ifdef USE_CUDNN
-               "cuDNN SDPA"
-#else
-               "fallback kernels (built without cuDNN)"
-#endif
-        );
+               runtime / 1000, runtime % 1000 / 10, driver / 1000, driver % 1000 / 10, cublaslt / 10000, cublaslt / 100 % 100,
+               cublaslt % 100, mib(CUBLASLT_WORKSPACE_BYTES), attention);
         g_backend_ready = 1;
     }
     int cc = g_device_prop.major * 10 + g_device_prop.minor;
@@ -155,13 +158,82 @@ static inline double backend_memory_mib(void) {
 /* Attention keeps the softmax log-sum-exp per (b, head, query): (B, NH, T) floats per layer. */
 static inline size_t att_stats_size(size_t B, int NH, int T) { return B * (size_t)NH * (size_t)T; }
 
+/* ---------------------------------------------------------------- profiling: CUDA events */
+
+/* Intervals the event pool starts with; it doubles when a profiled step needs more (one per timed op). */
+#define PROF_INITIAL_INTERVALS 256
+
+/* One timed interval of a profiled step: two events on the default stream, read when the step ends. */
+typedef struct {
+    cudaEvent_t start, stop;
+    ProfPhase phase;
+} ProfInterval;
+
+static ProfInterval* g_prof_intervals = NULL;
+static int g_prof_count = 0, g_prof_capacity = 0, g_prof_on = 0;
+static int g_prof_open[PROF_PHASES]; /* index of each phase's open interval, -1 when none is open */
+
+static inline void backend_profile_begin(void) {
+    g_prof_on = 1;
+    g_prof_count = 0;
+    for (int p = 0; p < PROF_PHASES; p++) g_prof_open[p] = -1;
+}
+
+static inline void backend_timer_start(ProfPhase p) {
+    if (!g_prof_on) return;
+    if (g_prof_open[p] >= 0) die("profiling: phase %s started twice", PROF_PHASE_NAMES[p]);
+    if (g_prof_count == g_prof_capacity) {
+        int capacity = g_prof_capacity > 0 ? 2 * g_prof_capacity : PROF_INITIAL_INTERVALS;
+        ProfInterval* grown = (ProfInterval*)realloc(g_prof_intervals, (size_t)capacity * sizeof(ProfInterval));
+        if (grown == NULL) die("out of host memory for %d profiling intervals", capacity);
+        for (int i = g_prof_capacity; i < capacity; i++) {
+            cudaCheck(cudaEventCreate(&grown[i].start));
+            cudaCheck(cudaEventCreate(&grown[i].stop));
+        }
+        g_prof_intervals = grown;
+        g_prof_capacity = capacity;
+    }
+    ProfInterval* interval = &g_prof_intervals[g_prof_count];
+    interval->phase = p;
+    g_prof_open[p] = g_prof_count++;
+    cudaCheck(cudaEventRecord(interval->start, 0));
+}
+
+static inline void backend_timer_stop(ProfPhase p) {
+    if (!g_prof_on) return;
+    if (g_prof_open[p] < 0) die("profiling: phase %s stopped without a start", PROF_PHASE_NAMES[p]);
+    cudaCheck(cudaEventRecord(g_prof_intervals[g_prof_open[p]].stop, 0));
+    g_prof_open[p] = -1;
+}
+
+static inline void backend_profile_end(double* ms) {
+    for (int p = 0; p < PROF_PHASES; p++) ms[p] = 0.0;
+    if (!g_prof_on) return;
+    g_prof_on = 0;
+    for (int p = 0; p < PROF_PHASES; p++) {
+        if (g_prof_open[p] >= 0) die("profiling: phase %s still open at the end of the step", PROF_PHASE_NAMES[p]);
+    }
+    cudaCheck(cudaDeviceSynchronize());
+    for (int i = 0; i < g_prof_count; i++) {
+        float elapsed = 0.0f;
+        cudaCheck(cudaEventElapsedTime(&elapsed, g_prof_intervals[i].start, g_prof_intervals[i].stop));
+        ms[g_prof_intervals[i].phase] += elapsed;
+    }
+}
+
 /* ---------------------------------------------------------------- FP8 and GEMM (the FP8 library's GPU half) */
 
-static inline void op_amax(Fp8Scale* s, const act_t* x, size_t n) { fp8_amax_cuda(s, x, n); }
+static inline void op_amax(Fp8Scale* s, const act_t* x, size_t n) {
+    backend_timer_start(PROF_FP8_CAST);
+    fp8_amax_cuda(s, x, n);
+    backend_timer_stop(PROF_FP8_CAST);
+}
 
 static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols, Fp8Format f,
                                      Fp8Scale* s, int pow2, Fp8Counts* counts) {
+    backend_timer_start(PROF_FP8_CAST);
     fp8_cast_transpose_cuda(out, out_t, x, rows, cols, f, s, pow2, counts);
+    backend_timer_stop(PROF_FP8_CAST);
 }
 
 static inline void op_gemm(const GemmCall* g) { gemm_cublaslt(g); }

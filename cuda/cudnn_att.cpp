@@ -38,8 +38,8 @@ static bool g_deterministic = false;
 static void* g_workspace = nullptr;
 static int64_t g_workspace_bytes = 0;
 
-/* (B, T, NH, NKV, HS, backward) -> built graph */
-typedef std::tuple<int, int, int, int, int, int> GraphKey;
+/* (B, T, NH, NKV, HS, backward, deterministic) -> built graph */
+typedef std::tuple<int, int, int, int, int, int, int> GraphKey;
 static std::map<GraphKey, std::shared_ptr<fe::graph::Graph>> g_graphs;
 
 static void cudnn_check(cudnnStatus_t status, const char* call, const char* file, int line) {
@@ -126,7 +126,7 @@ static std::shared_ptr<fe::graph::Graph> build_graph(bool backward, int B, int T
 /* The cached graph of a shape, with the shared workspace grown to what it needs. */
 static fe::graph::Graph& graph_for(bool backward, int B, int T, int NH, int NKV, int HS) {
     if (g_cudnn == nullptr) die("cudnn_att_init was not called before attention");
-    GraphKey key(B, T, NH, NKV, HS, backward ? 1 : 0);
+    GraphKey key(B, T, NH, NKV, HS, backward ? 1 : 0, backward && g_deterministic ? 1 : 0);
     auto it = g_graphs.find(key);
     if (it == g_graphs.end()) it = g_graphs.emplace(key, build_graph(backward, B, T, NH, NKV, HS)).first;
     int64_t need = 0;
@@ -144,9 +144,24 @@ static fe::graph::Graph& graph_for(bool backward, int B, int T, int NH, int NKV,
 static void* offset(const void* p, int64_t elements) { return (char*)p + elements * BF16_BYTES; }
 
 extern "C" void cudnn_att_init(void) {
-    if (g_cudnn == nullptr) cudnnCheck(cudnnCreate(&g_cudnn));
+    if (g_cudnn != nullptr) return;
+    cudnnCheck(cudnnCreate(&g_cudnn));
     const char* env = getenv("LLM8_DETERMINISTIC");
     g_deterministic = env != nullptr && strcmp(env, "1") == 0;
+}
+
+extern "C" int cudnn_att_set_deterministic(int on) {
+    int previous = g_deterministic ? 1 : 0;
+    g_deterministic = on != 0;
+    return previous;
+}
+
+/* cuDNN 9 numbers its versions major * 10000 + minor * 100 + patch (cudnn_version.h). */
+extern "C" void cudnn_att_versions(char* out, size_t len) {
+    size_t run = cudnnGetVersion();
+    snprintf(out, len, "cuDNN %zu.%zu.%zu (built with %d.%d.%d), frontend %d.%d.%d", run / 10000, run / 100 % 100, run % 100,
+             CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL, CUDNN_FRONTEND_MAJOR_VERSION, CUDNN_FRONTEND_MINOR_VERSION,
+             CUDNN_FRONTEND_PATCH_VERSION);
 }
 
 extern "C" void cudnn_att_forward(void* out, float* stats, const void* qkv, int B, int T, int NH, int NKV, int HS) {

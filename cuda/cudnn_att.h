@@ -13,12 +13,23 @@
  */
 #pragma once
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Creates the cuDNN handle (once). */
+/* Creates the cuDNN handle (once) and takes the backward algorithm from LLM8_DETERMINISTIC (1: deterministic). */
 void cudnn_att_init(void);
+
+/*
+ * Selects cuDNN's deterministic SDPA backward (on != 0) or its fastest one, which accumulates dQ with
+ * atomics and is not bit-reproducible (on == 0); both kinds of graphs are cached. Returns the previous choice.
+ */
+int cudnn_att_set_deterministic(int on);
+
+/* "cuDNN X.Y.Z (built with X.Y.Z), frontend X.Y.Z": the library at run time, its headers at build time. */
+void cudnn_att_versions(char* out, size_t len);
 
 /* out (B, T, NH*HS), stats (B, NH, T) = causal softmax(q k^T / sqrt(HS)) v, q, k, v read from qkv. */
 void cudnn_att_forward(void* out, float* stats, const void* qkv, int B, int T, int NH, int NKV, int HS);

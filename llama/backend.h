@@ -53,6 +53,25 @@ static inline double backend_memory_mib(void);
 /* Floats op_attention_forward keeps per layer for backward (the CPU keeps probabilities, the GPU log-sum-exps). */
 static inline size_t att_stats_size(size_t B, int NH, int T);
 
+/* ---------------------------------------------------------------- profiling (the trainer's --profile) */
+
+/* The phases a profiled step is timed in. PROF_FP8_CAST is the time of every op_amax and op_cast_transpose
+   (which time themselves) and lies inside the other three. */
+typedef enum { PROF_FORWARD, PROF_BACKWARD, PROF_OPTIMIZER, PROF_FP8_CAST, PROF_PHASES } ProfPhase;
+static const char* const PROF_PHASE_NAMES[PROF_PHASES] = {"forward", "backward", "optimizer", "fp8 casts"};
+
+/* Starts a profiled step: until backend_profile_end, each backend_timer_start / backend_timer_stop pair adds
+   the time between them to its phase. Outside a profiled step the timers do nothing. The GPU times with
+   CUDA events on the default stream, so a profiled step queues its work as any other and waits only in
+   backend_profile_end; the CPU reads the wall clock (its ops are synchronous). */
+static inline void backend_profile_begin(void);
+/* Opens / closes an interval of phase p; at most one interval per phase is open at a time (else stops). */
+static inline void backend_timer_start(ProfPhase p);
+static inline void backend_timer_stop(ProfPhase p);
+/* Ends the profiled step: waits for its work and writes each phase's milliseconds to ms (PROF_PHASES
+   values; all 0 when no step was being profiled). */
+static inline void backend_profile_end(double* ms);
+
 /* ---------------------------------------------------------------- weights and embedding */
 
 /* out (n) act = master (n) FP32, rounded to nearest even. */
@@ -122,11 +141,11 @@ static inline void op_adamw(float* master, float* m, float* v, const float* grad
 
 /* ---------------------------------------------------------------- FP8 and GEMM */
 
-/* s->amax = max |x| over n act values; NaN when any is NaN (fp8.h amax_combine). */
+/* s->amax = max |x| over n act values; NaN when any is NaN (fp8.h amax_combine). Timed as PROF_FP8_CAST. */
 static inline void op_amax(Fp8Scale* s, const act_t* x, size_t n);
 /* s->scale, s->scale_inv from s->amax (fp8_compute_scale); then x (rows, cols) cast to codes of format f,
    written to out (rows, cols) and/or out_t (cols, rows) (either may be NULL); counts (may be NULL)
-   accumulates the cast statistics. Codes are bit-identical across backends. */
+   accumulates the cast statistics. Codes are bit-identical across backends. Timed as PROF_FP8_CAST. */
 static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols, Fp8Format f,
                                      Fp8Scale* s, int pow2, Fp8Counts* counts);
 /* Runs a GEMM (fp8/gemm.h: build it with gemm_fprop / gemm_dgrad / gemm_wgrad); DT_ACT outputs are

@@ -1,168 +1,513 @@
 #!/usr/bin/env bash
-# The device check (DESIGN.md section 8): one command on one H100/H200, under 8 minutes, no network.
-#   1. builds train_llama, test_llama and test_llama_cpu on the device (times the build);
-#   2. runs every check of test_llama: the GPU against HF transformers' reference and against the CPU
-#      build on the same recipe, each kernel family against its CPU op, resume, recompute, accumulation;
-#      then, when compute-sanitizer is on PATH, the checks of the hand-written kernels under memcheck;
-#   3. measures FP8 vs BF16 GEMM TFLOP/s at Llama-2 7B and 13B shapes (test_llama --bench-gemm);
-#   4. trains a 7B-shaped model with fewer layers (seq 4096) for a few steps in bf16 and fp8 and reports
-#      tokens/s and MFU;
-#   5. resumes a `tiny` run from its step-3 checkpoint and compares steps 3..5 with the uninterrupted run;
-# and prints one table last. Logs go to OUT_DIR (default $OUT if set, else build/device_check).
-#   usage: scripts/device_check.sh [OUT_DIR]      env: LAYERS (default 4), STEPS (default 10), JOBS
-# Needs only the CUDA toolkit, cuDNN and NCCL found on the machine (and the cuDNN frontend headers for
-# cuDNN attention; without them the build falls back to the plain attention kernels, noted in the table).
+# The device check (DESIGN.md section 8): the one command run on a lent GPU machine (one H100/H200, no
+# network, under 8 minutes), and all the evidence the project gets from it. Every phase runs in its own
+# process under its own timeout, so a crash, a die() or a hang costs only its own row, and the table is
+# printed (and appended to OUT_DIR/summary.txt) row by row, so even a killed run leaves it:
+#   1. environment: nvidia-smi; the CUDA toolkit, cuDNN, nvrtc and NCCL (the system's, else those of
+#      PyTorch's nvidia-* wheels), MPI, OpenBLAS, compute-sanitizer (on PATH or in the toolkit);
+#   2. the files `make device-prepare` made on a machine without a GPU (build/device: the cuDNN glue
+#      object, the tiny-shakespeare shards, the CPU build's fp8 loss curve);
+#   3. the build of train_llama, test_llama and test_llama_cpu on the device;
+#   4. test_llama --device-info: GPU, CUDA / cuBLASLt / cuDNN versions and the attention path (must be
+#      cuDNN SDPA: the fallback kernels would make every number below measure the wrong thing);
+#   5. every check of test_llama (--list) in a process of its own (--only NAME): HF's reference, the CPU
+#      build, each kernel family, resume, the NCCL path on one rank against no NCCL (nccl_one_rank), and
+#      the production shapes (attention at T 4096, HS 128 with both cuDNN backward algorithms; the FP8
+#      linear layers of Llama-2 7B and 13B);
+#   6. FP8 vs BF16 GEMM TFLOP/s at the 7B and 13B shapes;
+#   7. throughput of a 7B-shaped model (LAYERS layers, T 4096, 32768 tokens per step: 8 micro-steps) in bf16
+#      and fp8: mean tokens/s and MFU of the steps after warm-up (skipped steps excluded) and the trainer's
+#      own per-phase profile (--profile);
+#   8. real text: `tiny` on tiny-shakespeare on the GPU in bf16 and fp8 with the flags of the carried CPU
+#      run: fp8 within 1% of bf16, and within 0.5% of the CPU build's emulated fp8 curve;
+#   9. a GPU run resumed from its step-3 checkpoint against the uninterrupted run;
+#  10. compute-sanitizer memcheck of the checks that run only our own kernels, limited to those kernels,
+#      MEMCHECK_S seconds at most (a skip row with the reason where the sanitizer cannot run);
+# then the whole table again. OUT_DIR (default $OUT when set, else build/device_check) receives two files:
+# summary.txt (the table) and logs.tar.gz (every log, each cut to LOG_CAP bytes, re-packed after each
+# phase); bulky files (shards, checkpoints, runs) live in a folder under /tmp, removed at the end.
+#   usage: scripts/device_check.sh [OUT_DIR]     env: LAYERS (4), STEPS (10), JOBS (nproc), BUDGET_S (480)
+# Exit status 0 when no row says FAIL. README "Device check" says how to prepare, carry and read it.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
+
 OUT_DIR=${1:-${OUT:-build/device_check}}
 LAYERS=${LAYERS:-4}
 STEPS=${STEPS:-10}
 JOBS=${JOBS:-$(nproc)}
-TIME_LIMIT_S=480          # DESIGN.md section 8: the whole check in under 8 minutes
-MEMCHECK_TIMEOUT_S=240
-AFTER_MEMCHECK_S=150      # what the GEMM benchmark, the throughput runs and the resume runs take, with margin
-MEMCHECK_CHECKS=(kernel_encoder kernel_rmsnorm kernel_fp8_cast kernel_classifier kernel_attention)
-START=$(date +%s)
-mkdir -p "$OUT_DIR"
-ROWS=()
-row() { ROWS+=("$(printf '%-46s | %-6s | %s' "$1" "$2" "$3")"); }
-elapsed() { echo "$(( $(date +%s) - $1 ))s"; }
-# The attention path a binary runs, from its start-up line "| device: ...; attention: <mode>" in a log.
-attention_of() { sed -n 's/^| device: .*; attention: //p' "$@" 2>/dev/null | head -1; }
+BUDGET_S=${BUDGET_S:-480}  # DESIGN.md section 8: the whole check under 8 minutes
+RESERVE_S=20               # kept back for the final table and the log archive
+MIN_PHASE_S=10             # a phase that would get less than this is skipped
+KILL_AFTER_S=10            # a command still running this long after its TERM is killed
+TOOL_S=60                  # a short command: nvidia-smi, --device-info, writing a shard, a loss comparison
+BUILD_S=300                # the build on the device
+CHECK_S=90                 # one test_llama check
+PROD_CHECK_S=180           # one production-shape check (CPU references at 7B/13B sizes)
+BENCH_S=90                 # the GEMM benchmark
+TRAIN_S=150                # one training run
+RESUME_S=60                # each of the two resume runs
+MEMCHECK_S=90              # all memcheck runs together
+LOG_CAP=$((1 << 20))       # bytes kept of one log in the archive (its head and tail)
+ARCHIVE_MAX=$((16 << 20))  # the largest file the device machine gives back
+TOKENS_PER_STEP=32768      # throughput runs: 8 micro-steps of 4096 tokens
+SHARD_TOKENS=2000000       # the random shard of the throughput and resume runs (uint16 tokens: 4 MB)
+WARMUP_STEPS=2             # throughput: steps left out of the means (cuBLASLt and cuDNN set-up)
+PROFILE_EVERY=5            # throughput: --profile
+PREP=build/device          # what `make device-prepare` made (scripts/device_prepare.sh)
+LIB_LINKS=$PWD/build/device_libs
+# the checks whose GPU work is our own kernels only (no cuBLASLt, no cuDNN): what memcheck runs
+MEMCHECK_CHECKS=(kernel_optimizer kernel_encoder kernel_rmsnorm kernel_rope kernel_swiglu kernel_classifier kernel_fp8_cast)
 
-echo "== device"
-nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv,noheader | tee "$OUT_DIR/device.txt"
-row "device" "info" "$(head -1 "$OUT_DIR/device.txt")"
+START=$(date +%s)
+mkdir -p "$OUT_DIR" || exit 1
+WORK=$(mktemp -d /tmp/llm8_device_check.XXXXXX) || exit 1
+LOGS=$WORK/logs
+mkdir -p "$LOGS"
+SUMMARY=$OUT_DIR/summary.txt
+ARCHIVE=$OUT_DIR/logs.tar.gz
+rm -f "$SUMMARY" "$ARCHIVE"
+
+# ---------------------------------------------------------------- table, time, processes
+
+ROW_FORMAT='%-46s | %-6s | %s\n'
+ROWS=()
+FAILED=0
+# row NAME STATUS DETAIL: one row (status ok, FAIL, skip, info or bench), printed and saved at once
+row() {
+    local line
+    line=$(printf "$ROW_FORMAT" "$1" "$2" "$(printf '%s' "$3" | tr -s '\n\t ' ' ' | sed 's/ *$//' | cut -c1-150)")
+    ROWS+=("$line")
+    [ "$2" = FAIL ] && FAILED=$((FAILED + 1))
+    echo "$line" | tee -a "$SUMMARY"
+}
+header() { printf "$ROW_FORMAT" check status detail; printf '%s\n' "$(printf -- '-%.0s' $(seq 100))"; }
+
+elapsed() { echo $(( $(date +%s) - START )); }
+# budget WANTED: the seconds a phase may take: WANTED, less when the budget runs short, 0 when too little is left
+budget() {
+    local left=$(( BUDGET_S - RESERVE_S - $(elapsed) ))
+    if [ "$left" -lt "$MIN_PHASE_S" ]; then echo 0; elif [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
+}
+NO_TIME="no time left in the ${BUDGET_S}s budget"
+
+# limited SECONDS LOG CMD...: CMD with its output in LOG, stopped after SECONDS (killed KILL_AFTER_S later); its status.
+# Waited for in the background, so that a TERM to this script stops it at once (the trap below).
+CHILD=""
+LAST_S=0 # how long the last limited command ran
+limited() {
+    local seconds=$1 log=$2 rc started
+    shift 2
+    started=$(date +%s)
+    timeout -k "$KILL_AFTER_S" "$seconds" "$@" > "$log" 2>&1 &
+    CHILD=$!
+    wait "$CHILD"
+    rc=$?
+    CHILD=""
+    LAST_S=$(( $(date +%s) - started ))
+    return "$rc"
+}
+
+# why_failed STATUS SECONDS LOG: one line on a failed process: timed out (124; 137 when it had to be killed
+# after its TERM: the trainer checkpoints on a TERM), killed by a signal, or its last words
+why_failed() {
+    local rc=$1 seconds=$2 log=$3 last
+    last=$(grep -v '^[[:space:]]*$' "$log" 2> /dev/null | tail -1)
+    if [ "$rc" -eq 124 ] || { [ "$rc" -eq 137 ] && [ "$LAST_S" -ge "$seconds" ]; }; then
+        echo "timed out after ${seconds}s; last line: $last"
+    elif [ "$rc" -gt 128 ]; then echo "killed by signal $((rc - 128)): $last"
+    else echo "exit $rc: $last"; fi
+}
+
+# The attention path a binary runs, from its start-up line "| device: ...; attention: <path>".
+attention_of() { sed -n 's/^| device: .*; attention: //p' "$@" 2>/dev/null | head -1; }
+is_cudnn() { case $1 in "cuDNN SDPA"*) return 0 ;; *) return 1 ;; esac; }
+
+# pack_logs CAP: logs.tar.gz from every log, each cut to its first and last CAP/2 bytes
+pack_logs() {
+    local cap=$1 half=$(($1 / 2)) f size
+    for f in "$LOGS"/*; do
+        [ -f "$f" ] || continue
+        size=$(stat -c %s "$f")
+        if [ "$size" -gt "$cap" ]; then
+            { head -c "$half" "$f"; printf '\n[... %d bytes cut by device_check.sh ...]\n' $((size - 2 * half)); tail -c "$half" "$f"; } > "$f.cut" &&
+                mv "$f.cut" "$f"
+        fi
+    done
+    tar -czf "$ARCHIVE.part" -C "$WORK" logs 2>/dev/null && mv "$ARCHIVE.part" "$ARCHIVE"
+}
+
+FINISHED=0
+finish() {
+    [ "$FINISHED" -eq 1 ] && return
+    FINISHED=1
+    pack_logs "$LOG_CAP"
+    [ "$(stat -c %s "$ARCHIVE" 2>/dev/null || echo 0)" -gt "$ARCHIVE_MAX" ] && pack_logs $((LOG_CAP / 8))
+    echo
+    echo "== device check summary ($(elapsed)s in all; files in $OUT_DIR)"
+    header
+    printf '%s\n' "${ROWS[@]}"
+    echo
+    ls -l "$OUT_DIR"
+    rm -rf "$WORK"
+}
+trap finish EXIT
+interrupted() {
+    [ -n "$CHILD" ] && kill -TERM "$CHILD" 2> /dev/null && wait "$CHILD"
+    row "device check" FAIL "interrupted by a signal after $(elapsed)s"
+    exit 143
+}
+trap interrupted TERM INT
+
+echo "device check: budget ${BUDGET_S}s, output $OUT_DIR, scratch $WORK"
+header | tee "$SUMMARY"
+
+# ---------------------------------------------------------------- 1. environment
+
+echo "== GPU and libraries"
+limited "$TOOL_S" "$LOGS/nvidia-smi_full.log" nvidia-smi
+limited "$TOOL_S" "$LOGS/nvidia-smi.log" nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv,noheader
+rc=$?
+if [ "$rc" -eq 0 ]; then row "GPU (nvidia-smi)" info "$(head -1 "$LOGS/nvidia-smi.log")"
+else row "GPU (nvidia-smi)" FAIL "$(why_failed "$rc" "$TOOL_S" "$LOGS/nvidia-smi.log")"; fi
+
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export PATH="$PATH:$CUDA_HOME/bin"
+export LD_LIBRARY_PATH="$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"  # cuBLASLt, nvrtc
+MAKE_VARS=()
+rm -rf "$LIB_LINKS"
+
+# wheel_dir lib|include FILE: the folder of PyTorch's nvidia-* wheels (nvidia/<pkg>/lib, nvidia/cu13/lib, ...) holding FILE
+wheel_dir() {
+    timeout "$TOOL_S" python3 - "$1" "$2" 2> /dev/null << 'EOF'
+import glob, os, sys
+try:
+    import nvidia
+except ImportError:
+    sys.exit(0)
+kind, name = sys.argv[1], sys.argv[2]
+for root in nvidia.__path__:
+    for pattern in ("*", os.path.join("*", "*")):
+        for hit in sorted(glob.glob(os.path.join(root, pattern, kind, name))):
+            print(os.path.dirname(hit))
+            sys.exit(0)
+EOF
+}
+have_header() { echo "#include <$1>" | gcc -E -x c - -I"$CUDA_HOME/include" > /dev/null 2>&1; }
+# use_lib NAME SONAME: makes -l<NAME minus lib/.so> link and load: the system's library; else its SONAME
+# alone, the system's or a wheel's, through an unversioned link in build/device_libs for the linker and its
+# folder on the loader path. Sets LIB_WHERE to "system" or SONAME's folder; returns 1 when nothing has it.
+use_lib() {
+    local name=$1 soname=$2 dir
+    LIB_WHERE=system
+    if ldconfig -p 2> /dev/null | grep -q "[[:space:]]$name (" || [ -e "$CUDA_HOME/lib64/$name" ]; then return 0; fi
+    dir=$(ldconfig -p 2> /dev/null | awk -v n="$soname" '$1 == n {print $NF; exit}')
+    if [ -n "$dir" ]; then dir=$(dirname "$dir")
+    elif [ -e "$CUDA_HOME/lib64/$soname" ]; then dir=$CUDA_HOME/lib64
+    else dir=$(wheel_dir lib "$soname"); fi
+    [ -n "$dir" ] || return 1
+    mkdir -p "$LIB_LINKS"
+    ln -sf "$dir/$soname" "$LIB_LINKS/$name"
+    export LIBRARY_PATH="$LIB_LINKS:$dir${LIBRARY_PATH:+:$LIBRARY_PATH}"
+    export LD_LIBRARY_PATH="$dir:$LD_LIBRARY_PATH"
+    LIB_WHERE=$dir
+}
+
+env_notes=()
+if use_lib libcudnn.so libcudnn.so.9; then env_notes+=("cuDNN $LIB_WHERE")
+else MAKE_VARS+=(USE_CUDNN=0); env_notes+=("cuDNN missing (USE_CUDNN=0)"); fi
+# the cuDNN frontend (>= 1.3x) references NVRTC even when only SDPA runs
+if use_lib libnvrtc.so libnvrtc.so.13; then env_notes+=("nvrtc $LIB_WHERE")
+else MAKE_VARS+=(USE_CUDNN=0); env_notes+=("nvrtc missing (USE_CUDNN=0)"); fi
+# NCCL (issue 8 links it): the headers and library of the system, else of the nvidia-nccl wheel
+nccl_note="NCCL headers system"
+if ! have_header nccl.h; then
+    dir=$(wheel_dir include nccl.h)
+    if [ -n "$dir" ]; then export CPATH="$dir${CPATH:+:$CPATH}"; nccl_note="NCCL headers $dir"; else nccl_note="no nccl.h"; fi
+fi
+if use_lib libnccl.so libnccl.so.2; then env_notes+=("$nccl_note, library $LIB_WHERE"); else env_notes+=("$nccl_note, no libnccl"); fi
+if command -v mpicc > /dev/null; then env_notes+=("MPI $(command -v mpicc)"); else MAKE_VARS+=(USE_MPI=0); env_notes+=("no mpicc (USE_MPI=0)"); fi
+if ! { have_header cblas.h && ldconfig -p 2> /dev/null | grep -q libopenblas; }; then
+    MAKE_VARS+=(BLAS=none) # the CPU side of the checks then runs its plain GEMM loop on fewer columns
+fi
+SANITIZER=$(command -v compute-sanitizer)
+for candidate in "$CUDA_HOME/bin/compute-sanitizer" "$CUDA_HOME/compute-sanitizer/compute-sanitizer" \
+    /usr/local/cuda*/bin/compute-sanitizer /opt/nvidia/*/compute-sanitizer; do
+    [ -z "$SANITIZER" ] && [ -x "$candidate" ] && SANITIZER=$candidate
+done
+row "libraries" info "$(printf '%s; ' "${env_notes[@]}")make ${MAKE_VARS[*]:-(defaults)}; compute-sanitizer ${SANITIZER:-not found}"
+
+# ---------------------------------------------------------------- 2. prepared files
+
+echo "== prepared files ($PREP)"
+if [ ! -f "$PREP/MANIFEST" ]; then
+    row "prepared files ($PREP)" FAIL "missing: run make device-prepare where the cuDNN frontend is installed, and carry $PREP"
+else
+    stale=$(sha256sum -c "$PREP/cudnn_att.sha256" 2> /dev/null | grep 'FAILED' | cut -d: -f1 | tr '\n' ' ')
+    if [ -n "$stale" ]; then
+        row "prepared files ($PREP)" FAIL "cudnn_att.o was built from other sources ($stale): re-run make device-prepare"
+    else
+        row "prepared files ($PREP)" ok "$(head -1 "$PREP/MANIFEST")"
+    fi
+    # the GPU build links the carried cuDNN glue when this machine cannot compile it (no frontend headers)
+    [ -e build/cudnn_att.o ] || { mkdir -p build && cp "$PREP/cudnn_att.o" build/cudnn_att.o; }
+fi
+
+# ---------------------------------------------------------------- 3. build
 
 echo "== build"
-# Nothing can be installed on a GPU host without network: skip `make setup` and use what is there.
-mkdir -p build && touch build/.setup-done
-MAKE_VARS=()
-if ! { echo '#include <cblas.h>' | gcc -E -x c - >/dev/null 2>&1 && ldconfig -p | grep -q libopenblas; }; then
-    MAKE_VARS+=(BLAS=none) # the CPU side of the checks then uses a slow built-in GEMM
-fi
-# cuDNN: the system's, else the one PyTorch's nvidia-cudnn wheel carries (it has no unversioned .so).
-if ! ldconfig -p | grep -q 'libcudnn\.so ' && [ ! -e /usr/local/cuda/lib64/libcudnn.so ]; then
-    dir=$(python3 -c "import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], 'lib'))" 2>/dev/null)
-    if [ -n "$dir" ] && [ -e "$dir/libcudnn.so.9" ]; then
-        mkdir -p build/cudnn_lib && ln -sf "$dir/libcudnn.so.9" build/cudnn_lib/libcudnn.so
-        export LIBRARY_PATH="$PWD/build/cudnn_lib:$dir:${LIBRARY_PATH:-}" LD_LIBRARY_PATH="$dir:${LD_LIBRARY_PATH:-}"
-    else
-        MAKE_VARS+=(USE_CUDNN=0)
-    fi
-fi
-t0=$(date +%s)
-if make -j"$JOBS" "${MAKE_VARS[@]}" train_llama test_llama test_llama_cpu > "$OUT_DIR/build.log" 2>&1; then
-    # the attention path is filled in from the binaries' start-up line (an up-to-date build logs nothing)
-    BUILD_ROW=${#ROWS[@]}
-    BUILD_TIME=$(elapsed "$t0")
-    row "build train_llama test_llama test_llama_cpu" "ok" ""
-else
-    tail -30 "$OUT_DIR/build.log"
-    row "build" "FAIL" "see $OUT_DIR/build.log"
-    printf '\n%s\n' "${ROWS[@]}"
-    exit 1
-fi
-
-echo "== test_llama"
-t0=$(date +%s)
-# test_llama_full.log keeps the start-up lines ("| device: ...; attention: ...") the table reads
-./test_llama 2>&1 | tee "$OUT_DIR/test_llama_full.log" | grep --line-buffered -v '^|' | tee "$OUT_DIR/test_llama.log"
-while read -r status name; do
-    detail=$(awk -v n="[ $name ]" 'index($0, n) == 1 {on = 1; next} on && /^(ok  |FAIL) / {exit} on && /FAIL:|max abs err|relative L2|rel err/ {print}' "$OUT_DIR/test_llama.log" |
-        grep -E 'FAIL:|gradients:|logits:|max abs' | head -2 | sed 's/^ *//' | tr '\n' ';' | cut -c1-110)
-    row "test_llama $name" "$status" "$detail"
-done < <(grep -E '^(ok  |FAIL) ' "$OUT_DIR/test_llama.log" | awk '{print $1, $2}')
-summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$OUT_DIR/test_llama.log" | tail -1)
-row "test_llama (all)" "$([ -n "$summary" ] && echo "$summary" | grep -q ' 0 failed' && echo ok || echo FAIL)" "${summary:-no summary: crashed?} in $(elapsed "$t0")"
-
-echo "== compute-sanitizer memcheck: ${MEMCHECK_CHECKS[*]}"
-name="compute-sanitizer memcheck (${#MEMCHECK_CHECKS[@]} kernel checks)"
-limit=$(( TIME_LIMIT_S - AFTER_MEMCHECK_S - ($(date +%s) - START) ))
-[ "$limit" -gt "$MEMCHECK_TIMEOUT_S" ] && limit=$MEMCHECK_TIMEOUT_S
-if ! command -v compute-sanitizer >/dev/null; then
-    row "$name" "skip" "compute-sanitizer not on PATH"
-elif [ "$limit" -lt 30 ]; then
-    row "$name" "skip" "no time left for it within the ${TIME_LIMIT_S}s budget"
+mkdir -p build && touch build/.setup-done # no network here: skip `make setup`, use what is installed
+s=$(budget "$BUILD_S")
+if [ "$s" -eq 0 ]; then
+    row "build" skip "$NO_TIME"
 else
     t0=$(date +%s)
-    only=()
-    for check in "${MEMCHECK_CHECKS[@]}"; do only+=(--only "$check"); done
-    timeout "$limit" compute-sanitizer --tool memcheck ./test_llama "${only[@]}" > "$OUT_DIR/memcheck.log" 2>&1
+    limited "$s" "$LOGS/build.log" make -k -j"$JOBS" "${MAKE_VARS[@]}" train_llama test_llama test_llama_cpu
     rc=$?
-    summary=$(grep -o 'ERROR SUMMARY: [0-9]* error[s]*' "$OUT_DIR/memcheck.log" | tail -1)
-    if [ "$rc" -eq 124 ]; then
-        row "$name" "FAIL" "timed out after ${limit}s, see $OUT_DIR/memcheck.log"
-    elif [ -z "$summary" ]; then
-        row "$name" "FAIL" "exit $rc, no ERROR SUMMARY: see $OUT_DIR/memcheck.log"
+    if [ "$rc" -eq 0 ]; then
+        row "build train_llama test_llama test_llama_cpu" ok "$(( $(date +%s) - t0 ))s"
     else
-        status=$([ "$rc" -eq 0 ] && echo "$summary" | grep -q 'SUMMARY: 0 errors' && echo ok || echo FAIL)
-        row "$name" "$status" "$summary, exit $rc, in $(elapsed "$t0")"
+        missing=$(for b in train_llama test_llama test_llama_cpu; do [ -x "$b" ] || echo -n "$b "; done)
+        row "build train_llama test_llama test_llama_cpu" FAIL \
+            "not built: ${missing:-none}; $(grep -m1 -E '(error|fatal error):|undefined reference|cannot find -l|\*\*\*' "$LOGS/build.log" ||
+                why_failed "$rc" "$s" "$LOGS/build.log")"
     fi
 fi
+pack_logs "$LOG_CAP"
+
+# ---------------------------------------------------------------- 4. device, library versions, attention path
+
+echo "== test_llama --device-info"
+ATTENTION=""
+if [ ! -x ./test_llama ]; then
+    row "device and library versions" FAIL "test_llama not built"
+else
+    limited "$TOOL_S" "$LOGS/device_info.log" ./test_llama --device-info
+    rc=$?
+    info=$(sed -n 's/^| device: //p' "$LOGS/device_info.log" | head -1)
+    ATTENTION=$(attention_of "$LOGS/device_info.log")
+    if [ "$rc" -eq 0 ] && [ -n "$info" ]; then row "device and library versions" info "${info%%; attention: *}"
+    else row "device and library versions" FAIL "$(why_failed "$rc" "$TOOL_S" "$LOGS/device_info.log")"; fi
+fi
+if is_cudnn "$ATTENTION"; then row "attention path" ok "$ATTENTION"
+else row "attention path" FAIL "${ATTENTION:-unknown} (the GPU path must be cuDNN SDPA; carry build/device with cudnn_att.o)"; fi
+
+# ---------------------------------------------------------------- 5. test_llama, one process per check
+
+echo "== test_llama checks"
+CHECKS=()
+no_run=""
+if [ -x ./test_llama ]; then mapfile -t CHECKS < <(timeout "$TOOL_S" ./test_llama --list 2> /dev/null); fi
+if [ ${#CHECKS[@]} -eq 0 ]; then
+    # names from the source, so that the table still has one row per check
+    mapfile -t CHECKS < <(sed -n 's/^ *{"\([a-z0-9_]*\)", check_[a-z0-9_]*, ".*$/\1/p' test_llama.cu)
+    no_run=$([ -x ./test_llama ] && echo "test_llama --list failed" || echo "test_llama not built (see the build row)")
+fi
+
+# check_detail LOG: its first failures, else its worst norm comparison (rel L2 over its tolerance), else its first measured error
+check_detail() {
+    local fails
+    fails=$(grep -E '^ *FAIL: ' "$1" | head -2 | sed 's/^ *FAIL: //' | paste -sd';')
+    if [ -n "$fails" ]; then echo "$fails"; return; fi
+    awk 'match($0, /rel L2 [0-9.e+-]+, tol rel L2 [0-9.e+-]+/) {
+             split(substr($0, RSTART, RLENGTH), f, /[ ,]+/)
+             r = f[3] / f[7]
+             if (r >= worst) { worst = r; what = $0 }
+         }
+         !first && /logits:|gradients:|max abs err|relative L2|bit-identical|uninterrupted/ { first = $0 }
+         END {
+             if (what != "") { sub(/^ */, "", what); sub(/:.*/, "", what); printf "worst rel L2 = %.2f x tol (%s)", worst, what }
+             else { sub(/^ */, "", first); print first }
+         }' "$1"
+}
+
+for name in "${CHECKS[@]}"; do
+    label="test_llama $name"
+    if [ -n "$no_run" ]; then row "$label" FAIL "$no_run"; continue; fi
+    case $name in prod_*) want=$PROD_CHECK_S ;; *) want=$CHECK_S ;; esac
+    s=$(budget "$want")
+    if [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"; continue; fi
+    log=$LOGS/test_llama_$name.log
+    t0=$(date +%s)
+    limited "$s" "$log" ./test_llama --only "$name"
+    rc=$?
+    detail="$(( $(date +%s) - t0 ))s$(check_detail "$log" | sed 's/^./; &/')"
+    if [ "$rc" -eq 0 ] && grep -q "^ok   $name\$" "$log"; then row "$label" ok "$detail"
+    elif grep -q "^FAIL $name\$" "$log"; then row "$label" FAIL "$detail"
+    else row "$label" FAIL "$(why_failed "$rc" "$s" "$log")"; fi
+done
+pack_logs "$LOG_CAP"
+
+# ---------------------------------------------------------------- 6. GEMM benchmark
 
 echo "== GEMM FP8 vs BF16"
-./test_llama --bench-gemm 2>&1 | grep -v '^|' | tee "$OUT_DIR/gemm.log"
-while read -r line; do
-    row "$(echo "$line" | cut -d: -f1)" "bench" "$(echo "$line" | cut -d: -f2- | sed 's/^ *//')"
-done < <(grep '^gemm ' "$OUT_DIR/gemm.log")
-[ -n "$(grep '^gemm ' "$OUT_DIR/gemm.log")" ] || row "GEMM benchmark" "FAIL" "see $OUT_DIR/gemm.log"
-
-echo "== training throughput: llama2-7b shape, $LAYERS layers, seq 4096"
-SHARD="$OUT_DIR/random_tokens.bin"
-./test_llama --write-shard "$SHARD" 2000000 1 || row "random shard" "FAIL" ""
-declare -A TOKS
-for p in bf16 fp8; do
-    log="$OUT_DIR/train_$p.log"
-    ./train_llama -e llama2-7b --n-layers "$LAYERS" -b 1 -t 4096 -x "$STEPS" -v 0 -m 1 -u 2 -i "$SHARD" -j "$SHARD" -p "$p" > "$log" 2>&1
+s=$(budget "$BENCH_S")
+if [ ! -x ./test_llama ]; then row "GEMM benchmark" FAIL "test_llama not built"
+elif [ "$s" -eq 0 ]; then row "GEMM benchmark" skip "$NO_TIME"
+else
+    limited "$s" "$LOGS/gemm.log" ./test_llama --bench-gemm
     rc=$?
-    # mean tokens/s and MFU over the steps after the first two (cuBLASLt / cuDNN set-up)
-    stats=$(awk '/^step/ {n++; for (i = 1; i <= NF; i++) {if ($i == "tok/s") t = $(i-1); if ($i == "MFU") m = $(i+1)}
-                 if (n > 2) {st += t; sm += m; c++}} END {if (c) printf "%.0f %.1f", st / c, sm / c}' "$log")
-    toks=${stats%% *}
-    mfu=${stats##* }
-    TOKS[$p]=${toks:-0}
-    if [ "$rc" -eq 0 ] && [ -n "$toks" ]; then
-        row "train 7b-shape L$LAYERS T4096 -p $p" "ok" "$toks tok/s, MFU ${mfu%\%}%, final $(grep '^val loss' "$log" | tail -1)"
-    else
-        row "train 7b-shape L$LAYERS T4096 -p $p" "FAIL" "exit $rc: $(tail -1 "$log" | cut -c1-100)"
-    fi
-done
-if [ "${TOKS[bf16]:-0}" -gt 0 ] && [ "${TOKS[fp8]:-0}" -gt 0 ]; then
-    row "train fp8 / bf16 tokens/s" "bench" "$(awk -v a="${TOKS[fp8]}" -v b="${TOKS[bf16]}" 'BEGIN {printf "%.2fx", a / b}')"
+    while read -r line; do
+        row "$(echo "$line" | cut -d: -f1)" bench "$(echo "$line" | cut -d: -f2- | sed 's/^ *//')"
+    done < <(grep '^gemm ' "$LOGS/gemm.log")
+    grep -q '^gemm ' "$LOGS/gemm.log" || row "GEMM benchmark" FAIL "$(why_failed "$rc" "$s" "$LOGS/gemm.log")"
 fi
+pack_logs "$LOG_CAP"
+
+# ---------------------------------------------------------------- 7. throughput
+
+echo "== throughput: llama2-7b shape, $LAYERS layers, T 4096, $TOKENS_PER_STEP tokens per step, $STEPS steps"
+SHARD=$WORK/random_tokens.bin
+declare -A TOKS
+if [ -x ./test_llama ]; then limited "$TOOL_S" "$LOGS/random_shard.log" ./test_llama --write-shard "$SHARD" "$SHARD_TOKENS" 1; fi
+for p in bf16 fp8; do
+    label="train 7b-shape L$LAYERS T4096 -d $TOKENS_PER_STEP -p $p"
+    log=$LOGS/train_$p.log
+    s=$(budget "$TRAIN_S")
+    if [ ! -x ./train_llama ] || [ ! -f "$SHARD" ]; then row "$label" FAIL "train_llama or the random shard is missing"; continue; fi
+    if [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"; continue; fi
+    limited "$s" "$log" ./train_llama -e llama2-7b --n-layers "$LAYERS" -b 1 -t 4096 -d "$TOKENS_PER_STEP" -x "$STEPS" \
+        -v 0 -m 1 -u 2 --profile "$PROFILE_EVERY" -i "$SHARD" -j "$SHARD" -p "$p"
+    rc=$?
+    # means over the steps after warm-up, leaving out skipped steps ("step k skipped: ..." precedes step k's line)
+    stats=$(awk -v warm="$WARMUP_STEPS" '
+        $1 == "step" && $3 == "skipped:" { skipped[$2] = 1 }
+        $1 == "step" && / tok\/s/ {
+            split($2, f, "/"); k = f[1] + 0
+            for (i = 1; i <= NF; i++) { if ($i == "tok/s") t = $(i - 1); if ($i == "MFU") m = $(i + 1) + 0 }
+            if (k > warm && !(k in skipped)) { st += t; sm += m; n++ }
+            last = k
+        }
+        END { nskip = 0; for (k in skipped) nskip++; if (n) printf "%.0f %.1f %d %d %d", st / n, sm / n, warm + 1, last, nskip }' "$log")
+    read -r toks mfu first last nskip <<< "$stats"
+    path=$(attention_of "$log")
+    if [ "$rc" -ne 0 ] || [ -z "$toks" ]; then
+        row "$label" FAIL "$(why_failed "$rc" "$s" "$log")"
+        continue
+    fi
+    TOKS[$p]=$toks
+    detail="$toks tok/s, MFU $mfu% (mean of steps $first-$last, $nskip skipped); $(grep '^val loss' "$log" | tail -1)"
+    if is_cudnn "$path"; then row "$label" ok "$detail"
+    else row "$label" FAIL "attention: ${path:-unknown}, not cuDNN SDPA: $detail"; fi
+    profile=$(grep '^profile step' "$log" | tail -1)
+    [ -n "$profile" ] && row "  -p $p ${profile%%:*}" info "${profile#*: }"
+done
+if [ -n "${TOKS[bf16]:-}" ] && [ -n "${TOKS[fp8]:-}" ]; then
+    row "train fp8 / bf16 tokens/s" bench "$(awk -v a="${TOKS[fp8]}" -v b="${TOKS[bf16]}" 'BEGIN {printf "%.2fx", a / b}')"
+fi
+pack_logs "$LOG_CAP"
+
+# ---------------------------------------------------------------- 8. real text
+
+echo "== real text: tiny-shakespeare, GPU bf16 and fp8 vs the carried CPU fp8 run"
+REAL_DATA=$PREP/tinyshakespeare
+real_ok=1
+if [ ! -f "$PREP/real_text.flags" ] || [ ! -f "$PREP/cpu_fp8/main.log" ]; then
+    real_ok=0
+    row "real text runs" FAIL "$PREP/real_text.flags or $PREP/cpu_fp8 missing: run make device-prepare and carry $PREP"
+else
+    read -r -a REAL_FLAGS < "$PREP/real_text.flags"
+    for p in bf16 fp8; do
+        label="real text: GPU -p $p run"
+        log=$LOGS/real_$p.log
+        s=$(budget "$TRAIN_S")
+        if [ ! -x ./train_llama ]; then real_ok=0; row "$label" FAIL "train_llama not built"; continue; fi
+        if [ "$s" -eq 0 ]; then real_ok=0; row "$label" skip "$NO_TIME"; continue; fi
+        rm -rf "$WORK/real_$p"
+        limited "$s" "$log" ./train_llama "${REAL_FLAGS[@]}" -i "$REAL_DATA/tiny_shakespeare_train.bin" \
+            -j "$REAL_DATA/tiny_shakespeare_val.bin" -p "$p" -o "$WORK/real_$p"
+        rc=$?
+        cp "$WORK/real_$p/main.log" "$LOGS/real_${p}_main.log" 2> /dev/null
+        if [ "$rc" -eq 0 ]; then row "$label" ok "${REAL_FLAGS[*]}: $(grep '^val loss' "$log" | tail -1)"
+        else real_ok=0; row "$label" FAIL "$(why_failed "$rc" "$s" "$log")"; fi
+    done
+fi
+# compare NAME A B TOLERANCE: scripts/compare_loss.py's verdict on run A against baseline B
+compare() {
+    local label=$1 a=$2 b=$3 tolerance=$4 log=$LOGS/compare_$5.log rc
+    limited "$TOOL_S" "$log" python3 scripts/compare_loss.py "$a" "$b" --tolerance "$tolerance" --out "$LOGS/compare_$5.png"
+    rc=$?
+    case $rc in
+        0) row "$label" ok "$(grep -E '^PASS' "$log")" ;;
+        1) row "$label" FAIL "$(grep -E '^FAIL' "$log" || why_failed "$rc" "$TOOL_S" "$log")" ;;
+        *) row "$label" FAIL "$(why_failed "$rc" "$TOOL_S" "$log")" ;;
+    esac
+}
+if [ "$real_ok" -eq 1 ]; then
+    compare "real text: GPU fp8 vs GPU bf16 (1%)" "$WORK/real_fp8" "$WORK/real_bf16" 0.01 fp8_vs_bf16
+    compare "real text: GPU fp8 vs CPU fp8 curve (0.5%)" "$WORK/real_fp8" "$PREP/cpu_fp8" 0.005 gpu_vs_cpu_fp8
+else
+    row "real text: comparisons" FAIL "a run is missing (rows above)"
+fi
+pack_logs "$LOG_CAP"
+
+# ---------------------------------------------------------------- 9. resume
 
 echo "== resume: tiny, 6 steps, checkpoint at step 3, resumed in a second folder"
-FULL="$OUT_DIR/resume_full"
-RESUMED="$OUT_DIR/resume_resumed"
-rm -rf "$FULL" "$RESUMED"
+label="resume tiny from step 3 (LLM8_DETERMINISTIC=1)"
+FULL=$WORK/resume_full
+RESUMED=$WORK/resume_resumed
 mkdir -p "$RESUMED"
 RESUME_ARGS=(-e tiny -b 4 -t 256 -x 6 -n 3 -v 0 -m 1 -i "$SHARD" -j "$SHARD")
 # "step loss lr" of steps 3..5 in a metrics.jsonl
-steps_3_to_5() { grep -E '^\{"step": [345], "loss":' "$1" 2>/dev/null | awk -F'[:,] *' '{print $2, $4, $6}'; }
-# cuDNN's default attention backward is not bit-reproducible; both runs take the deterministic one
-if LLM8_DETERMINISTIC=1 ./train_llama "${RESUME_ARGS[@]}" -o "$FULL" > "$OUT_DIR/resume_full.log" 2>&1 &&
-   cp "$FULL/model_00000003.bin" "$FULL/state_00000003_00000.bin" "$FULL/DONE_00000003" "$RESUMED/" &&
-   LLM8_DETERMINISTIC=1 ./train_llama "${RESUME_ARGS[@]}" -y 1 -o "$RESUMED" > "$OUT_DIR/resume_resumed.log" 2>&1; then
+steps_3_to_5() { grep -E '^\{"step": [345], "loss":' "$1" 2> /dev/null | awk -F'[:,] *' '{print $2, $4, $6}'; }
+s=$(budget "$RESUME_S")
+if [ ! -x ./train_llama ] || [ ! -f "$SHARD" ]; then row "$label" FAIL "train_llama or the random shard is missing"
+elif [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"
+else
+    # cuDNN's default attention backward is not bit-reproducible; both runs take the deterministic one
+    export LLM8_DETERMINISTIC=1
+    limited "$s" "$LOGS/resume_full.log" ./train_llama "${RESUME_ARGS[@]}" -o "$FULL"
+    rc=$?
+    if [ "$rc" -eq 0 ]; then
+        cp "$FULL/model_00000003.bin" "$FULL/state_00000003_00000.bin" "$FULL/DONE_00000003" "$RESUMED/"
+        limited "$s" "$LOGS/resume_resumed.log" ./train_llama "${RESUME_ARGS[@]}" -y 1 -o "$RESUMED"
+        rc=$?
+    fi
+    unset LLM8_DETERMINISTIC
     full=$(steps_3_to_5 "$FULL/metrics.jsonl")
     resumed=$(steps_3_to_5 "$RESUMED/metrics.jsonl")
-    if [ "$(echo "$full" | grep -c .)" -eq 3 ] && [ "$full" = "$resumed" ]; then
-        row "resume tiny from step 3 (LLM8_DETERMINISTIC=1)" "ok" "loss and lr of steps 3..5 identical: $(echo "$full" | awk '{print $2}' | tr '\n' ' ')"
+    if [ "$rc" -ne 0 ]; then
+        row "$label" FAIL "$(why_failed "$rc" "$s" "$(ls -t "$LOGS"/resume_*.log | head -1)")"
+    elif [ "$(echo "$full" | grep -c .)" -eq 3 ] && [ "$full" = "$resumed" ]; then
+        row "$label" ok "loss and lr of steps 3..5 identical: $(echo "$full" | awk '{print $2}' | tr '\n' ' ')"
     else
-        row "resume tiny from step 3 (LLM8_DETERMINISTIC=1)" "FAIL" "steps 3..5 (step loss lr) differ: [$(echo "$full" | tr '\n' ' ')] vs [$(echo "$resumed" | tr '\n' ' ')]"
+        row "$label" FAIL "steps 3..5 (step loss lr) differ: [$(echo "$full" | tr '\n' ' ')] vs [$(echo "$resumed" | tr '\n' ' ')]"
     fi
-else
-    row "resume tiny from step 3 (LLM8_DETERMINISTIC=1)" "FAIL" "a run failed: see $OUT_DIR/resume_*.log"
 fi
 
-if [ -n "${BUILD_ROW:-}" ]; then
-    attention=$(attention_of "$OUT_DIR/test_llama_full.log" "$OUT_DIR"/train_*.log "$OUT_DIR"/resume_*.log)
-    ROWS[BUILD_ROW]="$(printf '%-46s | %-6s | %s' "build train_llama test_llama test_llama_cpu" "ok" \
-        "$BUILD_TIME, attention: ${attention:-unknown (no start-up line in the logs)} ${MAKE_VARS[*]}")"
-fi
+# ---------------------------------------------------------------- 10. memcheck
 
-echo
-echo "== device check summary (logs in $OUT_DIR, $(elapsed "$START") in all)"
-printf '%-46s | %-6s | %s\n' "check" "status" "detail"
-printf '%s\n' "${ROWS[@]}"
-! printf '%s\n' "${ROWS[@]}" | grep -q '| FAIL '
+echo "== compute-sanitizer memcheck: ${MEMCHECK_CHECKS[*]}"
+memcheck_end=$(( $(elapsed) + $(budget "$MEMCHECK_S") ))
+cannot=""  # why compute-sanitizer cannot run on this machine, once a run said so
+filter=()
+if [ -n "$SANITIZER" ] && timeout "$TOOL_S" "$SANITIZER" --help 2>&1 | grep -q -- '--kernel-name'; then
+    filter=(--kernel-name kns=_kernel) # ours are all named *_kernel; cuBLASLt's and cuDNN's are not checked
+fi
+for name in "${MEMCHECK_CHECKS[@]}"; do
+    label="memcheck $name"
+    s=$(( memcheck_end - $(elapsed) ))
+    if [ -z "$SANITIZER" ]; then row "$label" skip "compute-sanitizer not found (PATH, $CUDA_HOME/bin)"; continue; fi
+    if [ -n "$cannot" ]; then row "$label" skip "compute-sanitizer cannot run here: $cannot"; continue; fi
+    if [ ! -x ./test_llama ]; then row "$label" FAIL "test_llama not built"; continue; fi
+    if [ "$s" -lt "$MIN_PHASE_S" ]; then row "$label" skip "no time left (memcheck: ${MEMCHECK_S}s at most, within the ${BUDGET_S}s budget)"; continue; fi
+    log=$LOGS/memcheck_$name.log
+    limited "$s" "$log" "$SANITIZER" --tool memcheck "${filter[@]}" ./test_llama --only "$name"
+    rc=$?
+    summary=$(grep -o 'ERROR SUMMARY: [0-9]* error[s]*' "$log" | tail -1)
+    # gVisor: "Device not supported", then the program's first allocation fails
+    cannot=$(grep -m1 -i 'not supported' "$log")
+    if [ -n "$cannot" ]; then
+        row "$label" skip "compute-sanitizer cannot run here: $cannot"
+    elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] || [ -z "$summary" ]; then
+        row "$label" FAIL "$(why_failed "$rc" "$s" "$log")"
+    elif [ "$rc" -eq 0 ] && [ "$summary" = "ERROR SUMMARY: 0 errors" ]; then
+        row "$label" ok "$summary${filter[*]:+, ${filter[*]}}"
+    else
+        first=$(grep -m1 -E '^=+ +(Invalid|Error|Program hit)' "$log")
+        row "$label" FAIL "$summary, exit $rc${first:+: $first}"
+    fi
+done
+
+finish
+[ "$FAILED" -eq 0 ]

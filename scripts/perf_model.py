@@ -17,8 +17,8 @@ tensor-core peak, memory-bound ops at a fraction of the HBM bandwidth; every suc
 assumption below, with its source or reasoning. Multi-GPU training is designed but not built yet
 (README "Status"), so its rows model DESIGN.md section 6, not measured code.
 
-Calibration (--calibrate PATH ...: files or directories, read recursively) takes what the device check
-writes and replaces the datasheet-derived rates with measured ones: `test_llama --bench-gemm` lines
+Calibration (--calibrate PATH ...: files or directories, read recursively, and the logs inside .tar.gz
+archives such as the device check's logs.tar.gz) takes what the device check writes and replaces the datasheet-derived rates with measured ones: `test_llama --bench-gemm` lines
 (TFLOP/s per GEMM shape and precision), `dev/cuda/bench_kernels` timing lines (GB/s of each memory-bound
 op, TFLOP/s of attention and of its GEMM case), and trainer logs (`step k/N | ... | X ms | Y tok/s`),
 which are not fitted but predicted at their own shape and compared. Measured rates are carried to
@@ -37,6 +37,7 @@ import json
 import os
 import re
 import sys
+import tarfile
 from dataclasses import dataclass, field, replace
 
 PROG = "perf_model.py"
@@ -822,18 +823,30 @@ def calibration_files(paths):
 CALIBRATION_MAX_FILE_BYTES = 64 << 20
 
 
-def read_text(path):
-    """The lines of a text file, or None for a binary or oversized one."""
-    try:
-        if os.path.getsize(path) > CALIBRATION_MAX_FILE_BYTES:
-            return None
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise InputError(f"flag --calibrate: {path}: {e.strerror}")
-    if b"\0" in data:
-        return None  # a binary file (a shard, a checkpoint) beside the logs
-    return data.decode("utf-8", errors="replace").splitlines()
+def text_lines(data):
+    """The lines of a file's bytes, or None for a binary file (a shard, a checkpoint) beside the logs."""
+    return None if b"\0" in data else data.decode("utf-8", errors="replace").splitlines()
+
+
+def calibration_texts(paths):
+    """(name, lines) of every text file under paths, the members of .tar.gz archives included (named
+    archive:member); binary and oversized files are skipped."""
+    for path in calibration_files(paths):
+        try:
+            if path.endswith((".tar.gz", ".tgz")):
+                with tarfile.open(path) as archive:
+                    for member in archive.getmembers():
+                        if member.isfile() and member.size <= CALIBRATION_MAX_FILE_BYTES:
+                            lines = text_lines(archive.extractfile(member).read())
+                            if lines is not None:
+                                yield f"{path}:{member.name}", lines
+            elif os.path.getsize(path) <= CALIBRATION_MAX_FILE_BYTES:
+                with open(path, "rb") as f:
+                    lines = text_lines(f.read())
+                if lines is not None:
+                    yield path, lines
+        except (OSError, tarfile.TarError) as e:
+            raise InputError(f"flag --calibrate: {path}: {getattr(e, 'strerror', None) or e}")
 
 
 def parse_train_log(path, lines):
@@ -892,10 +905,7 @@ def parse_calibration(paths, measured_on):
     binaries, or nvidia-smi's CSV line)."""
     c = Calibration()
     devices = set()
-    for path in calibration_files(paths):
-        lines = read_text(path)
-        if lines is None:
-            continue
+    for path, lines in calibration_texts(paths):
         counts = {"bench-gemm lines": 0, "bench_kernels timings": 0}
         shape = None
         for line in lines:

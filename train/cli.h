@@ -46,6 +46,7 @@ typedef struct {
     int pow2_scales;            /* --pow2-scales */
     int max_skips;              /* --max-skips */
     int n_layers;               /* --n-layers, overrides the preset's layer count; 0: keep */
+    int profile_every;          /* --profile: per-phase times of every N-th step; 0: off */
 } TrainArgs;
 
 typedef enum { ARG_STR, ARG_INT, ARG_I64, ARG_FLOAT, ARG_PRECISION } ArgType;
@@ -93,6 +94,7 @@ static const ArgSpec TRAIN_ARG_SPECS[] = {
     ARG("--pow2-scales", ARG_INT, pow2_scales, "1: round FP8 scales down to powers of two"),
     ARG("--max-skips", ARG_INT, max_skips, "stop after this many consecutive non-finite steps"),
     ARG("--n-layers", ARG_INT, n_layers, "override the preset's layer count (benchmarks)"),
+    ARG("--profile", ARG_INT, profile_every, "print forward/backward/optimizer/FP8-cast ms of every N-th step (0: off)"),
 };
 #define NUM_TRAIN_ARGS (sizeof(TRAIN_ARG_SPECS) / sizeof(TRAIN_ARG_SPECS[0]))
 
@@ -133,6 +135,7 @@ static inline TrainArgs train_args_default(void) {
     a.pow2_scales = 0;
     a.max_skips = 5;
     a.n_layers = 0;
+    a.profile_every = 0;
     return a;
 }
 
@@ -222,8 +225,8 @@ static inline void train_args_check(const TrainArgs* a) {
     if (a->weight_decay < 0.0f) die("flag -c: weight decay must be >= 0");
     if (a->grad_clip < 0.0f) die("flag --clip: must be >= 0");
     if (a->steps < -1 || a->steps == 0) die("flag -x: steps must be positive or -1 (one epoch)");
-    if (a->val_every < 0 || a->sample_every < 0 || a->ckpt_every < 0 || a->fp8_stats_every < 0)
-        die("flags -v, -s, -n, --fp8-stats must be >= 0");
+    if (a->val_every < 0 || a->sample_every < 0 || a->ckpt_every < 0 || a->fp8_stats_every < 0 || a->profile_every < 0)
+        die("flags -v, -s, -n, --fp8-stats, --profile must be >= 0");
     if (a->val_batches < -1 || a->val_batches == 0) die("flag -m: validation batches must be positive or -1 (all)");
     if (a->sample_tokens <= 0) die("flag -g: sample tokens must be positive");
     if (a->resume != 0 && a->resume != 1) die("flag -y: must be 0 or 1");

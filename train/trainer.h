@@ -355,6 +355,22 @@ static inline void trainer_init(Trainer* tr, int argc, char** argv) {
 }
 
 /*
+ * Prints the phases of a profiled step (--profile): "profile step k: forward X ms | backward X ms |
+ * optimizer X ms | other X ms | fp8 casts X ms (inside the others)", where optimizer runs from the global
+ * norm (with its reductions across ranks) to the update, and other is the rest of the step's wall time
+ * (loading batches, host time between phases).
+ */
+static inline void trainer_print_profile(const Trainer* tr, const double* phase_ms, double step_ms) {
+    double other = step_ms;
+    printf("profile step %d:", tr->step + 1);
+    for (int p = 0; p < PROF_FP8_CAST; p++) {
+        printf(" %s %.1f ms |", PROF_PHASE_NAMES[p], phase_ms[p]);
+        other -= phase_ms[p];
+    }
+    printf(" other %.1f ms | %s %.1f ms (inside the others)\n", other, PROF_PHASE_NAMES[PROF_FP8_CAST], phase_ms[PROF_FP8_CAST]);
+}
+
+/*
  * One optimizer step on every rank: grad_accum_steps micro-steps, the data-parallel reduction, the
  * global norm and the update; rank 0 prints and logs it. The loss of micro-batch (micro, rank) goes to
  * slot micro * world + rank, so the step's loss is the same sum for any rank count.
@@ -365,6 +381,8 @@ static inline void trainer_step(Trainer* tr) {
     int A = tr->grad_accum_steps, W = tr->world;
     int stats_due = a->fp8_stats_every > 0 && tr->step % a->fp8_stats_every == 0;
     if (stats_due) llama_fp8_stats_begin(m);
+    int profiled = a->profile_every > 0 && (tr->step + 1) % a->profile_every == 0;
+    if (profiled) backend_profile_begin();
     double t0 = wall_seconds();
     dp_begin_step(&tr->dp);
     float dloss = 1.0f / ((float)a->B * a->T * A * W);
@@ -381,14 +399,19 @@ static inline void trainer_step(Trainer* tr) {
         }
         tr->dp.last_micro = micro == A - 1;
         watchdog_phase("forward", tr->step);
+        backend_timer_start(PROF_FORWARD);
         slots[(size_t)micro * W + tr->rank] = llama_forward(m, tr->train.inputs, tr->train.targets, a->B, a->T, dloss);
+        backend_timer_stop(PROF_FORWARD);
         watchdog_phase("backward", tr->step);
+        backend_timer_start(PROF_BACKWARD);
         llama_backward(m);
+        backend_timer_stop(PROF_BACKWARD);
         /* each micro-step recasts X and dY with fresh scales: check before the next one overwrites them */
         if (!fp8_nonfinite) fp8_nonfinite = llama_fp8_nonfinite(m, fp8_bad, sizeof(fp8_bad));
     }
     watchdog_phase("gradient reduction", tr->step);
     int bad;
+    backend_timer_start(PROF_OPTIMIZER);
     float norm = dp_grad_norm(&tr->dp, &bad);
     /* rank 0's skip line names its own operand; another rank names the one it saw */
     if (fp8_nonfinite && tr->rank != 0) fprintf(stderr, "rank %d: step %d: first non-finite FP8 operand: %s\n", tr->rank, tr->step + 1, fp8_bad);
@@ -416,9 +439,12 @@ static inline void trainer_step(Trainer* tr) {
         if (tr->consecutive_skips >= a->max_skips)
             die("%d consecutive steps with a non-finite loss, gradient or FP8 amax (--max-skips %d): stopping", tr->consecutive_skips, a->max_skips);
     }
+    backend_timer_stop(PROF_OPTIMIZER);
     backend_synchronize();
     double comm_ms = comm_exposed_ms();
     double ms = (wall_seconds() - t0) * 1e3;
+    double phase_ms[PROF_PHASES];
+    backend_profile_end(phase_ms);
     double tokens = (double)A * a->B * a->T * W;
     double tok_s = tokens / (ms / 1e3);
     double peak = backend_peak_flops((Precision)a->precision);
@@ -437,6 +463,7 @@ static inline void trainer_step(Trainer* tr) {
     format_duration(elapsed, sizeof(elapsed), wall_seconds() - tr->start_time);
     format_duration(eta, sizeof(eta), tr->step_seconds / tr->steps_run * (tr->steps - tr->step - 1));
     printf(" | %s elapsed, ETA %s\n", elapsed, eta);
+    if (profiled) trainer_print_profile(tr, phase_ms, ms);
     logger_train(&tr->logger, tr->step, (float)loss, lr, norm, ms, tok_s, mfu, backend_memory_mib(), comm_ms, skip);
     tr->step++;
 }

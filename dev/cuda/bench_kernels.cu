@@ -15,7 +15,7 @@
  * compares the full-size GPU run on a slice of it (the first batch and the first kv heads with their
  * query heads, 8 heads at T 4096, see kc_attention_compare) while the timing runs the full size; all of
  * the GPU output is still checked to be finite. GEMMs are compared in full with OpenBLAS; built without
- * BLAS (-DLLM8_NO_BLAS) they compare a slice of the output columns the same way. A default run should
+ * BLAS (make BLAS=none) they compare a slice of the output columns the same way. A default run should
  * take about a minute on a 16-core host.
  */
 #include <limits.h>

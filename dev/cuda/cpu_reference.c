@@ -8,6 +8,14 @@
 
 void cpu_ref_init(Precision p) { backend_init(p); }
 
+int cpu_ref_has_blas(void) {
+#ifdef LLM8_NO_BLAS
+    return 0;
+#else
+    return 1;
+#endif
+}
+
 size_t cpu_ref_att_stats_size(size_t B, int NH, int T) { return att_stats_size(B, NH, T); }
 
 void cpu_ref_params_from_master(float* out, const float* master, size_t n) { op_params_from_master(out, master, n); }

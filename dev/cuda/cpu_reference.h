@@ -15,6 +15,8 @@ extern "C" {
 #endif
 
 void cpu_ref_init(Precision p);
+/* 1 when the CPU GEMMs run on OpenBLAS, 0 with the plain loop of a build without BLAS (make BLAS=none). */
+int cpu_ref_has_blas(void);
 size_t cpu_ref_att_stats_size(size_t B, int NH, int T);
 void cpu_ref_params_from_master(float* out, const float* master, size_t n);
 void cpu_ref_encoder_forward(float* out, const int* tokens, const float* wte, size_t N, int C);

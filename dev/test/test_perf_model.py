@@ -14,6 +14,7 @@ import os
 import secrets
 import subprocess
 import sys
+import tarfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -237,6 +238,26 @@ def test_train_logs_predicted_vs_measured(tmp_path, rng):
         assert row["calibrated"] == pytest.approx(row["datasheet"])  # no rates were measured
     speedup = by_what["train llama2-7b L4 fp8 / bf16 tokens/s on H200"]
     assert speedup["measured"] == pytest.approx(np.mean(ms["bf16"][2:]) / np.mean(ms["fp8"][2:]), rel=1e-3)
+
+
+def test_calibration_reads_the_device_checks_archive(tmp_path, rng):
+    """The device check packs its logs into logs.tar.gz: calibrating from the archive is calibrating from
+    the logs themselves."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write_gemm_log(logs / "gemm.log", round(rng.uniform(700, 1500), 1), round(rng.uniform(400, 800), 1))
+    write_train_log(logs / "train_fp8.log", "fp8", rng.uniform(200, 900, size=6))
+    (logs / "shard.bin").write_bytes(b"\x00\x01binary")
+    out = tmp_path / "out"
+    out.mkdir()
+    with tarfile.open(out / "logs.tar.gz", "w:gz") as archive:
+        archive.add(logs, arcname="logs")
+    args = ["--models", "llama2-7b", "--gpus", "H100", "--topologies", "1x8", "--json"]
+    from_logs, from_archive = run("--calibrate", logs, *args), run("--calibrate", out, *args)
+    assert from_logs.returncode == 0 and from_archive.returncode == 0, from_logs.stderr + from_archive.stderr
+    a, b = json.loads(from_logs.stdout), json.loads(from_archive.stdout)
+    assert a["predictions"] == b["predictions"] and a["measured_vs_predicted"] == b["measured_vs_predicted"]
+    assert len(a["measured_vs_predicted"]) > 0
 
 
 def test_slow_gemms_give_what_it_would_take(tmp_path):

@@ -1,9 +1,10 @@
 """
 End-to-end tests of train_llama_cpu as a user runs it: bad flags, bad shards and bad checkpoints stop
 with one line naming the flag or file; a run resumed from a checkpoint repeats the uninterrupted run
-exactly; checkpoints load back as models.
+exactly; checkpoints load back as models; --profile splits a step into its phases.
 """
 import json
+import re
 import shutil
 import struct
 
@@ -161,3 +162,29 @@ def test_checkpoint_loads_as_a_model(trainer, tmp_path, shakespeare):
     r = run([trainer, *FAST, "-x", "1", "-e", ckpt, "-p", "bf16"])
     assert r.returncode == 0, r.stderr
     assert f"model from: {ckpt}" in r.stdout
+
+
+PROFILE_LINE = re.compile(r"^profile step (\d+): forward ([\d.]+) ms \| backward ([\d.]+) ms \| optimizer ([\d.]+) ms \| "
+                          r"other (-?[\d.]+) ms \| fp8 casts ([\d.]+) ms \(inside the others\)$", re.M)
+STEP_LINE = re.compile(r"^step +(\d+)/\d+ \|.*\| ([\d.]+) ms \|", re.M)
+
+
+@pytest.mark.parametrize("precision", ["fp8", "bf16"])
+def test_profile_splits_the_step(trainer, shakespeare, precision):
+    """--profile 2 prints the phases of steps 2 and 4 (2 micro-steps each): forward, backward and the
+    optimizer all take time and, with the rest, add up to the step's time; the FP8 casts are a part of
+    them in fp8 and take nothing in bf16."""
+    r = run([trainer, *FAST, "-x", "4", "-d", "512", "--profile", "2", "-p", precision])
+    assert r.returncode == 0, r.stderr
+    profiles = {int(m[0]): [float(v) for v in m[1:]] for m in PROFILE_LINE.findall(r.stdout)}
+    assert sorted(profiles) == [2, 4], r.stdout
+    step_ms = {int(step): float(ms) for step, ms in STEP_LINE.findall(r.stdout)}
+    for step, (forward, backward, optimizer, other, casts) in profiles.items():
+        assert forward > 0 and backward > 0 and optimizer > 0, profiles[step]
+        assert other >= 0, f"step {step}: the phases take longer than the step ({profiles[step]}, {step_ms[step]} ms)"
+        # five values printed to 0.1 ms
+        assert abs(forward + backward + optimizer + other - step_ms[step]) <= 0.3, (profiles[step], step_ms[step])
+        if precision == "fp8":
+            assert 0 < casts < forward + backward + optimizer, profiles[step]
+        else:
+            assert casts == 0, profiles[step]
