@@ -497,14 +497,29 @@ static inline int llama_linear_is_fp8(const Llama* m, int layer, LinearId lin) {
     return m->precision == PRECISION_FP8 && lin != LIN_OUTPUT;
 }
 
+/* The parameter tensor (P_*) of linear layer `lin`. */
+static inline int llama_linear_tensor(LinearId lin) {
+    static const int tensors[] = {P_WQKV, P_WO, P_W13, P_W2, P_OUTPUT};
+    return tensors[lin];
+}
+
+/*
+ * The BF16 (activation type) weight (OC, C) of linear layer `lin` of block `layer` (NO_LAYER for
+ * LIN_OUTPUT), for any consumer outside the layer's own GEMMs (a BF16 shadow forward, a BF16 fallback of
+ * an FP8 layer): the one way to read it, whether or not the layer keeps a working copy. Today every
+ * layer keeps one and this is the working copy itself; read-only, valid until the next update.
+ */
+static inline const act_t* llama_bf16_weight(Llama* m, int layer, LinearId lin) {
+    return llama_param(m, llama_linear_tensor(lin), layer);
+}
+
 /* Linear layer `lin` of block `layer` (NO_LAYER for LIN_OUTPUT). */
 static inline Linear llama_linear(Llama* m, int layer, LinearId lin) {
     Linear x;
     memset(&x, 0, sizeof(x));
     llama_linear_dims(&m->cfg, lin, &x.out_dim, &x.in_dim);
-    static const int tensors[] = {P_WQKV, P_WO, P_W13, P_W2, P_OUTPUT};
-    x.weight = llama_param(m, tensors[lin], layer);
-    x.dweight = llama_grad(m, tensors[lin], layer);
+    x.weight = llama_param(m, llama_linear_tensor(lin), layer);
+    x.dweight = llama_grad(m, llama_linear_tensor(lin), layer);
     if (lin == LIN_OUTPUT) return x;
     x.slot = llama_slot(layer, lin);
     if (llama_linear_is_fp8(m, layer, lin)) x.fp8 = &m->fp8_linear[x.slot];
