@@ -11,6 +11,7 @@
 #include <math.h>
 
 #include "../llama/config.h"
+#include "../llama/model_file.h"
 
 typedef struct {
     const char* train_pattern;  /* -i */
@@ -46,6 +47,9 @@ typedef struct {
     int pow2_scales;            /* --pow2-scales */
     int max_skips;              /* --max-skips */
     int n_layers;               /* --n-layers, overrides the preset's layer count; 0: keep */
+    int dry_run;                /* --dry-run: print the memory plan and exit */
+    int plan_ranks;             /* --ranks: ranks the plan is for; 0: this job's */
+    float gpu_mem_gib;          /* --gpu-mem: memory the plan is checked against, GiB; 0: the backend's */
 } TrainArgs;
 
 typedef enum { ARG_STR, ARG_INT, ARG_I64, ARG_FLOAT, ARG_PRECISION } ArgType;
@@ -84,7 +88,7 @@ static const ArgSpec TRAIN_ARG_SPECS[] = {
     ARG("-z", ARG_INT, zero_stage, "ZeRO stage: 0 all-reduce, 1 optimizer state sharded, 2 gradients sharded too"),
     ARG("--grad-reduce", ARG_STR, grad_reduce, "gradient reduction on the wire: fp32 | bf16"),
     ARG("--comm-timeout", ARG_FLOAT, comm_timeout, "seconds without progress before a rank aborts the job (0: off)"),
-    ARG("-r", ARG_INT, recompute, "1: recompute norm and SwiGLU outputs in backward (bf16/fp32 only)"),
+    ARG("-r", ARG_INT, recompute, "recompute in backward: 0 none, 1 norm and SwiGLU outputs, 2 whole blocks"),
     ARG("-p", ARG_PRECISION, precision, "precision recipe: fp8 | bf16 | fp32"),
     ARG("-a", ARG_INT, overfit, "1: overfit the first batch (debugging)"),
     ARG("--shuffle", ARG_INT, shuffle, "1: shuffle shards and samples each epoch"),
@@ -93,6 +97,9 @@ static const ArgSpec TRAIN_ARG_SPECS[] = {
     ARG("--pow2-scales", ARG_INT, pow2_scales, "1: round FP8 scales down to powers of two"),
     ARG("--max-skips", ARG_INT, max_skips, "stop after this many consecutive non-finite steps"),
     ARG("--n-layers", ARG_INT, n_layers, "override the preset's layer count (benchmarks)"),
+    ARG("--dry-run", ARG_INT, dry_run, "1: print the per-rank memory plan of these settings and exit (allocates and reads nothing)"),
+    ARG("--ranks", ARG_INT, plan_ranks, "with --dry-run: the rank count to plan for (0: 1)"),
+    ARG("--gpu-mem", ARG_FLOAT, gpu_mem_gib, "with --dry-run: device memory in GiB to plan against (0: the device's, or host RAM)"),
 };
 #define NUM_TRAIN_ARGS (sizeof(TRAIN_ARG_SPECS) / sizeof(TRAIN_ARG_SPECS[0]))
 
@@ -133,6 +140,9 @@ static inline TrainArgs train_args_default(void) {
     a.pow2_scales = 0;
     a.max_skips = 5;
     a.n_layers = 0;
+    a.dry_run = 0;
+    a.plan_ranks = 0;
+    a.gpu_mem_gib = 0.0f;
     return a;
 }
 
@@ -207,6 +217,37 @@ static inline int train_args_parse(TrainArgs* a, int argc, char** argv) {
     return 0;
 }
 
+/*
+ * The model -e names: a preset (with --n-layers applied) or a checkpoint's config; returns whether it is
+ * a checkpoint. Checks the config for -b, -t and -p (llama_config_validate). Stops naming the flag.
+ */
+static inline int train_args_model(const TrainArgs* a, LlamaConfig* cfg) {
+    const LlamaConfig* preset = llama_preset(a->model);
+    int from_checkpoint = preset == NULL;
+    if (preset != NULL) {
+        *cfg = *preset;
+    } else {
+        if (access(a->model, F_OK) != 0) die("flag -e: '%s' is neither a model preset (see --help) nor an existing checkpoint file", a->model);
+        checkpoint_read_config(a->model, cfg);
+    }
+    if (a->n_layers > 0) {
+        if (from_checkpoint) die("flag --n-layers: only applies to presets, not to the checkpoint %s", a->model);
+        cfg->n_layers = a->n_layers;
+    }
+    llama_config_validate(cfg, a->B, a->T, (Precision)a->precision);
+    return from_checkpoint;
+}
+
+/* Micro-steps per optimizer step on `world` ranks: -d / (B T world); stops when -d is not a multiple. */
+static inline int train_args_grad_accum(const TrainArgs* a, int world) {
+    long long micro_tokens = (long long)a->B * a->T * world;
+    long long total = a->total_batch < 0 ? micro_tokens : a->total_batch;
+    if (total <= 0 || total % micro_tokens != 0)
+        die("flag -d: total batch %lld tokens is not a positive multiple of B*T*ranks = %d*%d*%d = %lld", total, a->B, a->T,
+            world, micro_tokens);
+    return (int)(total / micro_tokens);
+}
+
 /* Range checks that need no model; stops naming the flag. */
 static inline void train_args_check(const TrainArgs* a) {
     TrainArgs defaults = train_args_default();
@@ -232,13 +273,17 @@ static inline void train_args_check(const TrainArgs* a) {
     if (strcmp(a->grad_reduce, "fp32") != 0 && strcmp(a->grad_reduce, "bf16") != 0)
         die("flag --grad-reduce: '%s' is not fp32 or bf16", a->grad_reduce);
     if (a->comm_timeout < 0.0f) die("flag --comm-timeout: must be >= 0 seconds");
-    if (a->recompute != 0 && a->recompute != 1) die("flag -r: must be 0 or 1");
-    if (a->recompute && a->precision == PRECISION_FP8)
-        die("flag -r 1: with -p fp8 backward reads the FP8 copies fprop saves and recomputes nothing; use -r 0");
+    if (a->recompute < 0 || a->recompute >= RECOMPUTE_LEVELS)
+        die("flag -r: recompute level must be 0 (none), 1 (norm and SwiGLU outputs) or 2 (whole blocks), got %d", a->recompute);
     if (a->ckpt_every > 0 && a->output_dir == NULL) die("flag -n %d needs -o (where checkpoints go)", a->ckpt_every);
     if (a->overfit != 0 && a->overfit != 1) die("flag -a: must be 0 or 1");
     if (a->shuffle != 0 && a->shuffle != 1) die("flag --shuffle: must be 0 or 1");
     if (a->pow2_scales != 0 && a->pow2_scales != 1) die("flag --pow2-scales: must be 0 or 1");
     if (a->max_skips < 1) die("flag --max-skips: must be >= 1");
     if (a->n_layers < 0) die("flag --n-layers: must be >= 0");
+    if (a->dry_run != 0 && a->dry_run != 1) die("flag --dry-run: must be 0 or 1");
+    if (a->plan_ranks < 0) die("flag --ranks: must be >= 0");
+    if (a->plan_ranks > 0 && !a->dry_run) die("flag --ranks: plans for N ranks with --dry-run 1; a run has the ranks mpirun starts");
+    if (a->gpu_mem_gib < 0.0f) die("flag --gpu-mem: must be >= 0 GiB");
+    if (a->gpu_mem_gib > 0.0f && !a->dry_run) die("flag --gpu-mem: only --dry-run 1 plans against a memory size");
 }
