@@ -6,7 +6,7 @@
 #      then, when compute-sanitizer is on PATH, the checks of the hand-written kernels under memcheck;
 #   3. measures FP8 vs BF16 GEMM TFLOP/s at Llama-2 7B and 13B shapes (test_llama --bench-gemm);
 #   4. trains a 7B-shaped model with fewer layers (seq 4096) for a few steps in bf16 and fp8 and reports
-#      tokens/s and MFU;
+#      tokens/s and MFU, and the device memory in use against the trainer's memory plan (--dry-run 1);
 #   5. resumes a `tiny` run from its step-3 checkpoint and compares steps 3..5 with the uninterrupted run;
 # and prints one table last. Logs go to OUT_DIR (default $OUT if set, else build/device_check).
 #   usage: scripts/device_check.sh [OUT_DIR]      env: LAYERS (default 4), STEPS (default 10), JOBS
@@ -21,7 +21,7 @@ JOBS=${JOBS:-$(nproc)}
 TIME_LIMIT_S=480          # DESIGN.md section 8: the whole check in under 8 minutes
 MEMCHECK_TIMEOUT_S=240
 AFTER_MEMCHECK_S=150      # what the GEMM benchmark, the throughput runs and the resume runs take, with margin
-MEMCHECK_CHECKS=(kernel_encoder kernel_rmsnorm kernel_fp8_cast kernel_classifier kernel_attention)
+MEMCHECK_CHECKS=(kernel_encoder kernel_rmsnorm kernel_fp8_cast kernel_fp8_weight kernel_classifier kernel_attention)
 START=$(date +%s)
 mkdir -p "$OUT_DIR"
 ROWS=()
@@ -114,8 +114,18 @@ SHARD="$OUT_DIR/random_tokens.bin"
 declare -A TOKS
 for p in bf16 fp8; do
     log="$OUT_DIR/train_$p.log"
-    ./train_llama -e llama2-7b --n-layers "$LAYERS" -b 1 -t 4096 -x "$STEPS" -v 0 -m 1 -u 2 -i "$SHARD" -j "$SHARD" -p "$p" > "$log" 2>&1
+    TRAIN_ARGS=(-e llama2-7b --n-layers "$LAYERS" -b 1 -t 4096 -p "$p")
+    # -o for metrics.jsonl (mem_mib: device memory in use), -n -1: no checkpoint
+    rm -rf "$OUT_DIR/train_$p"
+    ./train_llama "${TRAIN_ARGS[@]}" -x "$STEPS" -v 0 -m 1 -u 2 -i "$SHARD" -j "$SHARD" -o "$OUT_DIR/train_$p" -n -1 > "$log" 2>&1
     rc=$?
+    planned=$(./train_llama "${TRAIN_ARGS[@]}" --dry-run 1 2> /dev/null | sed -n 's/^plan: .*"total_gib": \([0-9.]*\).*/\1/p')
+    used=$(sed -n 's/.*"mem_mib": \([0-9.]*\).*/\1/p' "$OUT_DIR/train_$p/metrics.jsonl" 2> /dev/null | sort -g | tail -1)
+    if [ -n "$planned" ] && [ -n "$used" ]; then
+        row "memory plan 7b-shape L$LAYERS T4096 -p $p" "bench" "plan $planned GiB (with estimates), in use $(awk -v u="$used" 'BEGIN {printf "%.2f", u / 1024}') GiB (cudaMemGetInfo)"
+    else
+        row "memory plan 7b-shape L$LAYERS T4096 -p $p" "FAIL" "no plan or no mem_mib: see $log"
+    fi
     # mean tokens/s and MFU over the steps after the first two (cuBLASLt / cuDNN set-up)
     stats=$(awk '/^step/ {n++; for (i = 1; i <= NF; i++) {if ($i == "tok/s") t = $(i-1); if ($i == "MFU") m = $(i+1)}
                  if (n > 2) {st += t; sm += m; c++}} END {if (c) printf "%.0f %.1f", st / c, sm / c}' "$log")

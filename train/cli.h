@@ -33,7 +33,7 @@ typedef struct {
     int val_batches;            /* -m; -1: the whole validation set */
     int sample_every;           /* -s; 0: never */
     int sample_tokens;          /* -g */
-    int ckpt_every;             /* -n; 0: only at the end (when -o is given) */
+    int ckpt_every;             /* -n; 0: only at the end (when -o is given); NO_CHECKPOINTS: never */
     int resume;                 /* -y */
     int zero_stage;             /* -z */
     const char* grad_reduce;    /* --grad-reduce fp32 | bf16 */
@@ -51,6 +51,9 @@ typedef struct {
     int plan_ranks;             /* --ranks: ranks the plan is for; 0: this job's */
     float gpu_mem_gib;          /* --gpu-mem: memory the plan is checked against, GiB; 0: the backend's */
 } TrainArgs;
+
+/* -n -1: a run with -o writes logs but no checkpoint, not even the last one (benchmarks). */
+#define NO_CHECKPOINTS (-1)
 
 typedef enum { ARG_STR, ARG_INT, ARG_I64, ARG_FLOAT, ARG_PRECISION } ArgType;
 
@@ -83,7 +86,7 @@ static const ArgSpec TRAIN_ARG_SPECS[] = {
     ARG("-m", ARG_INT, val_batches, "validation batches (of -d tokens) per evaluation (-1: all)"),
     ARG("-s", ARG_INT, sample_every, "print a sample every N steps (0: never)"),
     ARG("-g", ARG_INT, sample_tokens, "tokens per sample"),
-    ARG("-n", ARG_INT, ckpt_every, "checkpoint every N steps (0: only at the end; needs -o)"),
+    ARG("-n", ARG_INT, ckpt_every, "checkpoint every N steps (0: only at the end; needs -o; -1: never, e.g. benchmarks)"),
     ARG("-y", ARG_INT, resume, "1: resume from the latest checkpoint in -o"),
     ARG("-z", ARG_INT, zero_stage, "ZeRO stage: 0 all-reduce, 1 optimizer state sharded, 2 gradients sharded too"),
     ARG("--grad-reduce", ARG_STR, grad_reduce, "gradient reduction on the wire: fp32 | bf16"),
@@ -263,8 +266,8 @@ static inline void train_args_check(const TrainArgs* a) {
     if (a->weight_decay < 0.0f) die("flag -c: weight decay must be >= 0");
     if (a->grad_clip < 0.0f) die("flag --clip: must be >= 0");
     if (a->steps < -1 || a->steps == 0) die("flag -x: steps must be positive or -1 (one epoch)");
-    if (a->val_every < 0 || a->sample_every < 0 || a->ckpt_every < 0 || a->fp8_stats_every < 0)
-        die("flags -v, -s, -n, --fp8-stats must be >= 0");
+    if (a->val_every < 0 || a->sample_every < 0 || a->fp8_stats_every < 0) die("flags -v, -s, --fp8-stats must be >= 0");
+    if (a->ckpt_every < NO_CHECKPOINTS) die("flag -n: must be >= 0, or %d (never)", NO_CHECKPOINTS);
     if (a->val_batches < -1 || a->val_batches == 0) die("flag -m: validation batches must be positive or -1 (all)");
     if (a->sample_tokens <= 0) die("flag -g: sample tokens must be positive");
     if (a->resume != 0 && a->resume != 1) die("flag -y: must be 0 or 1");

@@ -24,6 +24,9 @@ static const char* const PLAN_CATEGORIES[] = {"master weights", "working weights
 #define MAX_PLAN_WORKSPACES (MAX_BACKEND_WORKSPACES + MAX_COMM_WORKSPACES)
 /* The largest micro-batch the search tries (a bound, not a limit anyone meets). */
 #define PLAN_MAX_B (1 << 20)
+/* A run fits when it leaves this fraction of the memory free: the context and library workspaces are
+   estimates, and a few allocations grow during the first steps (cuDNN's workspace, comm scratch). */
+#define PLAN_HEADROOM 0.02
 
 /* What one rank of a run needs. */
 typedef struct {
@@ -87,7 +90,10 @@ static inline MemoryPlan memory_plan(const PlanSettings* s, int print) {
     return p;
 }
 
-static inline int plan_fits(const PlanSettings* s, size_t memory) { return memory_plan(s, 0).total <= memory; }
+/* The memory a plan may use of `memory`: all but the headroom. */
+static inline size_t plan_usable(size_t memory) { return memory - (size_t)((double)memory * PLAN_HEADROOM); }
+
+static inline int plan_fits(const PlanSettings* s, size_t memory) { return memory_plan(s, 0).total <= plan_usable(memory); }
 
 /* Micro-batch sizes an FP8 run can take at this T: B T a multiple of FP8_DIM_MULTIPLE. */
 static inline int plan_b_step(Precision p, int T) {
@@ -149,9 +155,11 @@ static inline int memory_plan_main(const TrainArgs* a) {
     if (memory == 0) {
         printf("| memory: no GPU found here to plan against: give --gpu-mem GiB for a verdict\n");
     } else {
-        fits = p.total <= memory;
-        printf("| memory: %.2f GiB (%s): %s %.2f GiB\n", gib(memory), memory_what, fits ? "fits, free" : "does not fit, over by",
-               gib(fits ? memory - p.total : p.total - memory));
+        size_t usable = plan_usable(memory);
+        fits = p.total <= usable;
+        printf("| memory: %.2f GiB (%s), of which %.2f GiB usable (%.0f%% kept free): %s %.2f GiB\n", gib(memory), memory_what,
+               gib(usable), 100.0 * PLAN_HEADROOM, fits ? "fits, to spare" : "does not fit, over by",
+               gib(fits ? usable - p.total : p.total - usable));
         for (int r = 0; r < RECOMPUTE_LEVELS && cheapest < 0; r++) {
             PlanSettings t = s;
             t.recompute = r;
@@ -167,9 +175,12 @@ static inline int memory_plan_main(const TrainArgs* a) {
                largest_leanest, leanest.recompute);
     }
     printf("plan: {\"model\": \"%s\", \"backend\": \"%s\", \"precision\": \"%s\", \"B\": %d, \"T\": %d, \"ranks\": %d, "
-           "\"zero\": %d, \"recompute\": %d, \"grad_accum\": %d, \"total_gib\": %.4f, \"memory_gib\": %.4f, \"fits\": %d, "
-           "\"cheapest_recompute\": %d, \"largest_B\": %d, \"largest_B_max_recompute\": %d}\n",
-           a->model, backend_name(), precision_name(s.precision), a->B, a->T, ranks, a->zero_stage, a->recompute, accum,
-           gib(p.total), gib(memory), fits, cheapest, largest, largest_leanest);
+           "\"zero\": %d, \"recompute\": %d, \"grad_accum\": %d, \"total_bytes\": %zu, \"total_gib\": %.4f, \"memory_gib\": %.4f, "
+           "\"usable_bytes\": %zu, "
+           "\"fits\": %d, \"cheapest_recompute\": %d, \"largest_B\": %d, \"largest_B_max_recompute\": %d, \"bytes\": {",
+           a->model, backend_name(), precision_name(s.precision), a->B, a->T, ranks, a->zero_stage, a->recompute, accum, p.total,
+           gib(p.total), gib(memory), memory ? plan_usable(memory) : 0, fits, cheapest, largest, largest_leanest);
+    for (size_t c = 0; c < NUM_PLAN_CATEGORIES; c++) printf("%s\"%s\": %zu", c ? ", " : "", PLAN_CATEGORIES[c], p.by_category[c]);
+    printf("}}\n");
     return EXIT_SUCCESS;
 }

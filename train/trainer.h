@@ -430,7 +430,8 @@ static inline int train_main(int argc, char** argv) {
             printf("val loss %.6f (step %d)\n", val, tr->step);
             logger_val(&tr->logger, tr->step, val);
         }
-        if (a->output_dir && tr->step > start && (last || (a->ckpt_every > 0 && tr->step % a->ckpt_every == 0))) trainer_save(tr);
+        int due = a->ckpt_every == NO_CHECKPOINTS ? 0 : last || (a->ckpt_every > 0 && tr->step % a->ckpt_every == 0);
+        if (a->output_dir && tr->step > start && due) trainer_save(tr);
         if (a->sample_every > 0 && tr->rank == 0 && (last || tr->step % a->sample_every == 0)) {
             watchdog_phase("sample", tr->step);
             trainer_sample(tr);

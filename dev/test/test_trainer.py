@@ -41,6 +41,7 @@ def assert_one_line_error(result, *needles):
     (["-i", "mine_*.bin"], "-j"),
     (["-n", "5"], "-o"),
     (["-r", "3"], "-r"),
+    (["-n", "-2"], "-n"),
     (["--ranks", "2"], "--ranks"),
     (["--gpu-mem", "80"], "--gpu-mem"),
     (["--dry-run", "2"], "--dry-run"),
