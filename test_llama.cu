@@ -62,6 +62,8 @@ static int check_cpu_vs_gpu_fp8(void) {
 /* Needs deterministic attention backward (main sets LLM8_DETERMINISTIC=1 for the checks). */
 static int check_resume_bit_identical(void) { return check_resume_in(PRECISION_FP8); }
 
+static int check_fp8_weights(void) { return check_fp8_weights_in(); }
+
 static int check_recompute_bf16(void) { return check_recompute_in(PRECISION_BF16); }
 
 static int check_recompute_fp8(void) { return check_recompute_in(PRECISION_FP8); }
@@ -223,6 +225,7 @@ static Check CHECKS[] = {
     {"kernel_fp8_weight", check_kernel_fp8_weight, "FP8 weights from master weights (amax, cast, transpose) bit-identical to CPU"},
     {"kernel_gemm", check_kernel_gemm, "cuBLASLt BF16/FP8 GEMMs vs the CPU emulation"},
     {"resume_bit_identical", check_resume_bit_identical, "GPU save -> load -> continue reproduces losses and weights"},
+    {"fp8_weights", check_fp8_weights, "GPU: E4M3 W, W^T cast from bf16(master weights); llama_bf16_weight"},
     {"recompute_bf16", check_recompute_bf16, "GPU bf16 -r 1 and -r 2: bit-identical losses, gradients, weights"},
     {"recompute_fp8", check_recompute_fp8, "GPU fp8 -r 1 and -r 2: bit-identical losses, gradients, weights, FP8 statistics"},
     {"grad_accumulation", check_grad_accumulation, "GPU: 2 micro-batches accumulate the 1-batch gradient"},

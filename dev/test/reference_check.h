@@ -176,6 +176,64 @@ static inline int check_grad_accumulation_in(Precision p, double tol) {
     return e.nonfinite || e.rel_l2 > tol ? fail("accumulated gradient differs: relative L2 %.3e > %.1e", e.rel_l2, tol) : 0;
 }
 
+/*
+ * The FP8 weights of an fp8 model against codes computed here from the checkpoint's FP32 weights: for
+ * each FP8 linear layer, amax = max |bf16(w)|, the scale of fp8.h's policy, W = E4M3(bf16(w) * scale) and
+ * W^T its transpose, byte for byte (the value quantized is the BF16 rounding of the master weight); and
+ * llama_bf16_weight, for an FP8 layer (rebuilt from the master weights) and for the output layer (its
+ * working copy), equal to bf16(w).
+ */
+static inline int check_fp8_weights_in(void) {
+    LlamaConfig cfg;
+    checkpoint_read_config(REF_MODEL_PATH, &cfg);
+    RefState r;
+    ref_state_read(&r, REF_STATE_PATH, &cfg);
+    Llama m;
+    reference_model(&m, PRECISION_FP8, &cfg, &r, r.B, 0);
+    float* params = (float*)mallocCheck(m.num_params * sizeof(float));
+    checkpoint_read_params(REF_MODEL_PATH, &cfg, params);
+    int failures = 0;
+    for (int l = 0; l < cfg.n_layers; l++) {
+        for (int lin = 0; lin < LIN_PER_LAYER + 1; lin++) {
+            int layer = lin == LIN_OUTPUT ? NO_LAYER : l;
+            if (lin == LIN_OUTPUT && l > 0) continue;
+            const ModelSegment* seg = llama_segment(&m, llama_linear_tensor((LinearId)lin), layer);
+            const float* w = params + seg->param.param_offset;
+            size_t OC, C, n = seg->param.count;
+            llama_linear_dims(&cfg, (LinearId)lin, &OC, &C);
+            float* bf16 = (float*)mallocCheck(n * sizeof(float));
+            act_to_float_host(bf16, llama_bf16_weight(&m, layer, (LinearId)lin), n);
+            size_t wrong = 0;
+            for (size_t i = 0; i < n; i++) wrong += float_bits(bf16[i]) != float_bits(bf16_round(w[i]));
+            if (wrong) failures += fail("%s[layer %d]: llama_bf16_weight differs from bf16(master) in %zu of %zu", LINEAR_NAMES[lin], layer, wrong, n);
+            free(bf16);
+            if (lin == LIN_OUTPUT) continue;
+            float amax = 0.0f;
+            for (size_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(bf16_round(w[i])));
+            float scale = fp8_compute_scale(amax, FP8_E4M3, 0);
+            uint8_t* codes = (uint8_t*)mallocCheck(2 * n);
+            const Fp8Linear* f = &m.fp8_linear[llama_slot(l, lin)];
+            dev_download(codes, f->w, n);
+            dev_download(codes + n, f->wt, n);
+            size_t bad = 0, bad_t = 0;
+            for (size_t o = 0; o < OC; o++) {
+                for (size_t c = 0; c < C; c++) {
+                    uint8_t want = fp8_from_float(bf16_round(w[o * C + c]) * scale, FP8_E4M3);
+                    bad += codes[o * C + c] != want;
+                    bad_t += codes[n + c * OC + o] != want;
+                }
+            }
+            if (bad || bad_t) failures += fail("%s[layer %d]: %zu W and %zu W^T codes differ from E4M3(bf16(w) * %g)", LINEAR_NAMES[lin], l, bad, bad_t, scale);
+            free(codes);
+        }
+    }
+    printf("    %d layers x 4 FP8 weights: E4M3 W and W^T of bf16(master); llama_bf16_weight = bf16(master)\n", cfg.n_layers);
+    free(params);
+    llama_free(&m);
+    ref_state_free(&r);
+    return failures != 0;
+}
+
 /* The FP8 statistics rows of a step, as llama_fp8_stats_end emits them: (amax, scale, saturated, underflow). */
 typedef struct {
     double* rows;
