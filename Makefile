@@ -3,6 +3,16 @@
 
 CC ?= gcc
 PYTHON ?= python3
+# Installs what is missing (Debian: OpenBLAS, OpenMPI, cJSON; PyPI: numpy, sentencepiece, ml_dtypes, ...)
+# once, before anything below looks for it (mpicc, cJSON), unless the target is setup, clean or help.
+SETUP_STAMP = build/.setup-done
+ifeq ($(wildcard $(SETUP_STAMP)),)
+  ifneq ($(filter-out setup clean help,$(or $(MAKECMDGOALS),all)),)
+    $(info setup: first build here: installing what is missing (bash scripts/setup.sh))
+    SETUP_OUTPUT := $(shell PYTHON=$(PYTHON) bash scripts/setup.sh >&2 && mkdir -p build && touch $(SETUP_STAMP) && echo ok)
+    $(if $(SETUP_OUTPUT),,$(error setup failed: see the messages above, or run bash scripts/setup.sh))
+  endif
+endif
 CFLAGS ?= -O3 -march=native
 CFLAGS += -std=c11 -D_POSIX_C_SOURCE=200809L -fopenmp -Wall -Wextra
 CUDA_HOME ?= /usr/local/cuda
@@ -27,6 +37,13 @@ ifeq ($(USE_MPI),1)
   MPI_CFLAGS := -DLLM8_MPI $(shell mpicc --showme:compile 2>/dev/null || mpicc -compile_info 2>/dev/null | cut -d' ' -f2-)
   MPI_LIBS := $(shell mpicc --showme:link 2>/dev/null || mpicc -link_info 2>/dev/null | cut -d' ' -f2-)
 endif
+# cJSON (Debian's libcjson-dev, make setup) reads the data sets' manifest.json; USE_CJSON=0 builds without
+# the check (a GPU host where nothing can be installed).
+USE_CJSON ?= $(shell echo '#include <cjson/cJSON.h>' | $(CC) -E -x c - >/dev/null 2>&1 && echo 1 || echo 0)
+ifeq ($(USE_CJSON),1)
+  CPU_INCLUDES += -DLLM8_CJSON
+  CPU_LIBS += -lcjson
+endif
 # The build id every rank compares at start-up (git describe of the tree, "unknown" outside git).
 BUILD_ID := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 CPU_INCLUDES += $(MPI_CFLAGS) -DLLM8_BUILD_ID='"$(BUILD_ID)"'
@@ -40,6 +57,10 @@ NVCC_FLAGS ?= -O3 -std=c++17 -gencode arch=compute_$(GPU_ARCH),code=sm_$(GPU_ARC
 	-Xcompiler -fopenmp -Xcompiler -Wall --diag-error 114
 CUDA_LIBS = -lcublasLt -lnccl -lgomp $(filter-out -pthread,$(MPI_LIBS)) -lpthread
 NVCC_FLAGS += $(filter -I% -D%,$(MPI_CFLAGS)) -DLLM8_BUILD_ID='"$(BUILD_ID)"'
+ifeq ($(USE_CJSON),1)
+  NVCC_FLAGS += -DLLM8_CJSON
+  CUDA_LIBS += -lcjson
+endif
 CXX ?= g++
 # The cuDNN frontend is header-only and ships in the nvidia-cudnn-frontend wheel; its attention graphs
 # live in one host-compiled file (cuda/cudnn_att.cpp, ~45 s with g++) so editing the trainer never
@@ -64,7 +85,6 @@ endif
 
 DATA_DIR ?= dev/data/tinyshakespeare
 TRAIN_DATA = $(DATA_DIR)/tiny_shakespeare_train.bin
-SETUP_STAMP = build/.setup-done
 
 # One folder per layer (README "Repository layout"); every build depends on all of their headers.
 HEADERS = $(wildcard core/*.h fp8/*.h llama/*.h cpu/*.h dist/*.h train/*.h dataloader/*.h)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what llm8 needs and is missing, and says what it installs:
-#   Debian: OpenBLAS (CPU GEMMs, OpenMP build), OpenMPI (multi-rank launch), a C/C++ toolchain;
+#   Debian: OpenBLAS (CPU GEMMs, OpenMP build), OpenMPI (multi-rank launch), cJSON (data set manifests),
+#           a C/C++ toolchain;
 #   PyPI:   numpy, sentencepiece (tokenizing), ml_dtypes (FP8 test reference), matplotlib (loss plots),
 #           safetensors (HF checkpoint interop), pytest, nvidia-cudnn-frontend (header-only cuDNN graph API),
 #           zstandard and pyarrow (reading .jsonl.zst and .parquet corpora in dev/data/tokenize.py).
@@ -18,6 +19,7 @@ command -v gcc >/dev/null || missing_apt+=(build-essential)
 command -v g++ >/dev/null || missing_apt+=(g++)
 have_header cblas.h && ldconfig -p | grep -q libopenblas || missing_apt+=(libopenblas-openmp-dev)
 command -v mpirun >/dev/null || missing_apt+=(openmpi-bin libopenmpi-dev)
+have_header cjson/cJSON.h || missing_apt+=(libcjson-dev)
 if [ ${#missing_apt[@]} -gt 0 ]; then
     if ! command -v apt-get >/dev/null; then
         echo "error: missing ${missing_apt[*]} and no apt-get to install them; install them by hand" >&2; exit 1

@@ -21,8 +21,10 @@
 #include "data_parallel.h"
 #include "logger.h"
 #include "memory_plan.h"
+#include "preempt.h"
 #include "shard_io.h"
 #include "../dataloader/dataloader.h"
+#include "../dataloader/manifest.h"
 #include "../dataloader/tokenizer.h"
 #include "../dist/watchdog.h"
 #include "../llama/model.h"
@@ -49,6 +51,10 @@ typedef struct {
     int consecutive_skips;
     int total_skips;
     int overfit_loaded;     /* -a 1: the one batch is in tr->train */
+    int stop_signal;        /* a stop signal reached some rank: checkpoint and exit (train/preempt.h) */
+    double start_time;      /* wall_seconds when the step loop began */
+    double step_seconds;    /* time of the steps run by this process, for the ETA */
+    int steps_run;
 } Trainer;
 
 /* Mixed into --seed for the sampling generator, so samples do not replay the init's draws ("sample" in ASCII). */
@@ -58,6 +64,14 @@ typedef struct {
 static inline double flops_per_token(const LlamaConfig* c, int T) {
     double n = (double)param_count(c) - (double)c->vocab_size * c->dim; /* the embedding lookup costs no FLOPs */
     return 6.0 * n + 12.0 * c->n_layers * c->dim * (double)T;
+}
+
+/* "1h02m", "3m10s" or "42s". */
+static inline void format_duration(char* out, size_t len, double seconds) {
+    long s = seconds > 0.0 ? (long)(seconds + 0.5) : 0;
+    if (s >= 3600) snprintf(out, len, "%ldh%02ldm", s / 3600, (s % 3600) / 60);
+    else if (s >= 60) snprintf(out, len, "%ldm%02lds", s / 60, s % 60);
+    else snprintf(out, len, "%lds", s);
 }
 
 static inline RunIdentity trainer_identity(const Trainer* tr) {
@@ -280,6 +294,8 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args) {
                     a->shuffle, (uint64_t)a->seed);
     dataloader_init(&tr->val, a->val_pattern, a->B, a->T, tr->rank, tr->world, tr->grad_accum_steps, tr->cfg.vocab_size, 0,
                     (uint64_t)a->seed);
+    manifest_check(&tr->train, "-i", "train", tr->cfg.vocab_size);
+    manifest_check(&tr->val, "-j", "val", tr->cfg.vocab_size);
     long long epoch_steps = dataloader_epoch_batches(&tr->train);
     tr->steps = a->steps > 0 ? a->steps : (int)(epoch_steps > 0 ? epoch_steps : 1);
     RankSettings mine = trainer_rank_settings(tr);
@@ -298,6 +314,7 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args) {
            tr->world, tr->grad_accum_steps, total, tr->steps);
     printf("| lr %g (%s, warmup %d, final x%g), weight decay %g, clip %g, seed %lld\n", a->lr, a->schedule, a->warmup,
            a->final_lr_frac, a->weight_decay, a->grad_clip, a->seed);
+    if (a->output_dir == NULL) printf("| warning: no -o: no logs, checkpoints or final model will be saved\n");
 
     Sharding sharding = {tr->world, tr->rank, a->zero_stage};
     llama_build(&tr->model, &tr->cfg, (Precision)a->precision, a->B, a->T, a->pow2_scales, a->recompute, sharding);
@@ -354,8 +371,11 @@ static inline void trainer_step(Trainer* tr) {
     float norm = dp_grad_norm(&tr->dp, &bad);
     /* rank 0's skip line names its own operand; another rank names the one it saw */
     if (fp8_nonfinite && tr->rank != 0) fprintf(stderr, "rank %d: step %d: first non-finite FP8 operand: %s\n", tr->rank, tr->step + 1, fp8_bad);
-    double fp8_flag = fp8_nonfinite;
-    comm_host_max(&fp8_flag, 1);
+    /* one reduction for the decisions every rank must share: a non-finite FP8 operand, a stop signal */
+    double flags[2] = {(double)fp8_nonfinite, (double)g_stop_signal};
+    comm_host_max(flags, 2);
+    double fp8_flag = flags[0];
+    tr->stop_signal = (int)flags[1];
     double loss = trainer_sum_slots(slots, (size_t)A * W) / (double)((size_t)A * W);
     free(slots);
     float lr = lr_at_step(a->schedule, a->lr, a->warmup, a->final_lr_frac, tr->step, tr->steps);
@@ -390,7 +410,12 @@ static inline void trainer_step(Trainer* tr) {
            norm, ms, tok_s);
     if (mfu > 0.0) printf(" | MFU %.1f%%", 100.0 * mfu);
     if (W > 1) printf(" | comm %.1f ms", comm_ms);
-    printf("\n");
+    tr->step_seconds += ms / 1e3;
+    tr->steps_run++;
+    char elapsed[32], eta[32];
+    format_duration(elapsed, sizeof(elapsed), wall_seconds() - tr->start_time);
+    format_duration(eta, sizeof(eta), tr->step_seconds / tr->steps_run * (tr->steps - tr->step - 1));
+    printf(" | %s elapsed, ETA %s\n", elapsed, eta);
     logger_train(&tr->logger, tr->step, (float)loss, lr, norm, ms, tok_s, mfu, backend_memory_mib(), comm_ms, skip);
     tr->step++;
 }
@@ -403,7 +428,17 @@ static inline void share_cores(void) {
     omp_set_num_threads(threads > 0 ? threads : 1);
 }
 
-/* The whole run on this rank. Returns the process exit status. */
+static inline void trainer_free(Trainer* tr) {
+    logger_free(&tr->logger);
+    dp_free(&tr->dp);
+    llama_free(&tr->model);
+    tokenizer_free(&tr->tokenizer);
+    dataloader_free(&tr->train);
+    dataloader_free(&tr->val);
+    free(tr);
+}
+
+/* The whole run on this rank. Returns the process exit status: 0, or EXIT_PREEMPTED after a stop signal. */
 static inline int train_main(int argc, char** argv) {
     TrainArgs defaults = train_args_default(), args = defaults;
     int help = train_args_parse(&args, argc, argv);
@@ -419,10 +454,12 @@ static inline int train_main(int argc, char** argv) {
         return EXIT_SUCCESS;
     }
     share_cores();
+    preempt_install();
     Trainer* tr = (Trainer*)callocCheck(1, sizeof(Trainer));
     trainer_init(tr, &args);
     TrainArgs* a = &tr->args;
     int start = tr->step;
+    tr->start_time = wall_seconds();
     for (;;) {
         int last = tr->step >= tr->steps;
         if (last || (a->val_every > 0 && tr->step % a->val_every == 0)) {
@@ -438,16 +475,20 @@ static inline int train_main(int argc, char** argv) {
         }
         if (last) break;
         trainer_step(tr);
+        if (tr->stop_signal && tr->step < tr->steps) {
+            printf("| %s: stopping after step %d\n", signal_name(tr->stop_signal), tr->step);
+            if (a->output_dir && a->ckpt_every != NO_CHECKPOINTS) trainer_save(tr);
+            else printf("| %s: nothing is saved\n", a->output_dir ? "-n -1" : "no -o");
+            watchdog_phase("shutdown", tr->step);
+            comm_barrier();
+            trainer_free(tr);
+            comm_finalize();
+            return EXIT_PREEMPTED;
+        }
     }
     watchdog_phase("shutdown", tr->step);
     comm_barrier();
-    logger_free(&tr->logger);
-    dp_free(&tr->dp);
-    llama_free(&tr->model);
-    tokenizer_free(&tr->tokenizer);
-    dataloader_free(&tr->train);
-    dataloader_free(&tr->val);
-    free(tr);
+    trainer_free(tr);
     comm_finalize();
     return EXIT_SUCCESS;
 }
