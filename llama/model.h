@@ -581,7 +581,8 @@ static inline size_t llama_segment_slot(const ModelSegment* s, const LlamaConfig
 static inline Fp8Scale* llama_fp8_weight_scales(Llama* m) { return m->fp8_scales + (size_t)FP8_OP_W * llama_fp8_slots(m); }
 
 /* Casts this rank's pieces of the FP8 weights with the W scales' amax: W and W^T when the rank holds
-   every piece, else W's pieces (the layers' W^T then wait for the gather). counts: as fp8_counts. */
+   every piece, else W's pieces (the layers' W^T then wait for the gather). Gathers no statistics: these
+   are the next step's weights, which llama_fp8_stats_begin counts when that step gathers them. */
 static inline void llama_fp8_cast_weights(Llama* m) {
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* s = &m->segs[i];
@@ -589,17 +590,16 @@ static inline void llama_fp8_cast_weights(Llama* m) {
         size_t OC, C, b, n, rows, cols;
         size_t slot = llama_segment_slot(s, &m->cfg, &OC, &C);
         Fp8Scale* sw = fp8_scale(m, slot, FP8_OP_W);
-        Fp8Counts* counts = fp8_counts(m, slot, FP8_OP_W);
         const float* master = m->master + s->shard.shard_offset;
         if (m->layout.shards == 1) {
             op_cast_transpose_master(llama_segment_fp8_w(m, s), llama_segment_fp8_wt(m, s), master, OC, C, FP8_E4M3, sw,
-                                     m->pow2_scales, counts);
+                                     m->pow2_scales, NULL);
             continue;
         }
         /* every rank casts, a rank without a piece an empty one: the cast sets the scale the GEMMs read */
         llama_own_piece(m, s, &b, &n);
         llama_piece_shape(n, &rows, &cols);
-        op_cast_transpose_master(llama_segment_fp8_w(m, s) + b, NULL, master, rows, cols, FP8_E4M3, sw, m->pow2_scales, counts);
+        op_cast_transpose_master(llama_segment_fp8_w(m, s) + b, NULL, master, rows, cols, FP8_E4M3, sw, m->pow2_scales, NULL);
         m->fp8_wt_pending[s->param.layer] = 1;
     }
 }
@@ -1106,7 +1106,8 @@ static inline Fp8Counts* llama_fp8_weight_counts(Llama* m) { return m->fp8_count
 /*
  * Ends a statistics step: for every FP8 operand, calls `emit` with its layer, GEMM, operand, format,
  * amax, scale, saturated fraction (codes at +-max) and underflow fraction (non-zero inputs cast to 0).
- * The amax/scale are those of the operand's last cast in the step.
+ * The amax/scale are those of the operand's last cast in the step; call it before the step's update,
+ * which casts the next step's weights.
  */
 typedef void (*Fp8StatsEmit)(void* ctx, int layer, const char* gemm, const char* operand, const char* format, float amax,
                              float scale, double saturated_frac, double underflow_frac);

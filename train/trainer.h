@@ -380,6 +380,11 @@ static inline void trainer_step(Trainer* tr) {
     free(slots);
     float lr = lr_at_step(a->schedule, a->lr, a->warmup, a->final_lr_frac, tr->step, tr->steps);
     int skip = !isfinite(loss) || !isfinite(norm) || fp8_flag != 0.0;
+    /* before the update casts the next step's FP8 weights: the W rows are the copies this step used */
+    if (stats_due) {
+        dp_fp8_stats_end(&tr->dp, trainer_emit_fp8, tr);
+        logger_flush(&tr->logger);
+    }
     watchdog_phase("optimizer", tr->step);
     if (!skip) {
         dp_update(&tr->dp, lr, a->weight_decay, tr->step - tr->total_skips, clip_factor(norm, a->grad_clip));
@@ -402,10 +407,6 @@ static inline void trainer_step(Trainer* tr) {
     double tok_s = tokens / (ms / 1e3);
     double peak = backend_peak_flops((Precision)a->precision);
     double mfu = peak > 0.0 ? flops_per_token(&tr->cfg, a->T) * tok_s / (peak * W) : 0.0;
-    if (stats_due) {
-        dp_fp8_stats_end(&tr->dp, trainer_emit_fp8, tr);
-        logger_flush(&tr->logger);
-    }
     printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s", tr->step + 1, tr->steps, (float)loss, lr,
            norm, ms, tok_s);
     if (mfu > 0.0) printf(" | MFU %.1f%%", 100.0 * mfu);

@@ -264,7 +264,8 @@ typedef struct {
 
 /*
  * RECOMPUTE_STEPS AdamW steps of two accumulated micro-batches on the reference batch at recompute level
- * `level`, FP8 statistics gathered on the first (every cast counted once, a replayed one not at all).
+ * `level`, FP8 statistics gathered on the first and read before its update, in the trainer's order (every
+ * cast counted once, a replayed one not at all).
  */
 static inline RecomputeRun recompute_run(Precision p, int level) {
     LlamaConfig cfg;
@@ -289,11 +290,11 @@ static inline RecomputeRun recompute_run(Precision p, int level) {
             llama_backward(&m);
         }
         if (step == 0) {
+            llama_get_grads(&m, out.grads);
             out.num_counts = p == PRECISION_FP8 ? llama_fp8_slots(&m) * FP8_OPS : 0;
             out.counts = (Fp8Counts*)mallocCheck(out.num_counts * sizeof(Fp8Counts) + 1);
             if (out.num_counts) dev_download(out.counts, m.fp8_counts, out.num_counts * sizeof(Fp8Counts));
             llama_fp8_stats_end(&m, collect_stats_row, &out.stats);
-            llama_get_grads(&m, out.grads);
         }
         int bad;
         float norm = llama_grad_norm(&m, &bad);
@@ -319,6 +320,22 @@ static inline int check_recompute_in(Precision p) {
     int failures = 0;
     if (p == PRECISION_FP8 && runs[0].stats.n != (size_t)cfg.n_layers * LIN_PER_LAYER * FP8_OPS)
         failures += fail("%zu FP8 statistics rows, want one per operand", runs[0].stats.n);
+    /* every element of a statistics step's operands counted once: W (OC, C), X (B T, C), dY (B T, OC) */
+    RefState r;
+    ref_state_read(&r, REF_STATE_PATH, &cfg);
+    size_t tokens = (size_t)r.B * r.T;
+    ref_state_free(&r);
+    for (size_t i = 0; i < runs[0].num_counts; i++) {
+        size_t slots = runs[0].num_counts / FP8_OPS, slot = i % slots, OC, C;
+        int op = (int)(i / slots);
+        llama_linear_dims(&cfg, (LinearId)(slot % LIN_PER_LAYER), &OC, &C);
+        size_t want = op == FP8_OP_W ? OC * C : op == FP8_OP_X ? tokens * C : tokens * OC;
+        if (runs[0].counts[i].count != want) {
+            failures += fail("%s[layer %zu] %s: %llu elements counted, want %zu", LINEAR_NAMES[slot % LIN_PER_LAYER],
+                             slot / LIN_PER_LAYER, FP8_OPERAND_NAMES[op], runs[0].counts[i].count, want);
+            break;
+        }
+    }
     for (int level = 1; level < RECOMPUTE_LEVELS; level++) {
         RecomputeRun* a = &runs[0];
         RecomputeRun* b = &runs[level];
