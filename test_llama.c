@@ -320,7 +320,11 @@ static int check_bf16_round(void) {
 /* Two micro-batches of B/2 accumulate the 1-batch gradient; fp32, so to FP32 rounding. */
 static int check_grad_accumulation(void) { return check_grad_accumulation_in(PRECISION_FP32, 1e-6); }
 
-static int check_recompute_identical(void) { return check_recompute_in(PRECISION_BF16); }
+static int check_fp8_weights(void) { return check_fp8_weights_in(); }
+
+static int check_recompute_bf16(void) { return check_recompute_in(PRECISION_BF16); }
+
+static int check_recompute_fp8(void) { return check_recompute_in(PRECISION_FP8); }
 
 static int check_resume_bit_identical(void) { return check_resume_in(PRECISION_FP8); }
 
@@ -571,7 +575,9 @@ static Check CHECKS[] = {
     {"cast_transpose", check_cast_transpose, "cast-transpose layouts and cast statistics"},
     {"bf16_round", check_bf16_round, "BF16 round-to-nearest-even cases"},
     {"grad_accumulation", check_grad_accumulation, "2 micro-batches accumulate the 1-batch gradient"},
-    {"recompute_identical", check_recompute_identical, "-r 1 gives bit-identical gradients"},
+    {"fp8_weights", check_fp8_weights, "E4M3 W, W^T cast from bf16(master weights); llama_bf16_weight"},
+    {"recompute_bf16", check_recompute_bf16, "bf16 -r 1 and -r 2: bit-identical losses, gradients, weights"},
+    {"recompute_fp8", check_recompute_fp8, "fp8 -r 1 and -r 2: bit-identical losses, gradients, weights, FP8 statistics"},
     {"resume_bit_identical", check_resume_bit_identical, "save -> load -> continue reproduces losses and weights"},
     {"zero_stages_one_rank", check_zero_stages_one_rank, "ZeRO-1/2 through the data-parallel driver on one rank equal ZeRO-0 bit for bit"},
     {"dump_roundtrip", check_dump_roundtrip, "a dumped CPU run reads back equal to a rerun (the GPU's comparison target)"},

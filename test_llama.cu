@@ -55,7 +55,11 @@ static int check_cpu_vs_gpu_fp8(void) { return cpu_vs_gpu(PRECISION_FP8, GPU_CPU
 /* Needs deterministic attention backward (main sets LLM8_DETERMINISTIC=1 for the checks). */
 static int check_resume_bit_identical(void) { return check_resume_in(PRECISION_FP8); }
 
-static int check_recompute_identical(void) { return check_recompute_in(PRECISION_BF16); }
+static int check_fp8_weights(void) { return check_fp8_weights_in(); }
+
+static int check_recompute_bf16(void) { return check_recompute_in(PRECISION_BF16); }
+
+static int check_recompute_fp8(void) { return check_recompute_in(PRECISION_FP8); }
 
 /* BF16: the split changes GEMM shapes (other algorithms, other summation order), hence 1e-2. */
 static int check_grad_accumulation(void) { return check_grad_accumulation_in(PRECISION_BF16, 1e-2); }
@@ -80,6 +84,7 @@ KERNEL_CHECK(attention)
 KERNEL_CHECK(swiglu)
 KERNEL_CHECK(classifier)
 KERNEL_CHECK(fp8_cast)
+KERNEL_CHECK(fp8_weight)
 KERNEL_CHECK(gemm)
 
 /* ------------------------------------------------------------ production shapes */
@@ -360,9 +365,12 @@ static Check CHECKS[] = {
     {"kernel_swiglu", check_kernel_swiglu, "SwiGLU forward/backward vs CPU"},
     {"kernel_classifier", check_kernel_classifier, "fused softmax cross-entropy vs CPU"},
     {"kernel_fp8_cast", check_kernel_fp8_cast, "amax + FP8 cast-transpose bit-identical to CPU"},
+    {"kernel_fp8_weight", check_kernel_fp8_weight, "FP8 weights from master weights (amax, cast, transpose) bit-identical to CPU"},
     {"kernel_gemm", check_kernel_gemm, "cuBLASLt BF16/FP8 GEMMs vs the CPU emulation"},
     {"resume_bit_identical", check_resume_bit_identical, "GPU save -> load -> continue reproduces losses and weights"},
-    {"recompute_identical", check_recompute_identical, "GPU -r 1 gives bit-identical gradients"},
+    {"fp8_weights", check_fp8_weights, "GPU: E4M3 W, W^T cast from bf16(master weights); llama_bf16_weight"},
+    {"recompute_bf16", check_recompute_bf16, "GPU bf16 -r 1 and -r 2: bit-identical losses, gradients, weights"},
+    {"recompute_fp8", check_recompute_fp8, "GPU fp8 -r 1 and -r 2: bit-identical losses, gradients, weights, FP8 statistics"},
     {"grad_accumulation", check_grad_accumulation, "GPU: 2 micro-batches accumulate the 1-batch gradient"},
     {"nccl_one_rank", check_nccl_one_rank, "GPU: ZeRO-1/2 over a one-rank NCCL communicator equal ZeRO-0 bit for bit"},
     {"prod_attention", check_prod_attention, "attention at T 4096, HS 128, default (fastest) backward vs CPU on a slice"},

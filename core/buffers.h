@@ -2,7 +2,9 @@
  * Memory you can see (STYLE.md): a kind of buffer is one allocation described by a table of named
  * sub-buffers, each aligned to BUFFER_ALIGN bytes; the table gives the allocation's size, points every
  * sub-buffer into it and prints the sizes in MiB at start-up. The model lays out its state, activations
- * and communication buffers this way.
+ * and communication buffers this way, and the memory plan (--dry-run) sums the same tables without
+ * allocating them. Memory allocated outside such tables (library workspaces, grow-only scratch) is
+ * described to the plan as MemoryEstimate entries.
  */
 #pragma once
 
@@ -14,6 +16,7 @@ typedef struct {
     void** ptr;
     size_t count;
     size_t elem;
+    const char* category; /* what the memory plan sums it under ("master weights", "activations", ...) */
 } BufferSpec;
 
 /* Alignment of every sub-buffer: cuBLASLt and vector loads want 16 bytes; 256 keeps cache lines apart. */
@@ -44,3 +47,12 @@ static inline void buffers_print(const char* title, const BufferSpec* specs, int
         if (specs[i].count > 0) printf("|   %-14s %10.2f MiB\n", specs[i].name, mib(specs[i].count * specs[i].elem));
     }
 }
+
+/* A named allocation outside the tables, for the memory plan: bytes, exact or an upper bound or an
+   estimate (estimate set), with what it is. */
+typedef struct {
+    const char* name;
+    size_t bytes;
+    int estimate;
+    const char* what;
+} MemoryEstimate;

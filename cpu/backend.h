@@ -57,6 +57,35 @@ static inline double backend_peak_flops(Precision p) {
     return 0.0;
 }
 static inline double backend_memory_mib(void) { return 0.0; }
+/* Host RAM (the CPU build trains in host memory). */
+static inline size_t backend_memory_total(const char** what) {
+    *what = "host RAM";
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
+}
+
+/* The grow-only scratch of the emulated GEMMs (fp8/gemm_cpu.h decodes FP8 operands to floats; op_gemm
+   computes an accumulating product apart) and the embedding backward's sort. */
+static inline int backend_workspaces(const WorkspaceQuery* q, MemoryEstimate* out) {
+    const LlamaConfig* c = q->cfg;
+    size_t N = (size_t)q->B * q->T, C = (size_t)c->dim, F = (size_t)c->ffn_dim, V = (size_t)c->vocab_size;
+    size_t QKV = (size_t)llama_qkv_dim(c);
+    size_t out_max = QKV > 2 * F ? QKV : 2 * F, in_max = C > F ? C : F; /* widest OC and C of the block's linears */
+    int n = 0;
+    if (q->precision == PRECISION_FP8) {
+        /* A: W or W^T (OC C) or X^T (C N); B: X (N C), dY or dY^T (N OC) */
+        size_t a = out_max * C > N * in_max ? out_max * C : N * in_max;
+        out[n++] = (MemoryEstimate){"gemm_decode_a", a * sizeof(float), 0, "FP8 GEMM A operand decoded to floats"};
+        out[n++] = (MemoryEstimate){"gemm_decode_b", N * (out_max > in_max ? out_max : in_max) * sizeof(float), 0,
+                                    "FP8 GEMM B operand decoded to floats"};
+    }
+    out[n++] = (MemoryEstimate){"gemm_accumulate", (out_max > V ? out_max : V) * C * sizeof(float), 0,
+                                "a wgrad's product before it is added (the largest weight)"};
+    out[n++] = (MemoryEstimate){"encoder_backward", 2 * N * sizeof(int) + (N + 1) * sizeof(size_t), 0,
+                                "embedding backward: (token, position) sort and bucket starts"};
+    return n;
+}
+
 /* Attention backward reads the softmax probabilities: (B, NH, T, T) floats per layer. */
 static inline size_t att_stats_size(size_t B, int NH, int T) { return B * (size_t)NH * (size_t)T * (size_t)T; }
 
@@ -417,14 +446,33 @@ static inline void op_adamw(float* master, float* m, float* v, const float* grad
 
 static inline void op_amax(Fp8Scale* s, const act_t* x, size_t n) {
     backend_timer_start(PROF_FP8_CAST);
-    fp8_amax_cpu(s, x, n);
+    fp8_amax_cpu(s, x, n, 0);
     backend_timer_stop(PROF_FP8_CAST);
 }
 
 static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols, Fp8Format f,
                                      Fp8Scale* s, int pow2, Fp8Counts* counts) {
     backend_timer_start(PROF_FP8_CAST);
-    fp8_cast_transpose_cpu(out, out_t, x, rows, cols, f, s, pow2, counts);
+    fp8_cast_transpose_cpu(out, out_t, x, rows, cols, f, s, pow2, counts, 0);
+    backend_timer_stop(PROF_FP8_CAST);
+}
+
+static inline void op_amax_master(Fp8Scale* s, const float* master, size_t n) {
+    backend_timer_start(PROF_FP8_CAST);
+    fp8_amax_cpu(s, master, n, 1);
+    backend_timer_stop(PROF_FP8_CAST);
+}
+
+static inline void op_cast_transpose_master(uint8_t* out, uint8_t* out_t, const float* master, size_t rows, size_t cols,
+                                            Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts) {
+    backend_timer_start(PROF_FP8_CAST);
+    fp8_cast_transpose_cpu(out, out_t, master, rows, cols, f, s, pow2, counts, 1);
+    backend_timer_stop(PROF_FP8_CAST);
+}
+
+static inline void op_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols) {
+    backend_timer_start(PROF_FP8_CAST);
+    fp8_transpose_cpu(out_t, in, rows, cols);
     backend_timer_stop(PROF_FP8_CAST);
 }
 

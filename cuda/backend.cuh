@@ -155,6 +155,45 @@ static inline double backend_memory_mib(void) {
     return mib(total - free_bytes);
 }
 
+/* Total device memory of the current GPU; 0 without a usable GPU (a dry run on a machine without one). */
+static inline size_t backend_memory_total(const char** what) {
+    *what = "GPU memory (cudaMemGetInfo total)";
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        cudaGetLastError(); /* clear the sticky "no device" error */
+        return 0;
+    }
+    size_t free_bytes = 0, total = 0;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total));
+    return total;
+}
+
+/* The CUDA context with cuBLASLt's and cuDNN's handles and loaded kernels: an estimate (a few hundred
+   MiB with CUDA 12+ lazy module loading on Hopper; the device check's memory row measures it). */
+#define CUDA_CONTEXT_ESTIMATE_BYTES ((size_t)1 << 30)
+
+static inline int backend_workspaces(const WorkspaceQuery* q, MemoryEstimate* out) {
+    const LlamaConfig* c = q->cfg;
+    size_t N = (size_t)q->B * q->T, C = (size_t)c->dim, V = (size_t)c->vocab_size;
+    size_t NH = (size_t)c->n_heads, rows = (size_t)q->B * NH * (size_t)q->T;
+    int n = 0;
+    out[n++] = (MemoryEstimate){"cuda_context", CUDA_CONTEXT_ESTIMATE_BYTES, 1, "CUDA context, cuBLASLt/cuDNN handles and kernels"};
+    out[n++] = (MemoryEstimate){"cublaslt", CUBLASLT_WORKSPACE_BYTES, 0, "cuBLASLt workspace"};
+#ifdef USE_CUDNN
+    out[n++] = (MemoryEstimate){"cudnn_attention", N * C * sizeof(float) + rows * sizeof(float), 1,
+                                "cuDNN SDPA workspace: FP32 dQ accumulator and row sums of the backward"};
+#else
+    out[n++] = (MemoryEstimate){"attention", rows * sizeof(float), 0, "fallback attention backward row sums"};
+#endif
+    out[n++] = (MemoryEstimate){"encoder_backward", (2 * N + 1 + (N < V ? N : V)) * sizeof(int), 0,
+                                "embedding backward: positions, bucket starts and tokens (at most)"};
+    out[n++] = (MemoryEstimate){"rmsnorm_backward", (N < RMSNORM_BWD_BLOCKS ? N : RMSNORM_BWD_BLOCKS) * C * sizeof(float), 0,
+                                "RMSNorm backward per-block weight-gradient partials"};
+    out[n++] = (MemoryEstimate){"grad_norm_sum", 2 * ceil_div(q->grad_chunks, F64_SUM_BLOCK) * sizeof(double), 0,
+                                "gradient norm: levels of the chunk sum"};
+    return n;
+}
+
 /* Attention keeps the softmax log-sum-exp per (b, head, query): (B, NH, T) floats per layer. */
 static inline size_t att_stats_size(size_t B, int NH, int T) { return B * (size_t)NH * (size_t)T; }
 
@@ -234,6 +273,17 @@ static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* 
     backend_timer_start(PROF_FP8_CAST);
     fp8_cast_transpose_cuda(out, out_t, x, rows, cols, f, s, pow2, counts);
     backend_timer_stop(PROF_FP8_CAST);
+}
+
+static inline void op_amax_master(Fp8Scale* s, const float* master, size_t n) { fp8_amax_cuda(s, master, n); }
+
+static inline void op_cast_transpose_master(uint8_t* out, uint8_t* out_t, const float* master, size_t rows, size_t cols,
+                                            Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts) {
+    fp8_cast_transpose_cuda(out, out_t, master, rows, cols, f, s, pow2, counts);
+}
+
+static inline void op_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols) {
+    fp8_transpose_cuda(out_t, in, rows, cols);
 }
 
 static inline void op_gemm(const GemmCall* g) { gemm_cublaslt(g); }

@@ -21,6 +21,7 @@
  */
 #pragma once
 
+#include "../core/buffers.h"
 #include "../core/common.h"
 
 /* What goes over the wire for gradient reductions (--grad-reduce): FP32 by default, or BF16. */
@@ -86,6 +87,16 @@ static inline void comm_host_broadcast(void* x, size_t bytes, int root);
 static inline void comm_host_all_gather(const void* mine, void* all, size_t bytes);
 /* Every rank waits for all others here. */
 static inline void comm_barrier(void);
+
+/* ---------------------------------------------------------------- memory plan */
+
+/* Most MemoryEstimate entries comm_workspaces writes. */
+#define MAX_COMM_WORKSPACES 2
+/* The memory this implementation allocates for a run's collectives beside the model's buffers (scratch,
+   the library's own buffers), as named entries in out; returns how many. largest_piece: elements of the
+   largest shard piece of the layout (ZeRO-1/2), largest_segment: of the largest segment (ZeRO-0). */
+static inline int comm_workspaces(int world, int zero_stage, CommWire wire, size_t largest_piece, size_t largest_segment,
+                                  MemoryEstimate* out);
 
 /* ---------------------------------------------------------------- shared by both implementations */
 

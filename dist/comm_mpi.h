@@ -149,6 +149,21 @@ static inline void comm_all_gather(void* buf, size_t bytes) {
 #endif
 }
 
+/* The host temporaries of the reductions above (freed after each call, so they count at the peak only):
+   a reduce-scatter's received parts and send staging, world pieces each; an all-reduce's world copies. */
+static inline int comm_workspaces(int world, int zero_stage, CommWire wire, size_t largest_piece, size_t largest_segment,
+                                  MemoryEstimate* out) {
+    (void)wire;
+    size_t W = (size_t)world;
+    if (zero_stage > 0) {
+        out[0] = (MemoryEstimate){"mpi_reduce_scatter", 2 * W * largest_piece * sizeof(float), 0, "reduce-scatter staging (host)"};
+        return 1;
+    }
+    if (world == 1) return 0;
+    out[0] = (MemoryEstimate){"mpi_all_reduce", W * largest_segment * sizeof(float), 0, "all-reduce staging (host)"};
+    return 1;
+}
+
 static inline void comm_mark(int slot) { (void)slot; }
 static inline void comm_wait(int slot) { (void)slot; }
 static inline void comm_wait_all(void) {}

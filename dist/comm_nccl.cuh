@@ -171,6 +171,24 @@ static inline void comm_all_gather(void* buf, size_t bytes) {
     ncclCheck(ncclAllGather(mine, buf, bytes, ncclUint8, g_nccl, g_comm_stream));
 }
 
+/* NCCL's own device buffers for a multi-rank communicator: an estimate (per channel and ring peer NCCL
+   keeps Simple, LL and LL128 buffers of a few MiB; NVLink rings use up to 32 channels). */
+#define NCCL_BUFFERS_ESTIMATE_BYTES ((size_t)512 << 20)
+
+/* g_comm_scratch's largest use (--grad-reduce bf16 conversions, the ZeRO-2 accumulating reduce-scatter)
+   and NCCL's buffers. */
+static inline int comm_workspaces(int world, int zero_stage, CommWire wire, size_t largest_piece, size_t largest_segment,
+                                  MemoryEstimate* out) {
+    size_t W = (size_t)world, scratch = 0;
+    int n = 0;
+    if (zero_stage > 0 && wire == WIRE_BF16) scratch = (W + 1) * largest_piece * sizeof(__nv_bfloat16);
+    else if (zero_stage == 2) scratch = largest_piece * sizeof(float);
+    else if (zero_stage == 0 && wire == WIRE_BF16 && world > 1) scratch = largest_segment * sizeof(__nv_bfloat16);
+    if (scratch > 0) out[n++] = (MemoryEstimate){"comm_scratch", scratch, 0, "gradient reduction scratch (BF16 wire, accumulation)"};
+    if (world > 1) out[n++] = (MemoryEstimate){"nccl_buffers", NCCL_BUFFERS_ESTIMATE_BYTES, 1, "NCCL's channel buffers"};
+    return n;
+}
+
 static inline void comm_mark(int slot) { cudaCheck(cudaEventRecord(g_slot_event[slot], g_comm_stream)); }
 
 /* The compute stream waits for `done` (recorded on the communication stream), timed when events remain. */

@@ -1,8 +1,10 @@
 /*
  * The FP8 casts of the CPU emulation: amax (max |x|) and the fused cast-transpose of an FP32 tensor
- * whose values the CPU backend keeps BF16-rounded where the GPU stores BF16. The policy and the cast are
- * fp8.h's functions, the ones the GPU kernels (cast_cuda.cuh) run, so the codes, amax and scales are
- * bit-identical to the GPU's. Reductions use fixed chunks, so results do not depend on the thread count.
+ * whose values the CPU backend keeps BF16-rounded where the GPU stores BF16, or (round_bf16) of FP32
+ * master weights, each rounded to BF16 first as the GPU's casts of master weights do; and the transpose
+ * of FP8 codes. The policy and the cast are fp8.h's functions, the ones the GPU kernels (cast_cuda.cuh)
+ * run, so the codes, amax and scales are bit-identical to the GPU's. Reductions use fixed chunks, so
+ * results do not depend on the thread count.
  */
 #pragma once
 
@@ -13,15 +15,18 @@
 /* Elements per independently reduced chunk of the amax. */
 #define AMAX_CHUNK 65536
 
-/* s->amax = max |x| over n floats; NaN if any is NaN (amax_combine). */
-static inline void fp8_amax_cpu(Fp8Scale* s, const float* x, size_t n) {
+/* The value a cast reads: x, or its BF16 rounding. */
+static inline float fp8_cast_input(float x, int round_bf16) { return round_bf16 ? bf16_round(x) : x; }
+
+/* s->amax = max |x| over n floats (each rounded to BF16 first when round_bf16); NaN if any is NaN (amax_combine). */
+static inline void fp8_amax_cpu(Fp8Scale* s, const float* x, size_t n, int round_bf16) {
     size_t chunks = ceil_div(n, AMAX_CHUNK);
     float* part = (float*)mallocCheck(chunks * sizeof(float));
 #pragma omp parallel for schedule(static)
     for (size_t k = 0; k < chunks; k++) {
         size_t end = (k + 1) * AMAX_CHUNK < n ? (k + 1) * AMAX_CHUNK : n;
         float a = 0.0f;
-        for (size_t i = k * AMAX_CHUNK; i < end; i++) a = amax_combine(a, fabsf(x[i]));
+        for (size_t i = k * AMAX_CHUNK; i < end; i++) a = amax_combine(a, fabsf(fp8_cast_input(x[i], round_bf16)));
         part[k] = a;
     }
     float a = 0.0f;
@@ -31,19 +36,19 @@ static inline void fp8_amax_cpu(Fp8Scale* s, const float* x, size_t n) {
 }
 
 /*
- * Sets s->scale / s->scale_inv from s->amax (fp8_compute_scale), then casts x (rows, cols) into codes
- * out (rows, cols) and out_t (cols, rows); either may be NULL. counts (may be NULL) accumulates the
- * cast statistics (fp8.h Fp8Counts).
+ * Sets s->scale / s->scale_inv from s->amax (fp8_compute_scale), then casts x (rows, cols), each value
+ * rounded to BF16 first when round_bf16, into codes out (rows, cols) and out_t (cols, rows); either may
+ * be NULL. counts (may be NULL) accumulates the cast statistics (fp8.h Fp8Counts).
  */
 static inline void fp8_cast_transpose_cpu(uint8_t* out, uint8_t* out_t, const float* x, size_t rows, size_t cols,
-                                          Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts) {
+                                          Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts, int round_bf16) {
     fp8_scale_set(s, s->amax, f, pow2);
     float scale = s->scale;
     unsigned long long sat = 0, under = 0, nonzero = 0;
 #pragma omp parallel for schedule(static) reduction(+ : sat, under, nonzero)
     for (size_t i = 0; i < rows; i++) {
         for (size_t j = 0; j < cols; j++) {
-            float v = x[i * cols + j];
+            float v = fp8_cast_input(x[i * cols + j], round_bf16);
             uint8_t code = fp8_quantize(v, scale, f);
             if (out) out[i * cols + j] = code;
             if (out_t) out_t[j * rows + i] = code;
@@ -57,5 +62,13 @@ static inline void fp8_cast_transpose_cpu(uint8_t* out, uint8_t* out_t, const fl
         counts->underflow += under;
         counts->nonzero += nonzero;
         counts->count += (unsigned long long)rows * cols;
+    }
+}
+
+/* out_t (cols, rows) = in (rows, cols) transposed (FP8 codes). */
+static inline void fp8_transpose_cpu(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols) {
+#pragma omp parallel for schedule(static)
+    for (size_t j = 0; j < cols; j++) {
+        for (size_t i = 0; i < rows; i++) out_t[j * rows + i] = in[i * cols + j];
     }
 }

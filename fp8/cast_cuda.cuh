@@ -1,9 +1,11 @@
 /*
  * The FP8 current-scaling kernels of the GPU: fp8_amax_cuda (max |x| of a BF16 tensor into its
  * device-side Fp8Scale) and fp8_cast_transpose_cuda (scale from that amax, then the cast to E4M3/E5M2
- * codes written row-major and/or transposed in one pass). The policy and the cast are fp8.h's functions,
- * the same ones the CPU emulation (cast_cpu.h) runs, so the codes are bit-identical to the CPU's. Neither
- * synchronizes with the host: the scale lives in device memory and the GEMM reads it there.
+ * codes written row-major and/or transposed in one pass), both also for FP32 master weights, which are
+ * rounded to BF16 first (the value a BF16 copy would hold); and fp8_transpose_cuda (codes transposed).
+ * The policy and the cast are fp8.h's functions, the same ones the CPU emulation (cast_cpu.h) runs, so
+ * the codes are bit-identical to the CPU's. None synchronizes with the host: the scale lives in device
+ * memory and the GEMM reads it there.
  */
 #pragma once
 
@@ -42,18 +44,41 @@ __global__ void amax_kernel(unsigned int* amax_bits, const __nv_bfloat16* x, siz
     if (threadIdx.x == 0 && m != 0) atomicMax(amax_bits, m << 16);
 }
 
+/* max |bf16(x)| over FP32 x, as amax_kernel's bit patterns: the BF16 rounding's pattern, sign cleared. */
+__global__ void amax_master_kernel(unsigned int* amax_bits, const float* x, size_t n) {
+    unsigned int m = 0;
+    for (size_t i = grid_index(); i < n; i += grid_stride()) {
+        m = max(m, (unsigned int)(__bfloat16_as_ushort(f_to_bf16(x[i])) & 0x7fffu));
+    }
+    m = block_reduce<BLOCK_THREADS>(m, MaxOp());
+    if (threadIdx.x == 0 && m != 0) atomicMax(amax_bits, m << 16);
+}
+
 /*
- * s->amax (device) = max |x| over x (n) BF16, NaN when any element is NaN (fp8.h amax_combine). Reset
- * and recomputed on every call; the atomicMax on the value's bits is order-independent, so the result is
- * deterministic. No host synchronization.
+ * s->amax (device) = max |x| over x (n) BF16, or over the BF16 roundings of FP32 x (master weights), NaN
+ * when any element is NaN (fp8.h amax_combine); 0 for n = 0. Reset and recomputed on every call; the
+ * atomicMax on the value's bits is order-independent, so the result is deterministic. No host
+ * synchronization.
  */
 static inline void fp8_amax_cuda(Fp8Scale* s, const __nv_bfloat16* x, size_t n) {
     cudaCheck(cudaMemsetAsync(&s->amax, 0, sizeof(float), 0));
+    if (n == 0) return;
     int vectorized = ((uintptr_t)x % sizeof(uint4)) == 0;
     amax_kernel<<<grid_for(ceil_div(n, BF16_PER_VEC), BLOCK_THREADS), BLOCK_THREADS>>>((unsigned int*)&s->amax, x, n,
                                                                                        vectorized);
     launchCheck();
 }
+
+static inline void fp8_amax_cuda(Fp8Scale* s, const float* x, size_t n) {
+    cudaCheck(cudaMemsetAsync(&s->amax, 0, sizeof(float), 0));
+    if (n == 0) return;
+    amax_master_kernel<<<grid_for(n, BLOCK_THREADS), BLOCK_THREADS>>>((unsigned int*)&s->amax, x, n);
+    launchCheck();
+}
+
+/* The value a cast reads: a BF16 element, or the BF16 rounding of an FP32 master weight. */
+__device__ __forceinline__ float cast_input(__nv_bfloat16 x) { return bf16_to_f(x); }
+__device__ __forceinline__ float cast_input(float x) { return bf16_to_f(f_to_bf16(x)); }
 
 /* Square tile of the cast-transpose, and its shared-memory row padding (fewer bank conflicts). */
 #define CT_TILE 64
@@ -69,7 +94,8 @@ static inline void fp8_amax_cuda(Fp8Scale* s, const __nv_bfloat16* x, size_t n) 
  * shared memory and writes them to out_t (cols, rows) along the transposed rows, both coalesced.
  * Block 0 publishes scale and scale_inv; amax is only read.
  */
-__global__ void __launch_bounds__(CT_THREADS) cast_transpose_kernel(uint8_t* out, uint8_t* out_t, const __nv_bfloat16* x, size_t rows,
+template <typename In>
+__global__ void __launch_bounds__(CT_THREADS) cast_transpose_kernel(uint8_t* out, uint8_t* out_t, const In* x, size_t rows,
                                                                     size_t cols, size_t tiles_x, Fp8Scale* s, Fp8Format f,
                                                                     int pow2, Fp8Counts* counts) {
     __shared__ uint8_t tile[CT_TILE][CT_TILE + CT_PAD];
@@ -90,7 +116,7 @@ __global__ void __launch_bounds__(CT_THREADS) cast_transpose_kernel(uint8_t* out
             int lc = lane * CT_COLS_PER_THREAD + e;
             size_t c = c0 + lc;
             if (r >= rows || c >= cols) continue;
-            float v = bf16_to_f(x[r * cols + c]);
+            float v = cast_input(x[r * cols + c]);
             uint8_t code = fp8_quantize(v, scale, f);
             tile[lr][lc] = code;
             if (out) out[r * cols + c] = code;
@@ -125,15 +151,47 @@ __global__ void __launch_bounds__(CT_THREADS) cast_transpose_kernel(uint8_t* out
 }
 
 /*
- * Sets s->scale / s->scale_inv (device) from s->amax (fp8_compute_scale), then casts x (rows, cols) BF16
- * into FP8 codes out (rows, cols) and out_t (cols, rows); either may be NULL. counts (device, may be
- * NULL) accumulates the cast statistics (fp8.h Fp8Counts) with integer atomics.
+ * Sets s->scale / s->scale_inv (device) from s->amax (fp8_compute_scale), then casts x (rows, cols) BF16,
+ * or FP32 master weights rounded to BF16, into FP8 codes out (rows, cols) and out_t (cols, rows); either
+ * may be NULL. counts (device, may be NULL) accumulates the cast statistics (fp8.h Fp8Counts) with
+ * integer atomics.
  */
-static inline void fp8_cast_transpose_cuda(uint8_t* out, uint8_t* out_t, const __nv_bfloat16* x, size_t rows, size_t cols,
+template <typename In>
+static inline void fp8_cast_transpose_cuda(uint8_t* out, uint8_t* out_t, const In* x, size_t rows, size_t cols,
                                            Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts) {
     /* an empty tensor still gets one block, which publishes the scale */
     size_t tiles_x = cols > 0 ? ceil_div(cols, CT_TILE) : 1, tiles = rows > 0 ? ceil_div(rows, CT_TILE) * tiles_x : 1;
     if (tiles > INT32_MAX) die("cast-transpose of a (%zu, %zu) tensor needs more than 2^31 tiles", rows, cols);
     cast_transpose_kernel<<<(unsigned int)tiles, CT_THREADS>>>(out, out_t, x, rows, cols, tiles_x, s, f, pow2, counts);
+    launchCheck();
+}
+
+/* One CT_TILE x CT_TILE tile per block, staged in shared memory so that reads and writes are coalesced. */
+__global__ void __launch_bounds__(CT_THREADS) transpose_u8_kernel(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols,
+                                                                  size_t tiles_x) {
+    __shared__ uint8_t tile[CT_TILE][CT_TILE + CT_PAD];
+    int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    size_t r0 = (blockIdx.x / tiles_x) * CT_TILE, c0 = (blockIdx.x % tiles_x) * CT_TILE;
+    for (int lr = warp; lr < CT_TILE; lr += CT_ROWS_PER_PASS) {
+        for (int e = 0; e < CT_COLS_PER_THREAD; e++) {
+            int lc = lane * CT_COLS_PER_THREAD + e;
+            if (r0 + lr < rows && c0 + lc < cols) tile[lr][lc] = in[(r0 + lr) * cols + c0 + lc];
+        }
+    }
+    __syncthreads();
+    for (int lc = warp; lc < CT_TILE; lc += CT_ROWS_PER_PASS) {
+        for (int e = 0; e < CT_COLS_PER_THREAD; e++) {
+            int lr = lane * CT_COLS_PER_THREAD + e;
+            if (r0 + lr < rows && c0 + lc < cols) out_t[(c0 + lc) * rows + r0 + lr] = tile[lr][lc];
+        }
+    }
+}
+
+/* out_t (cols, rows) = in (rows, cols) transposed: FP8 codes, copied (a weight's W^T from its gathered W). */
+static inline void fp8_transpose_cuda(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols) {
+    if (rows == 0 || cols == 0) return;
+    size_t tiles_x = ceil_div(cols, CT_TILE), tiles = ceil_div(rows, CT_TILE) * tiles_x;
+    if (tiles > INT32_MAX) die("transpose of a (%zu, %zu) tensor needs more than 2^31 tiles", rows, cols);
+    transpose_u8_kernel<<<(unsigned int)tiles, CT_THREADS>>>(out_t, in, rows, cols, tiles_x);
     launchCheck();
 }

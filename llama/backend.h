@@ -22,6 +22,7 @@
 #endif
 
 #include "config.h"
+#include "../core/buffers.h"
 #include "../fp8/fp8.h"
 #include "../fp8/gemm.h"
 
@@ -50,6 +51,22 @@ static inline const char* backend_name(void);
 static inline double backend_peak_flops(Precision p);
 /* Backend memory in use, MiB (0 when not meaningful). */
 static inline double backend_memory_mib(void);
+/* Total memory of what the backend runs on, bytes (GPU: cudaMemGetInfo's total of the current device;
+   CPU: host RAM), naming it in *what; 0 when there is none (no GPU). Allocates nothing of the model. */
+static inline size_t backend_memory_total(const char** what);
+
+/* A run's shape as the memory plan describes it to backend_workspaces. */
+typedef struct {
+    const LlamaConfig* cfg;
+    int B, T;
+    Precision precision;
+    size_t grad_chunks; /* the gradient norm's ZERO_CHUNK chunks (op_sum_f64's input) */
+} WorkspaceQuery;
+/* Most MemoryEstimate entries backend_workspaces writes. */
+#define MAX_BACKEND_WORKSPACES 8
+/* The memory the backend's ops allocate outside the model's buffer tables for a run of this shape
+   (library workspaces, grow-only scratch): writes its named entries to out, returns how many. */
+static inline int backend_workspaces(const WorkspaceQuery* q, MemoryEstimate* out);
 /* Floats op_attention_forward keeps per layer for backward (the CPU keeps probabilities, the GPU log-sum-exps). */
 static inline size_t att_stats_size(size_t B, int NH, int T);
 
@@ -148,6 +165,15 @@ static inline void op_amax(Fp8Scale* s, const act_t* x, size_t n);
    accumulates the cast statistics. Codes are bit-identical across backends. Timed as PROF_FP8_CAST. */
 static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols, Fp8Format f,
                                      Fp8Scale* s, int pow2, Fp8Counts* counts);
+/* s->amax = max |x| over the BF16 roundings x of master (n) FP32, the values a BF16 copy would hold; 0
+   when n is 0 (NaN when any is NaN). */
+static inline void op_amax_master(Fp8Scale* s, const float* master, size_t n);
+/* op_cast_transpose of the BF16 roundings of master (rows, cols) FP32: the codes and counts a cast of a
+   BF16 copy of it would give. rows or cols may be 0 (the scale is still set). */
+static inline void op_cast_transpose_master(uint8_t* out, uint8_t* out_t, const float* master, size_t rows, size_t cols,
+                                            Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts);
+/* out_t (cols, rows) = in (rows, cols) transposed: FP8 codes, copied. */
+static inline void op_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols);
 /* Runs a GEMM (fp8/gemm.h: build it with gemm_fprop / gemm_dgrad / gemm_wgrad); DT_ACT outputs are
    stored in the activation type; an accumulating GEMM adds its whole product to D in one rounding
    (D = D + op(A) op(B)). Stops with gemm_check's reason for a GEMM the FP8 rules forbid. */

@@ -49,27 +49,44 @@ static const char* const FP8_OPERAND_NAMES[FP8_OPS] = {"W", "X", "dY"};
 
 /* FP8 buffers of one linear layer (device pointers), for Y (N, OC) = X (N, C) W^T with W (OC, C). */
 typedef struct {
-    uint8_t* w;   /* (OC, C) E4M3 copy of W, made once per optimizer step: fprop's A operand */
-    uint8_t* wt;  /* (C, OC) E4M3 copy of W^T from the same cast: dgrad's A operand */
-    uint8_t* xt;  /* (C, N) E4M3 copy of X^T saved by fprop: wgrad's A operand */
+    uint8_t* w;   /* (OC, C) E4M3 copy of W, cast from the master weights once per optimizer step: fprop's A operand */
+    uint8_t* wt;  /* (C, OC) E4M3 copy of W^T with the same codes: dgrad's A operand */
+    uint8_t* xt;  /* (C, N) E4M3 copy of X^T saved by fprop for wgrad, or NULL when backward recasts X (see Recompute) */
 } Fp8Linear;
+
+/*
+ * Recompute (-r): what backward reads from memory and what it rebuilds, from the cheapest to the leanest.
+ *   0  everything backward reads is kept: per layer the residuals, the norms' rstd, q/k/v, the attention
+ *      output and statistics, the w1/w3 outputs and the inputs of the linear layers, in BF16 (bf16, fp32)
+ *      or, in fp8, as the E4M3 X^T copies wgrad reads (wo's X^T is recast from the kept attention output).
+ *   1  the norm and SwiGLU outputs are not kept: backward rebuilds them with the forward's ops, and in fp8
+ *      recasts their X^T.
+ *   2  whole blocks: only each block's input (resid) is kept; backward replays the block's forward from it
+ *      into one layer's buffers (a "replay") before running its backward.
+ * Every FP8 cast that backward repeats uses the forward's amax and scale (no other cast writes a layer's X
+ * scale between its forward and its backward) and gathers no statistics, and the ops are deterministic,
+ * so the BF16 values, the E4M3 bytes and therefore the gradients are bit-identical at every level
+ * (torchtitan#1056 and TransformerEngine#1190 are what a replay with fresh scales does instead). The
+ * levels are config.h's RECOMPUTE_*.
+ */
 
 typedef struct {
     act_t* resid;      /* (L+1, N, C) residual stream: resid[l] enters layer l, resid[L] enters the final norm */
-    act_t* resid_mid;  /* (L, N, C) residual after the attention half of each layer */
-    float* rstd_attn;  /* (L, N) 1 / rms of resid[l] */
-    float* rstd_ffn;   /* (L, N) 1 / rms of resid_mid[l] */
+    act_t* resid_mid;  /* (L, N, C) residual after the attention half of each layer; one layer's under -r 2 */
+    float* rstd_attn;  /* (L, N) 1 / rms of resid[l]; one layer's under -r 2, as all "block" buffers below */
+    float* rstd_ffn;   /* (L, N) 1 / rms of resid_mid[l]; block */
     float* rstd_final; /* (N) */
-    act_t* ln_attn;    /* (L, N, C), or (N, C) scratch when backward does not need it (FP8 keeps xt; -r 1 recomputes) */
-    act_t* qkv;        /* (L, N, QKV) q, k after RoPE, v */
-    act_t* att;        /* (L, N, C) attention output, before wo */
-    float* att_stats;  /* (L, att_stats_size(B, NH, T)) what attention backward needs, backend-specific */
-    act_t* ln_ffn;     /* (L, N, C) or (N, C) scratch, as ln_attn */
-    act_t* fc;         /* (L, N, 2F) [w1 x, w3 x] */
-    act_t* swiglu;     /* (L, N, F) or (N, F) scratch, as ln_attn */
+    act_t* ln_attn;    /* (L, N, C) when backward reads it (bf16/fp32, -r 0), else one (N, C) slice */
+    act_t* qkv;        /* (L, N, QKV) q, k after RoPE, v; block */
+    act_t* att;        /* (L, N, C) attention output, before wo; block */
+    float* att_stats;  /* (L, att_stats_size(B, NH, T)) what attention backward needs, backend-specific; block */
+    act_t* ln_ffn;     /* (L, N, C) or (N, C), as ln_attn */
+    act_t* fc;         /* (L, N, 2F) [w1 x, w3 x]; block */
+    act_t* swiglu;     /* (L, N, F) or (N, F), as ln_attn */
     act_t* branch;     /* (N, C) scratch: output of wo or w2 before the residual add */
     act_t* ln_final;   /* (N, C) */
-    act_t* logits;     /* (N, V), replaced by d(loss)/d(logits) when targets are given */
+    act_t* logits;     /* (N, V), replaced by d(loss)/d(logits) when targets are given; in fp8 also the FP8
+                          operand scratch of the blocks (llama_fp8_operand_bytes), at least that large */
     float* losses;     /* (N) per-token cross-entropy */
     act_t* d_resid;    /* (N, C) gradient of the residual stream */
     act_t* d_ln;       /* (N, C) gradient of a norm's output */
@@ -77,10 +94,7 @@ typedef struct {
     act_t* d_qkv;      /* (N, QKV) */
     act_t* d_fc;       /* (N, 2F) */
     act_t* d_swiglu;   /* (N, F) */
-    uint8_t* x8;       /* (N, max(C, F)) E4M3 X of the running fprop: its B operand (fp8 only) */
-    uint8_t* xt8;      /* (L, N * (3 C + F)) E4M3 X^T of the four linear layers, saved for wgrad (fp8 only) */
-    uint8_t* dy8;      /* (N, max(QKV, 2F, C)) E5M2 dY: dgrad's B operand (fp8 only) */
-    uint8_t* dyt8;     /* (max(QKV, 2F, C), N) E5M2 dY^T: wgrad's B operand (fp8 only) */
+    uint8_t* xt8;      /* (L, N (2 C + F)) E4M3 X^T of wqkv, w13 and w2 saved by fprop for wgrad (fp8, -r 0) */
 } Acts;
 
 /* How the parameters are spread over the data-parallel ranks (-z, DESIGN.md section 6). */
@@ -97,28 +111,40 @@ static inline int bucket_of_layer(int layer) { return 1 + layer; }
 /* The three ZeRO-2 gradient buffers: two for alternating layers, one for the embedding and the head. */
 enum { GRAD_BUFFER_EVEN, GRAD_BUFFER_ODD, GRAD_BUFFER_OTHER, GRAD_BUFFERS };
 
-/* A parameter segment with its place in the layouts of this run. */
+/*
+ * A parameter segment with its place in the layouts of this run. The weights of the FP8 linear layers
+ * (llama_linear_is_fp8) have no BF16 working copy: their E4M3 W and W^T are cast straight from the master
+ * weights (see "FP8 weights"); every other segment has a working copy.
+ */
 typedef struct {
     ParamSegment param;   /* tensor, layer, checkpoint offset, count */
     ShardSegment shard;   /* full / shard / chunk layouts (dist/zero.h) */
     int bucket;           /* the bucket it belongs to */
     int grad_buffer;      /* ZeRO-2: the gradient buffer of its bucket */
     size_t buffer_offset; /* ZeRO-2: its offset there */
+    int fp8;              /* the weight of an FP8 linear layer */
+    size_t weight_offset; /* not fp8: its working copy in `weights`, padded as the full layout (elements) */
+    size_t fp8_offset;    /* fp8: its E4M3 W in `fp8_weights`, padded as the full layout, then W^T (bytes) */
 } ModelSegment;
 
-/* Called by the model around each bucket (see the banner); any may be NULL. */
+/* Called by the model around each bucket (see the banner); any may be NULL but all_gather, which a
+   sharded model (ZeRO-1/2 over several ranks) needs. */
 typedef struct {
     void* ctx;
     void (*weights_needed)(void* ctx, int bucket); /* before the forward first reads the bucket's weights */
     void (*grads_needed)(void* ctx, int bucket);   /* before the backward first writes its gradients */
     void (*grads_ready)(void* ctx, int bucket);    /* after the backward last writes them */
+    /* in place: buf holds one piece of `bytes` per rank, this rank's at rank * bytes; returns when every
+       rank's piece is there (dist/comm.h comm_all_gather, waited for) */
+    void (*all_gather)(void* ctx, void* buf, size_t bytes);
 } ModelHooks;
 
 typedef struct {
     LlamaConfig cfg;
     Precision precision;
     int pow2_scales;           /* round FP8 scales down to powers of two */
-    int recompute;             /* -r 1: norm and SwiGLU outputs are recomputed in backward */
+    int recompute;             /* -r: RECOMPUTE_* (see Recompute) */
+    int replaying;             /* backward is replaying a block's forward (-r 2) */
     int B, T;                  /* the largest micro-batch the buffers hold */
     Sharding sharding;
     int shard_index;           /* the shard this rank holds: its rank, or 0 under ZeRO-0 */
@@ -128,8 +154,12 @@ typedef struct {
     int seg_base[NUM_PARAM_TENSORS]; /* index of each tensor's first segment */
     ShardLayout layout;
     size_t grad_buffer_elems[GRAD_BUFFERS]; /* ZeRO-2 */
+    size_t working_elems;      /* elements of the working weights */
+    size_t fp8_weight_bytes;   /* bytes of the FP8 weight copies */
+    size_t bf16_scratch_elems; /* llama_bf16_weight's scratch: the largest FP8 weight, padded */
     void* state_memory;        /* one allocation: the buffers below */
-    act_t* weights;            /* (layout.full) working weights (BF16 on the GPU) */
+    act_t* weights;            /* (working_elems) working weights (BF16 on the GPU) of the segments that have them */
+    uint8_t* fp8_weights;      /* (fp8_weight_bytes) E4M3 W and W^T of every FP8 linear layer */
     float* master;             /* (layout.shard) FP32 master weights of this rank's shard */
     float* adam_m;             /* (layout.shard) AdamW first moment */
     float* adam_v;             /* (layout.shard) AdamW second moment */
@@ -141,16 +171,20 @@ typedef struct {
     void* acts_memory;
     Acts acts;
     size_t acts_bytes;
-    uint8_t* fp8_weights;      /* E4M3 W and W^T of every linear layer (fp8 only) */
+    uint8_t* fp8_operand;      /* (N, Dmax) the E4M3 X of the running fprop; in backward E5M2 dY, then the
+                                  recast X^T (fp8; in the logits buffer, see llama_fp8_operand_bytes) */
+    uint8_t* fp8_operand_t;    /* (Dmax, N) E5M2 dY^T (fp8; after fp8_operand) */
     Fp8Linear* fp8_linear;     /* (L * LIN_PER_LAYER) host array of device pointers */
-    Fp8Scale* fp8_scales;      /* (L * LIN_PER_LAYER * FP8_OPS) device */
-    Fp8Counts* fp8_counts;     /* (L * LIN_PER_LAYER * FP8_OPS) device */
-    char* fp8_layer_valid;     /* (L) host: the layer's FP8 weight copies match its working weights */
+    char* fp8_wt_pending;      /* (L) host: the layer's W^T copies are still to be made from its gathered W */
     int fp8_stats_due;         /* this step's casts gather Fp8Counts */
+    void* small_memory;        /* one allocation: the buffers below */
+    Fp8Scale* fp8_scales;      /* (FP8_OPS, L * LIN_PER_LAYER) operand-major (fp8) */
+    Fp8Counts* fp8_counts;     /* (FP8_OPS, L * LIN_PER_LAYER) as fp8_scales */
     float* rope_cos;           /* (T, HS/2) */
     float* rope_sin;           /* (T, HS/2) */
     int* inputs;               /* (B, T) device copy of the micro-batch's tokens */
     int* targets;              /* (B, T) */
+    act_t* bf16_scratch;       /* (bf16_scratch_elems) llama_bf16_weight's, allocated on first use */
     const int* inputs_host;    /* the host tokens of the last forward */
     float* losses_host;        /* (B*T) */
     int last_B, last_T;        /* shape of the last forward */
@@ -163,41 +197,68 @@ static const Sharding SINGLE_PROCESS = {1, 0, 0};
 #define NUM_ACT_BUFFERS (sizeof(Acts) / sizeof(void*))
 
 static inline size_t llama_slot(int layer, int lin) { return (size_t)layer * LIN_PER_LAYER + lin; }
-static inline Fp8Scale* fp8_scale(Llama* m, size_t slot, int op) { return &m->fp8_scales[slot * FP8_OPS + op]; }
+/* FP8 slots: one per linear layer of the blocks. */
+static inline size_t llama_fp8_slots(const Llama* m) { return (size_t)m->cfg.n_layers * LIN_PER_LAYER; }
+static inline Fp8Scale* fp8_scale(Llama* m, size_t slot, int op) { return &m->fp8_scales[(size_t)op * llama_fp8_slots(m) + slot]; }
+/* The counts a cast adds to: NULL unless statistics are due, and never for a replayed cast. */
 static inline Fp8Counts* fp8_counts(Llama* m, size_t slot, int op) {
-    return m->fp8_stats_due ? &m->fp8_counts[slot * FP8_OPS + op] : NULL;
+    return m->fp8_stats_due && !m->replaying ? &m->fp8_counts[(size_t)op * llama_fp8_slots(m) + slot] : NULL;
 }
 
 /* Does backward read the BF16 inputs of the linear layers (ln_attn, ln_ffn, swiglu) from memory? */
-static inline int llama_keeps_linear_inputs(const Llama* m) { return m->precision != PRECISION_FP8 && !m->recompute; }
+static inline int llama_keeps_linear_inputs(const Llama* m) {
+    return m->precision != PRECISION_FP8 && m->recompute == RECOMPUTE_NONE;
+}
+/* Does fprop keep the E4M3 X^T of wqkv, w13 and w2 for wgrad (else backward recasts their rebuilt inputs)? */
+static inline int llama_keeps_xt(const Llama* m) { return m->precision == PRECISION_FP8 && m->recompute == RECOMPUTE_NONE; }
+/* Are the block buffers kept per layer (else backward replays each block's forward, -r 2)? */
+static inline int llama_keeps_blocks(const Llama* m) { return m->recompute != RECOMPUTE_BLOCKS; }
 
-/* Activation buffers for micro-batch (B, T). */
+/* Dmax: the widest row of an FP8 GEMM operand, the largest OC (dY) or C (X) of the blocks' linear layers. */
+static inline size_t llama_fp8_operand_dim(const LlamaConfig* c) {
+    size_t C = (size_t)c->dim, F = (size_t)c->ffn_dim, QKV = (size_t)llama_qkv_dim(c);
+    size_t d = QKV > 2 * F ? QKV : 2 * F;
+    return d > C ? d : C; /* 2F >= F */
+}
+
+/*
+ * Bytes of the FP8 operand scratch, fp8_operand and fp8_operand_t of N Dmax bytes each (0 outside fp8).
+ * It lives in the logits buffer, which is dead whenever a block runs: the forward's blocks run before the
+ * output layer writes the logits, the backward's after the output layer's backward has read them, and the
+ * FP8 casts and GEMMs are all the blocks'. The logits buffer grows when the scratch is larger
+ * (max(QKV, 2F) > V, as in Llama-2 70B).
+ */
+static inline size_t llama_fp8_operand_bytes(const Llama* m) {
+    if (m->precision != PRECISION_FP8) return 0;
+    return 2 * (size_t)m->B * m->T * llama_fp8_operand_dim(&m->cfg);
+}
+
+/* Activation buffers for micro-batch (B, T) at the run's recompute level. */
 static inline int llama_acts_table(Llama* m, BufferSpec* s) {
     const LlamaConfig* c = &m->cfg;
     size_t N = (size_t)m->B * m->T, C = (size_t)c->dim, L = (size_t)c->n_layers, F = (size_t)c->ffn_dim;
     size_t QKV = (size_t)llama_qkv_dim(c), V = (size_t)c->vocab_size;
-    size_t keep = llama_keeps_linear_inputs(m) ? L : 1;
-    int fp8 = m->precision == PRECISION_FP8;
-    size_t dmax = QKV > 2 * F ? QKV : 2 * F;
+    size_t keep = llama_keeps_linear_inputs(m) ? L : 1, blocks = llama_keeps_blocks(m) ? L : 1;
     size_t a = sizeof(act_t), f = sizeof(float);
+    size_t logits = N * V, operand = ceil_div(llama_fp8_operand_bytes(m), a);
     Acts* x = &m->acts;
     int n = 0;
-#define SPEC(field, count, elem) s[n++] = (BufferSpec){#field, (void**)&x->field, (count), (elem)}
+#define SPEC(field, count, elem) s[n++] = (BufferSpec){#field, (void**)&x->field, (count), (elem), "activations"}
     SPEC(resid, (L + 1) * N * C, a);
-    SPEC(resid_mid, L * N * C, a);
-    SPEC(rstd_attn, L * N, f);
-    SPEC(rstd_ffn, L * N, f);
+    SPEC(resid_mid, blocks * N * C, a);
+    SPEC(rstd_attn, blocks * N, f);
+    SPEC(rstd_ffn, blocks * N, f);
     SPEC(rstd_final, N, f);
     SPEC(ln_attn, keep * N * C, a);
-    SPEC(qkv, L * N * QKV, a);
-    SPEC(att, L * N * C, a);
-    SPEC(att_stats, L * att_stats_size((size_t)m->B, c->n_heads, m->T), f);
+    SPEC(qkv, blocks * N * QKV, a);
+    SPEC(att, blocks * N * C, a);
+    SPEC(att_stats, blocks * att_stats_size((size_t)m->B, c->n_heads, m->T), f);
     SPEC(ln_ffn, keep * N * C, a);
-    SPEC(fc, L * N * 2 * F, a);
+    SPEC(fc, blocks * N * 2 * F, a);
     SPEC(swiglu, keep * N * F, a);
     SPEC(branch, N * C, a);
     SPEC(ln_final, N * C, a);
-    SPEC(logits, N * V, a);
+    SPEC(logits, logits > operand ? logits : operand, a);
     SPEC(losses, N, f);
     SPEC(d_resid, N * C, a);
     SPEC(d_ln, N * C, a);
@@ -205,14 +266,53 @@ static inline int llama_acts_table(Llama* m, BufferSpec* s) {
     SPEC(d_qkv, N * QKV, a);
     SPEC(d_fc, N * 2 * F, a);
     SPEC(d_swiglu, N * F, a);
-    SPEC(x8, fp8 ? N * (C > F ? C : F) : 0, 1);
-    SPEC(xt8, fp8 ? L * N * (3 * C + F) : 0, 1);
-    SPEC(dy8, fp8 ? N * (dmax > C ? dmax : C) : 0, 1);
-    SPEC(dyt8, fp8 ? N * (dmax > C ? dmax : C) : 0, 1);
+    SPEC(xt8, llama_keeps_xt(m) ? L * N * (2 * C + F) : 0, 1);
 #undef SPEC
     if ((size_t)n != NUM_ACT_BUFFERS) die("activation table has %d buffers, Acts has %zu fields", n, NUM_ACT_BUFFERS);
     return n;
 }
+
+/* Weights, gradients and optimizer state (this rank's, as sharding lays them out): at most NUM_STATE_BUFFERS. */
+#define NUM_STATE_BUFFERS 11
+static inline int llama_state_table(Llama* m, BufferSpec* s) {
+    size_t full = m->layout.full, shard = m->layout.shard;
+    int z = m->sharding.zero_stage, n = 0;
+    const size_t* gb = m->grad_buffer_elems;
+    s[n++] = (BufferSpec){"weights", (void**)&m->weights, m->working_elems, sizeof(act_t), "working weights"};
+    s[n++] = (BufferSpec){"fp8_weights", (void**)&m->fp8_weights, m->fp8_weight_bytes, 1, "FP8 weight copies"};
+    s[n++] = (BufferSpec){"master", (void**)&m->master, shard, sizeof(float), "master weights"};
+    s[n++] = (BufferSpec){"adam_m", (void**)&m->adam_m, shard, sizeof(float), "AdamW moments"};
+    s[n++] = (BufferSpec){"adam_v", (void**)&m->adam_v, shard, sizeof(float), "AdamW moments"};
+    s[n++] = (BufferSpec){"grads", (void**)&m->grads, z < 2 ? full : 0, sizeof(float), "gradients"};
+    s[n++] = (BufferSpec){"grad_bucket_0", (void**)&m->grad_buffer[GRAD_BUFFER_EVEN], z == 2 ? gb[GRAD_BUFFER_EVEN] : 0, sizeof(float), "gradients"};
+    s[n++] = (BufferSpec){"grad_bucket_1", (void**)&m->grad_buffer[GRAD_BUFFER_ODD], z == 2 ? gb[GRAD_BUFFER_ODD] : 0, sizeof(float), "gradients"};
+    s[n++] = (BufferSpec){"grad_bucket_2", (void**)&m->grad_buffer[GRAD_BUFFER_OTHER], z == 2 ? gb[GRAD_BUFFER_OTHER] : 0, sizeof(float), "gradients"};
+    s[n++] = (BufferSpec){"grad_shard", (void**)&m->grad_shard, z > 0 ? shard : 0, sizeof(float), "gradients"};
+    s[n++] = (BufferSpec){"norm_partials", (void**)&m->norm_partials, m->layout.chunks, sizeof(double), "workspaces"};
+    if (n != NUM_STATE_BUFFERS) die("state table has %d buffers, NUM_STATE_BUFFERS is %d", n, NUM_STATE_BUFFERS);
+    return n;
+}
+
+/* The small buffers: FP8 scales and statistics, RoPE tables, the micro-batch's tokens. */
+#define NUM_SMALL_BUFFERS 6
+static inline int llama_small_table(Llama* m, BufferSpec* s) {
+    size_t slots = m->precision == PRECISION_FP8 ? llama_fp8_slots(m) * FP8_OPS : 0;
+    size_t rope = (size_t)m->T * (size_t)(llama_head_dim(&m->cfg) / 2), N = (size_t)m->B * m->T;
+    int n = 0;
+    s[n++] = (BufferSpec){"fp8_scales", (void**)&m->fp8_scales, slots, sizeof(Fp8Scale), "other"};
+    s[n++] = (BufferSpec){"fp8_counts", (void**)&m->fp8_counts, slots, sizeof(Fp8Counts), "other"};
+    s[n++] = (BufferSpec){"rope_cos", (void**)&m->rope_cos, rope, sizeof(float), "other"};
+    s[n++] = (BufferSpec){"rope_sin", (void**)&m->rope_sin, rope, sizeof(float), "other"};
+    s[n++] = (BufferSpec){"inputs", (void**)&m->inputs, N, sizeof(int), "other"};
+    s[n++] = (BufferSpec){"targets", (void**)&m->targets, N, sizeof(int), "other"};
+    if (n != NUM_SMALL_BUFFERS) die("small-buffer table has %d buffers, NUM_SMALL_BUFFERS is %d", n, NUM_SMALL_BUFFERS);
+    return n;
+}
+
+/* The titles of the three tables, as llama_build prints them and the memory plan reprints them. */
+#define STATE_TABLE_TITLE "weights, gradients and optimizer state"
+#define ACTS_TABLE_TITLE "activations"
+#define SMALL_TABLE_TITLE "scales, RoPE tables and tokens"
 
 /* Output width OC and input width C of linear layer `lin`. */
 static inline void llama_linear_dims(const LlamaConfig* c, LinearId lin, size_t* out_dim, size_t* in_dim) {
@@ -245,9 +345,26 @@ static inline ModelSegment* llama_segment(Llama* m, int tensor, int layer) {
     return &m->segs[m->seg_base[tensor] + (param_is_per_layer(tensor) ? layer : 0)];
 }
 
+/* The parameter tensor (P_*) of linear layer `lin`. */
+static inline int llama_linear_tensor(LinearId lin) {
+    static const int tensors[] = {P_WQKV, P_WO, P_W13, P_W2, P_OUTPUT};
+    return tensors[lin];
+}
+
+static inline int llama_linear_is_fp8(const Llama* m, int layer, LinearId lin);
+
+/* Is segment `p` the weight of an FP8 linear layer? */
+static inline int llama_segment_is_fp8(const Llama* m, const ParamSegment* p) {
+    for (int lin = 0; lin < LIN_PER_LAYER; lin++) {
+        if (p->tensor == llama_linear_tensor((LinearId)lin)) return llama_linear_is_fp8(m, p->layer, (LinearId)lin);
+    }
+    return 0;
+}
+
 /*
  * Cuts the parameters into segments and places them: the full and shard layouts for the sharding, the
- * buckets, and under ZeRO-2 the segments' places in their gradient buffers.
+ * buckets, under ZeRO-2 the segments' places in their gradient buffers, and the working weights or (FP8
+ * linear layers) the E4M3 W and W^T of each segment. Allocates host metadata only.
  */
 static inline void llama_layout(Llama* m) {
     const LlamaConfig* c = &m->cfg;
@@ -281,8 +398,29 @@ static inline void llama_layout(Llama* m) {
         int buf = llama_grad_buffer_of(m, b);
         if (used > m->grad_buffer_elems[buf]) m->grad_buffer_elems[buf] = used;
     }
+    /* working copies and E4M3 W padded as the full layout, which their all-gathers fill piece by piece;
+       W^T is made from the whole W after the gather (BUFFER_ALIGN keeps every GEMM operand aligned) */
+    for (int i = 0; i < m->num_segs; i++) {
+        ModelSegment* s = &m->segs[i];
+        size_t padded = s->shard.piece * (size_t)m->layout.shards;
+        s->fp8 = llama_segment_is_fp8(m, &s->param);
+        if (!s->fp8) {
+            s->weight_offset = m->working_elems;
+            m->working_elems += padded;
+            continue;
+        }
+        s->fp8_offset = m->fp8_weight_bytes;
+        m->fp8_weight_bytes += ceil_div(padded, BUFFER_ALIGN) * BUFFER_ALIGN + ceil_div(s->param.count, BUFFER_ALIGN) * BUFFER_ALIGN;
+        if (padded > m->bf16_scratch_elems) m->bf16_scratch_elems = padded;
+    }
     free(params);
     free(shards);
+}
+
+/* The E4M3 W (OC, C) of an FP8 segment, padded to shards * piece bytes, and its W^T (C, OC) after it. */
+static inline uint8_t* llama_segment_fp8_w(Llama* m, const ModelSegment* s) { return m->fp8_weights + s->fp8_offset; }
+static inline uint8_t* llama_segment_fp8_wt(Llama* m, const ModelSegment* s) {
+    return m->fp8_weights + s->fp8_offset + ceil_div(s->shard.piece * (size_t)m->layout.shards, BUFFER_ALIGN) * BUFFER_ALIGN;
 }
 
 /* The elements [*begin, *begin + *count) of segment s that this rank holds (segment-local). */
@@ -290,9 +428,11 @@ static inline void llama_own_piece(const Llama* m, const ModelSegment* s, size_t
     zero_piece(&s->shard, m->shard_index, begin, count);
 }
 
-/* The working weights of (tensor, layer). */
+/* The working weights of (tensor, layer); stops for an FP8 linear layer's, which has none (llama_bf16_weight). */
 static inline act_t* llama_param(Llama* m, int tensor, int layer) {
-    return m->weights + llama_segment(m, tensor, layer)->shard.offset;
+    ModelSegment* s = llama_segment(m, tensor, layer);
+    if (s->fp8) die("llama_param: %s[layer %d] runs FP8 and has no working copy (use llama_bf16_weight)", PARAM_NAMES[tensor], layer);
+    return m->weights + s->weight_offset;
 }
 
 /* Where the backward writes the gradient of (tensor, layer): the full gradients, or (ZeRO-2) a bucket buffer. */
@@ -308,11 +448,12 @@ static inline float* llama_reduced_grads(Llama* m) { return m->sharding.zero_sta
 /* ---------------------------------------------------------------- buffers */
 
 /*
- * Allocates every buffer of a model for micro-batches up to (B, T) under `sharding` and prints the
- * memory table (per rank). The weights are undefined until llama_set_params or the trainer loads them.
+ * Sets up a model for micro-batches up to (B, T) under `sharding` without allocating any of its buffers:
+ * its settings, its layout and the sizes of its tables (llama_state_table, llama_acts_table,
+ * llama_small_table), which the memory plan sums. Free with llama_free.
  */
-static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision precision, int B, int T, int pow2_scales,
-                               int recompute, Sharding sharding) {
+static inline void llama_configure(Llama* m, const LlamaConfig* cfg, Precision precision, int B, int T, int pow2_scales,
+                                   int recompute, Sharding sharding) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
     m->precision = precision;
@@ -323,65 +464,54 @@ static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision preci
     m->sharding = sharding;
     m->num_params = param_count(cfg);
     llama_layout(m);
-    size_t P = m->num_params, L = (size_t)cfg->n_layers, full = m->layout.full, shard = m->layout.shard;
-    int z = sharding.zero_stage;
-    printf("| parameters: %zu (%.2f M); %d rank(s), ZeRO-%d: this rank holds %zu of %zu elements (%.1f%%)\n", P, P / 1e6,
-           sharding.world, z, shard, full, 100.0 * (double)shard / (double)full);
+}
 
-    BufferSpec state[] = {
-        {"weights", (void**)&m->weights, full, sizeof(act_t)},
-        {"master", (void**)&m->master, shard, sizeof(float)},
-        {"adam_m", (void**)&m->adam_m, shard, sizeof(float)},
-        {"adam_v", (void**)&m->adam_v, shard, sizeof(float)},
-        {"grads", (void**)&m->grads, z < 2 ? full : 0, sizeof(float)},
-        {"grad_bucket_0", (void**)&m->grad_buffer[GRAD_BUFFER_EVEN], z == 2 ? m->grad_buffer_elems[GRAD_BUFFER_EVEN] : 0, sizeof(float)},
-        {"grad_bucket_1", (void**)&m->grad_buffer[GRAD_BUFFER_ODD], z == 2 ? m->grad_buffer_elems[GRAD_BUFFER_ODD] : 0, sizeof(float)},
-        {"grad_bucket_2", (void**)&m->grad_buffer[GRAD_BUFFER_OTHER], z == 2 ? m->grad_buffer_elems[GRAD_BUFFER_OTHER] : 0, sizeof(float)},
-        {"grad_shard", (void**)&m->grad_shard, z > 0 ? shard : 0, sizeof(float)},
-        {"norm_partials", (void**)&m->norm_partials, m->layout.chunks, sizeof(double)},
-    };
-    int nstate = (int)(sizeof(state) / sizeof(state[0]));
-    buffers_print("weights, gradients and optimizer state", state, nstate); /* first: an out-of-memory stop follows its sizes */
-    size_t state_bytes = buffers_bytes(state, nstate);
-    m->state_memory = dev_alloc(state_bytes);
+/* Allocates one table's buffers as one (zeroed) allocation and prints its sizes; returns the allocation. */
+static inline void* llama_alloc_table(const char* title, BufferSpec* specs, int n) {
+    buffers_print(title, specs, n); /* first: an out-of-memory stop follows the sizes */
+    size_t bytes = buffers_bytes(specs, n);
+    void* memory = dev_alloc(bytes);
     /* zeroed: padding and the parts of other ranks' pieces must hold finite values (collectives read them) */
-    dev_zero(m->state_memory, state_bytes);
-    buffers_point(state, nstate, m->state_memory);
+    dev_zero(memory, bytes);
+    buffers_point(specs, n, memory);
+    return memory;
+}
 
-    BufferSpec acts[NUM_ACT_BUFFERS];
-    int nacts = llama_acts_table(m, acts);
+/*
+ * Allocates every buffer of a model for micro-batches up to (B, T) under `sharding` and prints the
+ * memory tables (per rank). The weights are undefined until llama_set_params or the trainer loads them.
+ */
+static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision precision, int B, int T, int pow2_scales,
+                               int recompute, Sharding sharding) {
+    llama_configure(m, cfg, precision, B, T, pow2_scales, recompute, sharding);
+    size_t P = m->num_params, L = (size_t)cfg->n_layers, full = m->layout.full, shard = m->layout.shard;
+    printf("| parameters: %zu (%.2f M); %d rank(s), ZeRO-%d: this rank holds %zu of %zu elements (%.1f%%)\n", P, P / 1e6,
+           sharding.world, sharding.zero_stage, shard, full, 100.0 * (double)shard / (double)full);
+
+    BufferSpec state[NUM_STATE_BUFFERS], acts[NUM_ACT_BUFFERS], small[NUM_SMALL_BUFFERS];
+    int nstate = llama_state_table(m, state), nacts = llama_acts_table(m, acts), nsmall = llama_small_table(m, small);
+    m->state_memory = llama_alloc_table(STATE_TABLE_TITLE, state, nstate);
+    m->acts_memory = llama_alloc_table(ACTS_TABLE_TITLE, acts, nacts);
     m->acts_bytes = buffers_bytes(acts, nacts);
-    buffers_print("activations", acts, nacts);
-    m->acts_memory = dev_alloc(m->acts_bytes);
-    buffers_point(acts, nacts, m->acts_memory);
+    m->small_memory = llama_alloc_table(SMALL_TABLE_TITLE, small, nsmall);
+    m->fp8_operand = (uint8_t*)m->acts.logits;
+    m->fp8_operand_t = m->fp8_operand + llama_fp8_operand_bytes(m) / 2;
 
-    size_t nslots = L * LIN_PER_LAYER;
-    m->fp8_linear = (Fp8Linear*)callocCheck(nslots, sizeof(Fp8Linear));
-    m->fp8_layer_valid = (char*)callocCheck(L, 1);
-    m->fp8_scales = (Fp8Scale*)dev_alloc(nslots * FP8_OPS * sizeof(Fp8Scale));
-    m->fp8_counts = (Fp8Counts*)dev_alloc(nslots * FP8_OPS * sizeof(Fp8Counts));
-    dev_zero(m->fp8_scales, nslots * FP8_OPS * sizeof(Fp8Scale));
-    dev_zero(m->fp8_counts, nslots * FP8_OPS * sizeof(Fp8Counts));
-    if (precision == PRECISION_FP8) {
-        size_t per_layer = 0;
+    m->fp8_linear = (Fp8Linear*)callocCheck(L * LIN_PER_LAYER, sizeof(Fp8Linear));
+    m->fp8_wt_pending = (char*)callocCheck(L, 1);
+    size_t N = (size_t)B * T;
+    uint8_t* xt = m->acts.xt8;
+    for (int l = 0; l < (int)L; l++) {
         for (int lin = 0; lin < LIN_PER_LAYER; lin++) {
-            size_t OC, C;
-            llama_linear_dims(cfg, (LinearId)lin, &OC, &C);
-            per_layer += 2 * OC * C;
-        }
-        printf("| FP8 weight copies (W and W^T): %.1f MiB\n", mib(L * per_layer));
-        m->fp8_weights = (uint8_t*)dev_alloc(L * per_layer);
-        uint8_t* w = m->fp8_weights;
-        size_t N = (size_t)B * T;
-        uint8_t* xt = m->acts.xt8;
-        for (size_t l = 0; l < L; l++) {
-            for (int lin = 0; lin < LIN_PER_LAYER; lin++) {
-                Fp8Linear* f = &m->fp8_linear[llama_slot((int)l, lin)];
+            ModelSegment* s = llama_segment(m, llama_linear_tensor((LinearId)lin), l);
+            if (!s->fp8) continue;
+            Fp8Linear* f = &m->fp8_linear[llama_slot(l, lin)];
+            f->w = llama_segment_fp8_w(m, s);
+            f->wt = llama_segment_fp8_wt(m, s);
+            /* X^T of wqkv, w13, w2 (-r 0); wo's is recast from the kept attention output */
+            if (xt != NULL && lin != LIN_WO) {
                 size_t OC, C;
                 llama_linear_dims(cfg, (LinearId)lin, &OC, &C);
-                f->w = w;
-                f->wt = w + OC * C;
-                w += 2 * OC * C;
                 f->xt = xt;
                 xt += C * N;
             }
@@ -392,46 +522,122 @@ static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision preci
     float* cos_host = (float*)mallocCheck((size_t)T * half * sizeof(float));
     float* sin_host = (float*)mallocCheck((size_t)T * half * sizeof(float));
     rope_tables(T, llama_head_dim(cfg), cfg->rope_theta, cos_host, sin_host);
-    m->rope_cos = (float*)dev_alloc((size_t)T * half * sizeof(float));
-    m->rope_sin = (float*)dev_alloc((size_t)T * half * sizeof(float));
     dev_upload(m->rope_cos, cos_host, (size_t)T * half * sizeof(float));
     dev_upload(m->rope_sin, sin_host, (size_t)T * half * sizeof(float));
     free(cos_host);
     free(sin_host);
-    m->inputs = (int*)dev_alloc((size_t)B * T * sizeof(int));
-    m->targets = (int*)dev_alloc((size_t)B * T * sizeof(int));
-    m->losses_host = (float*)mallocCheck((size_t)B * T * sizeof(float));
+    m->losses_host = (float*)mallocCheck(N * sizeof(float));
 }
 
+/* Frees a model of llama_build, or the layout of llama_configure. */
 static inline void llama_free(Llama* m) {
-    dev_free(m->state_memory);
-    dev_free(m->acts_memory);
-    dev_free(m->fp8_weights);
-    dev_free(m->fp8_scales);
-    dev_free(m->fp8_counts);
-    dev_free(m->rope_cos);
-    dev_free(m->rope_sin);
-    dev_free(m->inputs);
-    dev_free(m->targets);
+    if (m->state_memory) dev_free(m->state_memory);
+    if (m->acts_memory) dev_free(m->acts_memory);
+    if (m->small_memory) dev_free(m->small_memory);
+    if (m->bf16_scratch) dev_free(m->bf16_scratch);
     free(m->fp8_linear);
-    free(m->fp8_layer_valid);
+    free(m->fp8_wt_pending);
     free(m->losses_host);
     free(m->segs);
     memset(m, 0, sizeof(*m));
 }
 
+/* ---------------------------------------------------------------- FP8 weights */
+
 /*
- * Refreshes this rank's pieces of the working weights from its FP32 master weights (the other pieces
- * arrive by all-gather under ZeRO-1/2); the FP8 copies follow lazily, layer by layer.
+ * The FP8 linear layers keep no BF16 working copy (DESIGN.md section 9: an fp8 run needs no more memory
+ * than the bf16 one): their E4M3 W and W^T are cast from the FP32 master weights once per optimizer step.
+ * What is quantized is the BF16 rounding of each master weight, the value a working copy would hold, so
+ * the codes and scales are those a cast of the working copy gives (and the GPU's and the CPU's agree bit
+ * for bit, as for every other cast): amax = max |bf16(master)|, scale from amax (fp8.h), code =
+ * E4M3(bf16(master) * scale).
+ * One shard (ZeRO-0, or one rank): llama_refresh_working_weights computes each amax and casts W and W^T
+ * in one pass. Sharded (ZeRO-1/2 over N ranks) each rank holds pieces of the master weights only:
+ *   1. llama_refresh_working_weights: amax of this rank's pieces, into the W scales (fp8_scales[FP8_OP_W]);
+ *   2. the driver MAX-all-reduces every W scale record at once (llama_fp8_weight_scales, one collective);
+ *   3. llama_fp8_cast_weights: each rank casts its pieces of W with the global scale;
+ *   4. the driver all-gathers the E4M3 pieces (1 byte per element where BF16 weights take 2);
+ *   5. llama_weights_needed: each layer's W^T is transposed from its gathered W before its first use.
+ * The bytes and scales equal the one-shard run's: a max is exact in any order, and so is every cast.
+ */
+
+/* A piece of n elements of a row-major tensor as (rows, cols) for a cast that writes no transpose: whole
+   ZERO_CHUNK-element rows when it has them (a segment's last piece may not), so the GPU's tiles are full. */
+static inline void llama_piece_shape(size_t n, size_t* rows, size_t* cols) {
+    int whole = n > 0 && n % ZERO_CHUNK == 0;
+    *rows = whole ? n / ZERO_CHUNK : 1;
+    *cols = whole ? ZERO_CHUNK : n;
+}
+
+/* The slot and dims of FP8 segment s. */
+static inline size_t llama_segment_slot(const ModelSegment* s, const LlamaConfig* c, size_t* out_dim, size_t* in_dim) {
+    LinearId lin = LIN_QKV;
+    while (llama_linear_tensor(lin) != s->param.tensor) lin = (LinearId)(lin + 1);
+    llama_linear_dims(c, lin, out_dim, in_dim);
+    return llama_slot(s->param.layer, lin);
+}
+
+/* The W scale records of every slot, contiguous: (llama_fp8_slots) Fp8Scale, whose amax fields step 2 reduces. */
+static inline Fp8Scale* llama_fp8_weight_scales(Llama* m) { return m->fp8_scales + (size_t)FP8_OP_W * llama_fp8_slots(m); }
+
+/* Casts this rank's pieces of the FP8 weights with the W scales' amax: W and W^T when the rank holds
+   every piece, else W's pieces (the layers' W^T then wait for the gather). Gathers no statistics: these
+   are the next step's weights, which llama_fp8_stats_begin counts when that step gathers them. */
+static inline void llama_fp8_cast_weights(Llama* m) {
+    for (int i = 0; i < m->num_segs; i++) {
+        ModelSegment* s = &m->segs[i];
+        if (!s->fp8) continue;
+        size_t OC, C, b, n, rows, cols;
+        size_t slot = llama_segment_slot(s, &m->cfg, &OC, &C);
+        Fp8Scale* sw = fp8_scale(m, slot, FP8_OP_W);
+        const float* master = m->master + s->shard.shard_offset;
+        if (m->layout.shards == 1) {
+            op_cast_transpose_master(llama_segment_fp8_w(m, s), llama_segment_fp8_wt(m, s), master, OC, C, FP8_E4M3, sw,
+                                     m->pow2_scales, NULL);
+            continue;
+        }
+        /* every rank casts, a rank without a piece an empty one: the cast sets the scale the GEMMs read */
+        llama_own_piece(m, s, &b, &n);
+        llama_piece_shape(n, &rows, &cols);
+        op_cast_transpose_master(llama_segment_fp8_w(m, s) + b, NULL, master, rows, cols, FP8_E4M3, sw, m->pow2_scales, NULL);
+        m->fp8_wt_pending[s->param.layer] = 1;
+    }
+}
+
+/* Step 5: layer `layer`'s W^T copies from its whole (gathered) W, when still to be made. */
+static inline void llama_fp8_finish_layer(Llama* m, int layer) {
+    if (!m->fp8_wt_pending[layer]) return;
+    for (int lin = 0; lin < LIN_PER_LAYER; lin++) {
+        ModelSegment* s = llama_segment(m, llama_linear_tensor((LinearId)lin), layer);
+        if (!s->fp8) continue;
+        size_t OC, C;
+        llama_linear_dims(&m->cfg, (LinearId)lin, &OC, &C);
+        op_transpose_fp8(llama_segment_fp8_wt(m, s), llama_segment_fp8_w(m, s), OC, C);
+    }
+    m->fp8_wt_pending[layer] = 0;
+}
+
+/*
+ * Refreshes this rank's pieces of the working weights from its FP32 master weights and the FP8 weights
+ * as the banner above says (steps 1, and 3 when the rank holds every piece); the driver all-gathers the
+ * rest under ZeRO-1/2.
  */
 static inline void llama_refresh_working_weights(Llama* m) {
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* s = &m->segs[i];
-        size_t b, n;
+        size_t b, n, OC, C;
         llama_own_piece(m, s, &b, &n);
-        if (n > 0) op_params_from_master(m->weights + s->shard.offset + b, m->master + s->shard.shard_offset, n);
+        if (s->fp8) op_amax_master(fp8_scale(m, llama_segment_slot(s, &m->cfg, &OC, &C), FP8_OP_W), m->master + s->shard.shard_offset, n);
+        else if (n > 0) op_params_from_master(m->weights + s->weight_offset + b, m->master + s->shard.shard_offset, n);
     }
-    memset(m->fp8_layer_valid, 0, (size_t)m->cfg.n_layers);
+    if (m->layout.shards == 1) llama_fp8_cast_weights(m);
+}
+
+/* What the driver all-gathers for segment s after a refresh: its working copy or E4M3 W, one piece of
+   *piece_bytes per rank. */
+static inline void* llama_segment_gather_buffer(Llama* m, const ModelSegment* s, size_t* piece_bytes) {
+    *piece_bytes = s->shard.piece * (s->fp8 ? 1 : sizeof(act_t));
+    return s->fp8 ? (void*)llama_segment_fp8_w(m, s) : (void*)(m->weights + s->weight_offset);
 }
 
 /* Loads this rank's pieces of host FP32 parameters (param_count elements, checkpoint order) as master
@@ -480,7 +686,7 @@ static inline void llama_grads_ready(Llama* m, int bucket) {
 
 /* A linear layer as its GEMMs see it: y (N, OC) = x (N, C) weight^T. */
 typedef struct {
-    act_t* weight;  /* (OC, C) working weight */
+    act_t* weight;  /* (OC, C) working weight, NULL for an FP8 layer (which has none) */
     float* dweight; /* (OC, C) FP32 gradient */
     size_t in_dim;  /* C */
     size_t out_dim; /* OC */
@@ -497,50 +703,55 @@ static inline int llama_linear_is_fp8(const Llama* m, int layer, LinearId lin) {
     return m->precision == PRECISION_FP8 && lin != LIN_OUTPUT;
 }
 
+/*
+ * The BF16 (activation type) weight (OC, C) of linear layer `lin` of block `layer` (NO_LAYER for
+ * LIN_OUTPUT), for any consumer outside the layer's own GEMMs (a BF16 shadow forward, a BF16 fallback of
+ * an FP8 layer): the one way to read it, whether or not the layer keeps a working copy. Read-only.
+ * A layer with a working copy returns it (no cost; valid until the next update). An FP8 layer has none:
+ * the BF16 rounding of its master weights is rebuilt into a scratch buffer, allocated on the first call
+ * (bf16_scratch_elems: the largest FP8 weight, padded; Llama-2 7B: w13, 172 MiB on the GPU) and not in the
+ * memory plan, and under ZeRO-1/2 all-gathered through the all_gather hook (2 bytes per element over the
+ * wire, waited for). Every rank must then call it, in the same order. Valid until the next call.
+ */
+static inline const act_t* llama_bf16_weight(Llama* m, int layer, LinearId lin) {
+    ModelSegment* s = llama_segment(m, llama_linear_tensor(lin), layer);
+    if (!s->fp8) return m->weights + s->weight_offset;
+    if (m->bf16_scratch == NULL) m->bf16_scratch = (act_t*)dev_alloc(m->bf16_scratch_elems * sizeof(act_t));
+    size_t b, n;
+    llama_own_piece(m, s, &b, &n);
+    if (n > 0) op_params_from_master(m->bf16_scratch + b, m->master + s->shard.shard_offset, n);
+    if (m->layout.shards > 1) {
+        if (m->hooks.all_gather == NULL) die("llama_bf16_weight: a sharded model needs the data-parallel driver's all_gather hook");
+        m->hooks.all_gather(m->hooks.ctx, m->bf16_scratch, s->shard.piece * sizeof(act_t));
+    }
+    return m->bf16_scratch;
+}
+
 /* Linear layer `lin` of block `layer` (NO_LAYER for LIN_OUTPUT). */
 static inline Linear llama_linear(Llama* m, int layer, LinearId lin) {
     Linear x;
     memset(&x, 0, sizeof(x));
     llama_linear_dims(&m->cfg, lin, &x.out_dim, &x.in_dim);
-    static const int tensors[] = {P_WQKV, P_WO, P_W13, P_W2, P_OUTPUT};
-    x.weight = llama_param(m, tensors[lin], layer);
-    x.dweight = llama_grad(m, tensors[lin], layer);
-    if (lin == LIN_OUTPUT) return x;
-    x.slot = llama_slot(layer, lin);
-    if (llama_linear_is_fp8(m, layer, lin)) x.fp8 = &m->fp8_linear[x.slot];
+    x.dweight = llama_grad(m, llama_linear_tensor(lin), layer);
+    if (lin != LIN_OUTPUT) x.slot = llama_slot(layer, lin);
+    if (lin != LIN_OUTPUT && llama_linear_is_fp8(m, layer, lin)) x.fp8 = &m->fp8_linear[x.slot];
+    else x.weight = llama_param(m, llama_linear_tensor(lin), layer);
     return x;
 }
 
 /* Tokens of the last forward's micro-batch: the N of every GEMM. */
 static inline size_t llama_tokens(const Llama* m) { return (size_t)m->last_B * m->last_T; }
 
-/*
- * Casts the FP8 linear weights of one layer to E4M3, each with its own current scale, writing W and W^T
- * in one pass (DESIGN.md: once per optimizer step, reused by every micro-batch, bytes and scale always
- * in step), unless the copies already match the working weights.
- */
-static inline void llama_fp8_refresh_layer(Llama* m, int layer) {
-    if (m->precision != PRECISION_FP8 || m->fp8_layer_valid[layer]) return;
-    for (int lin = 0; lin < LIN_PER_LAYER; lin++) {
-        Linear x = llama_linear(m, layer, (LinearId)lin);
-        if (x.fp8 == NULL) continue;
-        Fp8Scale* s = fp8_scale(m, x.slot, FP8_OP_W);
-        op_amax(s, x.weight, x.out_dim * x.in_dim);
-        op_cast_transpose(x.fp8->w, x.fp8->wt, x.weight, x.out_dim, x.in_dim, FP8_E4M3, s, m->pow2_scales,
-                          fp8_counts(m, x.slot, FP8_OP_W));
-    }
-    m->fp8_layer_valid[layer] = 1;
-}
-
 static inline void llama_weights_needed(Llama* m, int bucket) {
     if (m->hooks.weights_needed) m->hooks.weights_needed(m->hooks.ctx, bucket);
-    if (bucket > BUCKET_EMBEDDING && bucket <= m->cfg.n_layers) llama_fp8_refresh_layer(m, bucket - 1);
+    if (bucket > BUCKET_EMBEDDING && bucket <= m->cfg.n_layers) llama_fp8_finish_layer(m, bucket - 1);
 }
 
 /*
  * fprop of linear layer `lin` of block `layer`: out (N, OC) = inp (N, C) W^T, N = the forward's B*T.
- * An FP8 layer casts inp to E4M3 with its just-in-time scale, keeping the X^T copy for wgrad, and runs
- * E4M3 x E4M3 with fast accumulation; any other layer runs a GEMM in the activation type.
+ * An FP8 layer casts inp to E4M3 with its just-in-time scale, keeping the X^T copy for wgrad when the
+ * run keeps it, and runs E4M3 x E4M3 with fast accumulation; a replay (-r 2) casts with the scale of the
+ * forward it repeats. Any other layer runs a GEMM in the activation type.
  */
 static inline void linear_forward(Llama* m, int layer, LinearId lin, act_t* out, const act_t* inp) {
     Linear x = llama_linear(m, layer, lin);
@@ -552,17 +763,18 @@ static inline void linear_forward(Llama* m, int layer, LinearId lin, act_t* out,
     }
     Fp8Scale* sw = fp8_scale(m, x.slot, FP8_OP_W);
     Fp8Scale* sx = fp8_scale(m, x.slot, FP8_OP_X);
-    op_amax(sx, inp, N * C);
-    op_cast_transpose(m->acts.x8, x.fp8->xt, inp, N, C, FP8_E4M3, sx, m->pow2_scales, fp8_counts(m, x.slot, FP8_OP_X));
+    if (!m->replaying) op_amax(sx, inp, N * C);
+    op_cast_transpose(m->fp8_operand, x.fp8->xt, inp, N, C, FP8_E4M3, sx, m->pow2_scales, fp8_counts(m, x.slot, FP8_OP_X));
     GemmCall g = gemm_fprop(out, DT_ACT, gemm_operand_fp8(x.fp8->w, DT_E4M3, &sw->scale_inv),
-                            gemm_operand_fp8(m->acts.x8, DT_E4M3, &sx->scale_inv), N, C, OC);
+                            gemm_operand_fp8(m->fp8_operand, DT_E4M3, &sx->scale_inv), N, C, OC);
     op_gemm(&g);
 }
 
 /*
  * dgrad and wgrad of linear layer `lin` of block `layer`: dinp (N, C) = dout (N, OC) W and
  * dW (OC, C) FP32 += dout^T inp. An FP8 layer casts dout to E5M2 (and dout^T) with its just-in-time
- * scale; dgrad multiplies the E4M3 W^T copy, wgrad the E4M3 X^T saved by fprop (inp is not read); fast
+ * scale; dgrad multiplies the E4M3 W^T copy, wgrad the E4M3 X^T saved by fprop or, when the run keeps
+ * none, inp recast with fprop's scale (a replay of its cast: the same bytes, no statistics); fast
  * accumulation is off for both (TE's default for the backward GEMMs). Otherwise GEMMs in the activation
  * type.
  */
@@ -580,13 +792,19 @@ static inline void linear_backward(Llama* m, int layer, LinearId lin, act_t* din
     Fp8Scale* sx = fp8_scale(m, x.slot, FP8_OP_X);
     Fp8Scale* sdy = fp8_scale(m, x.slot, FP8_OP_DY);
     op_amax(sdy, dout, N * OC);
-    op_cast_transpose(m->acts.dy8, m->acts.dyt8, dout, N, OC, FP8_E5M2, sdy, m->pow2_scales,
+    op_cast_transpose(m->fp8_operand, m->fp8_operand_t, dout, N, OC, FP8_E5M2, sdy, m->pow2_scales,
                       fp8_counts(m, x.slot, FP8_OP_DY));
     GemmCall dgrad = gemm_dgrad(dinp, DT_ACT, gemm_operand_fp8(x.fp8->wt, DT_E4M3, &sw->scale_inv),
-                                gemm_operand_fp8(m->acts.dy8, DT_E5M2, &sdy->scale_inv), N, C, OC);
+                                gemm_operand_fp8(m->fp8_operand, DT_E5M2, &sdy->scale_inv), N, C, OC);
     op_gemm(&dgrad);
-    GemmCall wgrad = gemm_wgrad(x.dweight, gemm_operand_fp8(x.fp8->xt, DT_E4M3, &sx->scale_inv),
-                                gemm_operand_fp8(m->acts.dyt8, DT_E5M2, &sdy->scale_inv), N, C, OC);
+    const uint8_t* xt = x.fp8->xt;
+    if (xt == NULL) {
+        /* into fp8_operand, which dgrad no longer needs; sx still holds fprop's amax */
+        op_cast_transpose(NULL, m->fp8_operand, inp, N, C, FP8_E4M3, sx, m->pow2_scales, NULL);
+        xt = m->fp8_operand;
+    }
+    GemmCall wgrad = gemm_wgrad(x.dweight, gemm_operand_fp8(xt, DT_E4M3, &sx->scale_inv),
+                                gemm_operand_fp8(m->fp8_operand_t, DT_E5M2, &sdy->scale_inv), N, C, OC);
     op_gemm(&wgrad);
 }
 
@@ -595,6 +813,74 @@ static inline void linear_backward(Llama* m, int layer, LinearId lin, act_t* din
 #define LAYER(buf, l, per) ((buf) + (size_t)(l) * (per))
 /* Slice of a buffer that is per-layer when `keep`, else one shared scratch slice. */
 #define KEPT(buf, l, per, keep) ((buf) + ((keep) ? (size_t)(l) * (per) : 0))
+
+/* Layer l's slices of the activation buffers for the last forward's (B, T): its own, or the one shared
+   slice of a buffer the run does not keep per layer (see Recompute). */
+typedef struct {
+    act_t* x;         /* (N, C) the block's input, resid[l] */
+    act_t* ln_attn;   /* (N, C) */
+    float* rstd_attn; /* (N) */
+    act_t* qkv;       /* (N, QKV) */
+    act_t* att;       /* (N, C) */
+    float* stats;     /* att_stats_size(B, NH, T) of the allocated B, T */
+    act_t* mid;       /* (N, C) */
+    float* rstd_ffn;  /* (N) */
+    act_t* ln_ffn;    /* (N, C) */
+    act_t* fc;        /* (N, 2F) */
+    act_t* sw;        /* (N, F) */
+} BlockActs;
+
+static inline BlockActs llama_block_acts(Llama* m, int l) {
+    const LlamaConfig* c = &m->cfg;
+    size_t N = llama_tokens(m), NC = N * (size_t)c->dim, NF = N * (size_t)c->ffn_dim;
+    size_t stats_per = att_stats_size((size_t)m->B, c->n_heads, m->T);
+    int keep = llama_keeps_linear_inputs(m), blocks = llama_keeps_blocks(m);
+    Acts* a = &m->acts;
+    BlockActs k;
+    k.x = LAYER(a->resid, l, NC);
+    k.ln_attn = KEPT(a->ln_attn, l, NC, keep);
+    k.rstd_attn = KEPT(a->rstd_attn, l, N, blocks);
+    k.qkv = KEPT(a->qkv, l, N * (size_t)llama_qkv_dim(c), blocks);
+    k.att = KEPT(a->att, l, NC, blocks);
+    k.stats = KEPT(a->att_stats, l, stats_per, blocks);
+    k.mid = KEPT(a->resid_mid, l, NC, blocks);
+    k.rstd_ffn = KEPT(a->rstd_ffn, l, N, blocks);
+    k.ln_ffn = KEPT(a->ln_ffn, l, NC, keep);
+    k.fc = KEPT(a->fc, l, 2 * NF, blocks);
+    k.sw = KEPT(a->swiglu, l, NF, keep);
+    return k;
+}
+
+/*
+ * Block l of the forward from its attention norm's output (k->ln_attn) to its SwiGLU output (k->sw):
+ * wqkv, RoPE, attention, wo, the residual add with the ffn norm, w13, SwiGLU. The forward runs it, then
+ * w2 and the next norm; a replay (-r 2) runs it alone. Reads only weights the forward has already waited for.
+ */
+static inline void llama_block_forward(Llama* m, int l, const BlockActs* k) {
+    const LlamaConfig* c = &m->cfg;
+    int B = m->last_B, T = m->last_T, NH = c->n_heads, NKV = c->n_kv_heads, HS = llama_head_dim(c);
+    size_t N = llama_tokens(m);
+    linear_forward(m, l, LIN_QKV, k->qkv, k->ln_attn);                                          /* (N, QKV) */
+    op_rope_forward(k->qkv, m->rope_cos, m->rope_sin, B, T, NH, NKV, HS);
+    op_attention_forward(k->att, k->stats, k->qkv, B, T, NH, NKV, HS);                           /* (N, C) */
+    linear_forward(m, l, LIN_WO, m->acts.branch, k->att);                                         /* (N, C) */
+    op_residual_rmsnorm_forward(k->mid, k->ln_ffn, k->rstd_ffn, k->x, m->acts.branch, llama_param(m, P_FFN_NORM, l), N,
+                                c->dim, c->norm_eps);                                             /* (N, C) */
+    linear_forward(m, l, LIN_W13, k->fc, k->ln_ffn);                                              /* (N, 2F) */
+    op_swiglu_forward(k->sw, k->fc, N, c->ffn_dim);                                               /* (N, F) */
+}
+
+/*
+ * -r 2: rebuilds block l's activations in the shared slices from its kept input, by the ops of the
+ * forward (its attention norm unfused: the same values) with the forward's FP8 scales (see Recompute).
+ */
+static inline void llama_replay_block(Llama* m, int l, const BlockActs* k) {
+    const LlamaConfig* c = &m->cfg;
+    op_rmsnorm_forward(k->ln_attn, k->rstd_attn, k->x, llama_param(m, P_ATTN_NORM, l), llama_tokens(m), c->dim, c->norm_eps);
+    m->replaying = 1;
+    llama_block_forward(m, l, k);
+    m->replaying = 0;
+}
 
 /*
  * Forward pass on a micro-batch of (B, T) tokens, B <= m->B, T <= m->T. inputs, targets: host (B, T)
@@ -607,10 +893,7 @@ static inline float llama_forward(Llama* m, const int* inputs, const int* target
     const LlamaConfig* c = &m->cfg;
     if (B > m->B || T > m->T) die("forward on (B %d, T %d) exceeds the allocated (%d, %d)", B, T, m->B, m->T);
     size_t N = (size_t)B * T;
-    int C = c->dim, L = c->n_layers, NH = c->n_heads, NKV = c->n_kv_heads, HS = llama_head_dim(c);
-    int F = c->ffn_dim, V = c->vocab_size, QKV = llama_qkv_dim(c);
-    int keep = llama_keeps_linear_inputs(m);
-    size_t NC = N * C, NF = N * F, stats_per = att_stats_size((size_t)m->B, NH, m->T);
+    int C = c->dim, L = c->n_layers, V = c->vocab_size;
     Acts* a = &m->acts;
     m->last_B = B;
     m->last_T = T;
@@ -622,33 +905,16 @@ static inline float llama_forward(Llama* m, const int* inputs, const int* target
     llama_weights_needed(m, bucket_of_layer(0));
     op_rmsnorm_forward(a->ln_attn, a->rstd_attn, a->resid, llama_param(m, P_ATTN_NORM, 0), N, C, c->norm_eps); /* (N, C) */
     for (int l = 0; l < L; l++) {
-        act_t* x = LAYER(a->resid, l, NC);               /* (N, C) layer input */
-        act_t* ln_attn = KEPT(a->ln_attn, l, NC, keep);  /* (N, C) */
-        act_t* qkv = LAYER(a->qkv, l, N * QKV);          /* (N, QKV) */
-        act_t* att = LAYER(a->att, l, NC);               /* (N, C) */
-        float* stats = LAYER(a->att_stats, l, stats_per);
-        act_t* mid = LAYER(a->resid_mid, l, NC);         /* (N, C) */
-        act_t* ln_ffn = KEPT(a->ln_ffn, l, NC, keep);    /* (N, C) */
-        act_t* fc = LAYER(a->fc, l, 2 * NF);             /* (N, 2F) */
-        act_t* sw = KEPT(a->swiglu, l, NF, keep);        /* (N, F) */
-        act_t* next = LAYER(a->resid, l + 1, NC);        /* (N, C) next layer's input */
+        BlockActs k = llama_block_acts(m, l);
         int last = l == L - 1;
-        act_t* next_ln = last ? a->ln_final : KEPT(a->ln_attn, l + 1, NC, keep);
-        float* next_rstd = last ? a->rstd_final : LAYER(a->rstd_attn, l + 1, N);
-
-        linear_forward(m, l, LIN_QKV, qkv, ln_attn);
-        op_rope_forward(qkv, m->rope_cos, m->rope_sin, B, T, NH, NKV, HS);
-        op_attention_forward(att, stats, qkv, B, T, NH, NKV, HS);
-        linear_forward(m, l, LIN_WO, a->branch, att);
-        op_residual_rmsnorm_forward(mid, ln_ffn, LAYER(a->rstd_ffn, l, N), x, a->branch, llama_param(m, P_FFN_NORM, l), N,
-                                    C, c->norm_eps);
-        linear_forward(m, l, LIN_W13, fc, ln_ffn);
-        op_swiglu_forward(sw, fc, N, F);
-        linear_forward(m, l, LIN_W2, a->branch, sw);
+        BlockActs next = llama_block_acts(m, last ? l : l + 1);
+        llama_block_forward(m, l, &k);
+        linear_forward(m, l, LIN_W2, a->branch, k.sw);                                            /* (N, C) */
         /* the next norm's weight is the next bucket's: the next layer's attn_norm, or the final norm */
         llama_weights_needed(m, bucket_of_layer(l + 1));
         const act_t* next_norm = last ? llama_param(m, P_NORM, 0) : llama_param(m, P_ATTN_NORM, l + 1);
-        op_residual_rmsnorm_forward(next, next_ln, next_rstd, mid, a->branch, next_norm, N, C, c->norm_eps);
+        op_residual_rmsnorm_forward(LAYER(a->resid, l + 1, N * C), last ? a->ln_final : next.ln_attn,
+                                    last ? a->rstd_final : next.rstd_attn, k.mid, a->branch, next_norm, N, C, c->norm_eps);
     }
     linear_forward(m, NO_LAYER, LIN_OUTPUT, a->logits, a->ln_final);                              /* (N, V) */
     if (targets == NULL) return 0.0f;
@@ -667,16 +933,16 @@ static inline float llama_forward(Llama* m, const int* inputs, const int* target
  * grad = grad + (this micro-step's contribution, summed on its own), so accumulating micro-steps on one
  * rank adds in the order a rank-ordered reduction over ranks would (dist/comm.h, Determinism). Calls the
  * grads_needed / grads_ready hooks around each bucket, in backward order (head, layers L-1..0, embedding).
+ * Rebuilds what the run does not keep (see Recompute).
  */
 static inline void llama_backward(Llama* m) {
     const LlamaConfig* c = &m->cfg;
     int B = m->last_B, T = m->last_T;
     size_t N = (size_t)B * T;
     int C = c->dim, L = c->n_layers, NH = c->n_heads, NKV = c->n_kv_heads, HS = llama_head_dim(c);
-    int F = c->ffn_dim, QKV = llama_qkv_dim(c);
-    int keep = llama_keeps_linear_inputs(m);
-    int fp8 = m->precision == PRECISION_FP8;
-    size_t NC = N * C, NF = N * F, stats_per = att_stats_size((size_t)m->B, NH, m->T);
+    int F = c->ffn_dim;
+    int rebuild = m->recompute == RECOMPUTE_NORMS;
+    size_t NC = N * C;
     Acts* a = &m->acts;
     int head = llama_num_buckets(m) - 1;
 
@@ -687,37 +953,27 @@ static inline void llama_backward(Llama* m) {
                         a->rstd_final, N, C);
     llama_grads_ready(m, head);
     for (int l = L - 1; l >= 0; l--) {
-        act_t* x = LAYER(a->resid, l, NC);
-        act_t* ln_attn = KEPT(a->ln_attn, l, NC, keep);
-        act_t* qkv = LAYER(a->qkv, l, N * QKV);
-        act_t* att = LAYER(a->att, l, NC);
-        float* stats = LAYER(a->att_stats, l, stats_per);
-        act_t* mid = LAYER(a->resid_mid, l, NC);
-        act_t* ln_ffn = KEPT(a->ln_ffn, l, NC, keep);
-        act_t* fc = LAYER(a->fc, l, 2 * NF);
-        act_t* sw = KEPT(a->swiglu, l, NF, keep);
-        float* rstd_attn = LAYER(a->rstd_attn, l, N);
-        float* rstd_ffn = LAYER(a->rstd_ffn, l, N);
+        BlockActs k = llama_block_acts(m, l);
         const act_t* attn_norm = llama_param(m, P_ATTN_NORM, l);
         const act_t* ffn_norm = llama_param(m, P_FFN_NORM, l);
 
-        /* -r 1 in bf16/fp32: rebuild the linear inputs backward reads (same kernels, same bytes). FP8
-           backward reads the saved X^T copies instead and needs none of them. */
-        if (!keep && !fp8) {
-            op_rmsnorm_forward(ln_ffn, rstd_ffn, mid, ffn_norm, N, C, c->norm_eps);
-            op_swiglu_forward(sw, fc, N, F);
+        if (!llama_keeps_blocks(m)) llama_replay_block(m, l, &k);
+        /* -r 1: rebuild the linear inputs backward reads (same kernels, same bytes) */
+        if (rebuild) {
+            op_rmsnorm_forward(k.ln_ffn, k.rstd_ffn, k.mid, ffn_norm, N, C, c->norm_eps);
+            op_swiglu_forward(k.sw, k.fc, N, F);
         }
         llama_grads_needed(m, bucket_of_layer(l));
-        linear_backward(m, l, LIN_W2, a->d_swiglu, a->d_resid, sw);                               /* (N, F) */
-        op_swiglu_backward(a->d_fc, a->d_swiglu, fc, N, F);                                       /* (N, 2F) */
-        linear_backward(m, l, LIN_W13, a->d_ln, a->d_fc, ln_ffn);                                 /* (N, C) */
-        op_rmsnorm_backward(a->d_resid, llama_grad(m, P_FFN_NORM, l), a->d_ln, mid, ffn_norm, rstd_ffn, N, C);
-        linear_backward(m, l, LIN_WO, a->d_att, a->d_resid, att);                                 /* (N, C) */
-        op_attention_backward(a->d_qkv, a->d_att, qkv, att, stats, B, T, NH, NKV, HS);            /* (N, QKV) */
+        linear_backward(m, l, LIN_W2, a->d_swiglu, a->d_resid, k.sw);                             /* (N, F) */
+        op_swiglu_backward(a->d_fc, a->d_swiglu, k.fc, N, F);                                     /* (N, 2F) */
+        linear_backward(m, l, LIN_W13, a->d_ln, a->d_fc, k.ln_ffn);                               /* (N, C) */
+        op_rmsnorm_backward(a->d_resid, llama_grad(m, P_FFN_NORM, l), a->d_ln, k.mid, ffn_norm, k.rstd_ffn, N, C);
+        linear_backward(m, l, LIN_WO, a->d_att, a->d_resid, k.att);                               /* (N, C) */
+        op_attention_backward(a->d_qkv, a->d_att, k.qkv, k.att, k.stats, B, T, NH, NKV, HS);      /* (N, QKV) */
         op_rope_backward(a->d_qkv, m->rope_cos, m->rope_sin, B, T, NH, NKV, HS);
-        if (!keep && !fp8) op_rmsnorm_forward(ln_attn, rstd_attn, x, attn_norm, N, C, c->norm_eps);
-        linear_backward(m, l, LIN_QKV, a->d_ln, a->d_qkv, ln_attn);                               /* (N, C) */
-        op_rmsnorm_backward(a->d_resid, llama_grad(m, P_ATTN_NORM, l), a->d_ln, x, attn_norm, rstd_attn, N, C);
+        if (rebuild) op_rmsnorm_forward(k.ln_attn, k.rstd_attn, k.x, attn_norm, N, C, c->norm_eps);
+        linear_backward(m, l, LIN_QKV, a->d_ln, a->d_qkv, k.ln_attn);                             /* (N, C) */
+        op_rmsnorm_backward(a->d_resid, llama_grad(m, P_ATTN_NORM, l), a->d_ln, k.x, attn_norm, k.rstd_attn, N, C);
         llama_grads_ready(m, bucket_of_layer(l));
     }
     llama_grads_needed(m, BUCKET_EMBEDDING);
@@ -787,7 +1043,8 @@ static inline void llama_segment_name(const Llama* m, int index, char* out, size
 /*
  * One AdamW step (t = step + 1) on this rank's pieces of the master weights: gradients (the reduced
  * ones) multiplied by grad_scale (clipping), weight decay on 2-D weights only; then this rank's pieces
- * of the working weights are refreshed (the driver all-gathers the rest under ZeRO-1/2).
+ * of the working weights and FP8 weights are refreshed (llama_refresh_working_weights; the driver
+ * finishes the FP8 casts and all-gathers the rest under ZeRO-1/2).
  */
 static inline void llama_update(Llama* m, float lr, float weight_decay, int step, float grad_scale) {
     float t = (float)(step + 1);
@@ -805,18 +1062,18 @@ static inline void llama_update(Llama* m, float lr, float weight_decay, int step
     llama_refresh_working_weights(m);
 }
 
-/* Returns the first FP8 operand whose amax is not finite, as "w13[layer 2] dY", or 0 when all are. */
+/* Returns the first FP8 operand (in layer, GEMM, operand order) whose amax is not finite, as
+   "w13[layer 2] dY", or 0 when all are. */
 static inline int llama_fp8_nonfinite(Llama* m, char* out, size_t len) {
     if (m->precision != PRECISION_FP8) return 0;
-    size_t n = (size_t)m->cfg.n_layers * LIN_PER_LAYER * FP8_OPS;
-    Fp8Scale* s = (Fp8Scale*)mallocCheck(n * sizeof(Fp8Scale));
-    dev_download(s, m->fp8_scales, n * sizeof(Fp8Scale));
+    size_t slots = llama_fp8_slots(m);
+    Fp8Scale* s = (Fp8Scale*)mallocCheck(slots * FP8_OPS * sizeof(Fp8Scale));
+    dev_download(s, m->fp8_scales, slots * FP8_OPS * sizeof(Fp8Scale));
     int found = 0;
-    for (size_t i = 0; i < n && !found; i++) {
-        if (!fp8_amax_is_finite(s[i].amax)) {
-            size_t slot = i / FP8_OPS;
-            snprintf(out, len, "%s[layer %zu] %s", LINEAR_NAMES[slot % LIN_PER_LAYER], slot / LIN_PER_LAYER,
-                     FP8_OPERAND_NAMES[i % FP8_OPS]);
+    for (size_t slot = 0; slot < slots && !found; slot++) {
+        for (int op = 0; op < FP8_OPS && !found; op++) {
+            if (fp8_amax_is_finite(s[(size_t)op * slots + slot].amax)) continue;
+            snprintf(out, len, "%s[layer %zu] %s", LINEAR_NAMES[slot % LIN_PER_LAYER], slot / LIN_PER_LAYER, FP8_OPERAND_NAMES[op]);
             found = 1;
         }
     }
@@ -824,18 +1081,33 @@ static inline int llama_fp8_nonfinite(Llama* m, char* out, size_t len) {
     return found;
 }
 
-/* Starts a step whose FP8 casts gather statistics: counters zeroed, weights recast to count them too. */
+/* Starts a step whose FP8 casts gather statistics: counters zeroed, and this rank's pieces of the FP8
+   weights, cast at the last update, counted by casting them again without writing (the same codes). */
 static inline void llama_fp8_stats_begin(Llama* m) {
     if (m->precision != PRECISION_FP8) return;
-    dev_zero(m->fp8_counts, (size_t)m->cfg.n_layers * LIN_PER_LAYER * FP8_OPS * sizeof(Fp8Counts));
+    dev_zero(m->fp8_counts, llama_fp8_slots(m) * FP8_OPS * sizeof(Fp8Counts));
     m->fp8_stats_due = 1;
-    memset(m->fp8_layer_valid, 0, (size_t)m->cfg.n_layers);
+    for (int i = 0; i < m->num_segs; i++) {
+        ModelSegment* s = &m->segs[i];
+        if (!s->fp8) continue;
+        size_t OC, C, b, n, rows, cols;
+        size_t slot = llama_segment_slot(s, &m->cfg, &OC, &C);
+        llama_own_piece(m, s, &b, &n);
+        llama_piece_shape(n, &rows, &cols);
+        op_cast_transpose_master(NULL, NULL, m->master + s->shard.shard_offset, rows, cols, FP8_E4M3, fp8_scale(m, slot, FP8_OP_W),
+                                 m->pow2_scales, fp8_counts(m, slot, FP8_OP_W));
+    }
 }
+
+/* The W counts of every slot, contiguous (llama_fp8_slots of them): per rank, those of its pieces, which
+   the driver sums over the ranks of a sharded model before llama_fp8_stats_end. */
+static inline Fp8Counts* llama_fp8_weight_counts(Llama* m) { return m->fp8_counts + (size_t)FP8_OP_W * llama_fp8_slots(m); }
 
 /*
  * Ends a statistics step: for every FP8 operand, calls `emit` with its layer, GEMM, operand, format,
  * amax, scale, saturated fraction (codes at +-max) and underflow fraction (non-zero inputs cast to 0).
- * The amax/scale are those of the operand's last cast in the step.
+ * The amax/scale are those of the operand's last cast in the step; call it before the step's update,
+ * which casts the next step's weights.
  */
 typedef void (*Fp8StatsEmit)(void* ctx, int layer, const char* gemm, const char* operand, const char* format, float amax,
                              float scale, double saturated_frac, double underflow_frac);
@@ -843,18 +1115,19 @@ typedef void (*Fp8StatsEmit)(void* ctx, int layer, const char* gemm, const char*
 static inline void llama_fp8_stats_end(Llama* m, Fp8StatsEmit emit, void* ctx) {
     if (m->precision != PRECISION_FP8 || !m->fp8_stats_due) return;
     m->fp8_stats_due = 0;
-    size_t n = (size_t)m->cfg.n_layers * LIN_PER_LAYER * FP8_OPS;
+    size_t slots = llama_fp8_slots(m), n = slots * FP8_OPS;
     Fp8Scale* s = (Fp8Scale*)mallocCheck(n * sizeof(Fp8Scale));
     Fp8Counts* k = (Fp8Counts*)mallocCheck(n * sizeof(Fp8Counts));
     dev_download(s, m->fp8_scales, n * sizeof(Fp8Scale));
     dev_download(k, m->fp8_counts, n * sizeof(Fp8Counts));
-    for (size_t i = 0; i < n; i++) {
-        size_t slot = i / FP8_OPS;
-        int op = (int)(i % FP8_OPS);
-        double sat = k[i].count ? (double)k[i].saturated / (double)k[i].count : 0.0;
-        double under = k[i].nonzero ? (double)k[i].underflow / (double)k[i].nonzero : 0.0;
-        emit(ctx, (int)(slot / LIN_PER_LAYER), LINEAR_NAMES[slot % LIN_PER_LAYER], FP8_OPERAND_NAMES[op],
-             op == FP8_OP_DY ? "E5M2" : "E4M3", s[i].amax, s[i].scale, sat, under);
+    for (size_t slot = 0; slot < slots; slot++) {
+        for (int op = 0; op < FP8_OPS; op++) {
+            size_t i = (size_t)op * slots + slot;
+            double sat = k[i].count ? (double)k[i].saturated / (double)k[i].count : 0.0;
+            double under = k[i].nonzero ? (double)k[i].underflow / (double)k[i].nonzero : 0.0;
+            emit(ctx, (int)(slot / LIN_PER_LAYER), LINEAR_NAMES[slot % LIN_PER_LAYER], FP8_OPERAND_NAMES[op],
+                 op == FP8_OP_DY ? "E5M2" : "E4M3", s[i].amax, s[i].scale, sat, under);
+        }
     }
     free(s);
     free(k);

@@ -17,7 +17,7 @@
 #   6. FP8 vs BF16 GEMM TFLOP/s at the 7B and 13B shapes;
 #   7. throughput of a 7B-shaped model (LAYERS layers, T 4096, 32768 tokens per step: 8 micro-steps) in bf16
 #      and fp8: mean tokens/s and MFU of the steps after warm-up (skipped steps excluded) and the trainer's
-#      own per-phase profile (--profile);
+#      own per-phase profile (--profile), and the device memory in use against the memory plan (--dry-run 1);
 #   8. real text: `tiny` on tiny-shakespeare on the GPU in bf16 and fp8 with the flags of the carried CPU
 #      run: fp8 within 1% of bf16, and within 0.5% of the CPU build's emulated fp8 curve;
 #   9. a GPU run resumed from its step-3 checkpoint against the uninterrupted run;
@@ -56,7 +56,7 @@ PROFILE_EVERY=5            # throughput: --profile
 PREP=build/device          # what `make device-prepare` made (scripts/device_prepare.sh)
 LIB_LINKS=$PWD/build/device_libs
 # the checks whose GPU work is our own kernels only (no cuBLASLt, no cuDNN): what memcheck runs
-MEMCHECK_CHECKS=(kernel_optimizer kernel_encoder kernel_rmsnorm kernel_rope kernel_swiglu kernel_classifier kernel_fp8_cast)
+MEMCHECK_CHECKS=(kernel_optimizer kernel_encoder kernel_rmsnorm kernel_rope kernel_swiglu kernel_classifier kernel_fp8_cast kernel_fp8_weight)
 
 START=$(date +%s)
 mkdir -p "$OUT_DIR" || exit 1
@@ -365,9 +365,19 @@ for p in bf16 fp8; do
     s=$(budget "$TRAIN_S")
     if [ ! -x ./train_llama ] || [ ! -f "$SHARD" ]; then row "$label" FAIL "train_llama or the random shard is missing"; continue; fi
     if [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"; continue; fi
-    limited "$s" "$log" ./train_llama -e llama2-7b --n-layers "$LAYERS" -b 1 -t 4096 -d "$TOKENS_PER_STEP" -x "$STEPS" \
-        -v 0 -m 1 -u 2 --profile "$PROFILE_EVERY" -i "$SHARD" -j "$SHARD" -p "$p"
+    TRAIN_ARGS=(-e llama2-7b --n-layers "$LAYERS" -b 1 -t 4096 -d "$TOKENS_PER_STEP" -p "$p")
+    # -o for metrics.jsonl (mem_mib: device memory in use), -n -1: no checkpoint
+    limited "$s" "$log" ./train_llama "${TRAIN_ARGS[@]}" -x "$STEPS" -v 0 -m 1 -u 2 --profile "$PROFILE_EVERY" \
+        -i "$SHARD" -j "$SHARD" -o "$WORK/train_$p" -n -1
     rc=$?
+    limited "$TOOL_S" "$LOGS/plan_$p.log" ./train_llama "${TRAIN_ARGS[@]}" --dry-run 1
+    planned=$(sed -n 's/^plan: .*"total_gib": \([0-9.]*\).*/\1/p' "$LOGS/plan_$p.log")
+    used=$(sed -n 's/.*"mem_mib": \([0-9.]*\).*/\1/p' "$WORK/train_$p/metrics.jsonl" 2> /dev/null | sort -g | tail -1)
+    if [ -n "$planned" ] && [ -n "$used" ]; then
+        row "  -p $p memory plan" bench "plan $planned GiB (with estimates), in use $(awk -v u="$used" 'BEGIN {printf "%.2f", u / 1024}') GiB (cudaMemGetInfo)"
+    else
+        row "  -p $p memory plan" FAIL "no plan or no mem_mib: see plan_$p.log, train_$p.log"
+    fi
     # means over the steps after warm-up, leaving out skipped steps ("step k skipped: ..." precedes step k's line)
     stats=$(awk -v warm="$WARMUP_STEPS" '
         $1 == "step" && $3 == "skipped:" { skipped[$2] = 1 }

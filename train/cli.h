@@ -11,6 +11,7 @@
 #include <math.h>
 
 #include "../llama/config.h"
+#include "../llama/model_file.h"
 
 typedef struct {
     const char* train_pattern;  /* -i */
@@ -32,7 +33,7 @@ typedef struct {
     int val_batches;            /* -m; -1: the whole validation set */
     int sample_every;           /* -s; 0: never */
     int sample_tokens;          /* -g */
-    int ckpt_every;             /* -n; 0: only at the end (when -o is given) */
+    int ckpt_every;             /* -n; 0: only at the end (when -o is given); NO_CHECKPOINTS: never */
     int resume;                 /* -y */
     int zero_stage;             /* -z */
     const char* grad_reduce;    /* --grad-reduce fp32 | bf16 */
@@ -47,7 +48,13 @@ typedef struct {
     int max_skips;              /* --max-skips */
     int n_layers;               /* --n-layers, overrides the preset's layer count; 0: keep */
     int profile_every;          /* --profile: per-phase times of every N-th step; 0: off */
+    int dry_run;                /* --dry-run: print the memory plan and exit */
+    int plan_ranks;             /* --ranks: ranks the plan is for; 0: this job's */
+    float gpu_mem_gib;          /* --gpu-mem: memory the plan is checked against, GiB; 0: the backend's */
 } TrainArgs;
+
+/* -n -1: a run with -o writes logs but no checkpoint, not even the last one (benchmarks). */
+#define NO_CHECKPOINTS (-1)
 
 typedef enum { ARG_STR, ARG_INT, ARG_I64, ARG_FLOAT, ARG_PRECISION } ArgType;
 
@@ -80,12 +87,12 @@ static const ArgSpec TRAIN_ARG_SPECS[] = {
     ARG("-m", ARG_INT, val_batches, "validation batches (of -d tokens) per evaluation (-1: all)"),
     ARG("-s", ARG_INT, sample_every, "print a sample every N steps (0: never)"),
     ARG("-g", ARG_INT, sample_tokens, "tokens per sample"),
-    ARG("-n", ARG_INT, ckpt_every, "checkpoint every N steps (0: only at the end; needs -o)"),
+    ARG("-n", ARG_INT, ckpt_every, "checkpoint every N steps (0: only at the end; needs -o; -1: never, e.g. benchmarks)"),
     ARG("-y", ARG_INT, resume, "1: resume from the latest checkpoint in -o"),
     ARG("-z", ARG_INT, zero_stage, "ZeRO stage: 0 all-reduce, 1 optimizer state sharded, 2 gradients sharded too"),
     ARG("--grad-reduce", ARG_STR, grad_reduce, "gradient reduction on the wire: fp32 | bf16"),
     ARG("--comm-timeout", ARG_FLOAT, comm_timeout, "seconds without progress before a rank aborts the job (0: off)"),
-    ARG("-r", ARG_INT, recompute, "1: recompute norm and SwiGLU outputs in backward (bf16/fp32 only)"),
+    ARG("-r", ARG_INT, recompute, "recompute in backward: 0 none, 1 norm and SwiGLU outputs, 2 whole blocks"),
     ARG("-p", ARG_PRECISION, precision, "precision recipe: fp8 | bf16 | fp32"),
     ARG("-a", ARG_INT, overfit, "1: overfit the first batch (debugging)"),
     ARG("--shuffle", ARG_INT, shuffle, "1: shuffle shards and samples each epoch"),
@@ -95,6 +102,9 @@ static const ArgSpec TRAIN_ARG_SPECS[] = {
     ARG("--max-skips", ARG_INT, max_skips, "stop after this many consecutive non-finite steps"),
     ARG("--n-layers", ARG_INT, n_layers, "override the preset's layer count (benchmarks)"),
     ARG("--profile", ARG_INT, profile_every, "print forward/backward/optimizer/FP8-cast ms of every N-th step (0: off)"),
+    ARG("--dry-run", ARG_INT, dry_run, "1: print the per-rank memory plan of these settings and exit (allocates and reads nothing)"),
+    ARG("--ranks", ARG_INT, plan_ranks, "with --dry-run: the rank count to plan for (0: 1)"),
+    ARG("--gpu-mem", ARG_FLOAT, gpu_mem_gib, "with --dry-run: device memory in GiB to plan against (0: the device's, or host RAM)"),
 };
 #define NUM_TRAIN_ARGS (sizeof(TRAIN_ARG_SPECS) / sizeof(TRAIN_ARG_SPECS[0]))
 
@@ -136,6 +146,9 @@ static inline TrainArgs train_args_default(void) {
     a.max_skips = 5;
     a.n_layers = 0;
     a.profile_every = 0;
+    a.dry_run = 0;
+    a.plan_ranks = 0;
+    a.gpu_mem_gib = 0.0f;
     return a;
 }
 
@@ -210,6 +223,37 @@ static inline int train_args_parse(TrainArgs* a, int argc, char** argv) {
     return 0;
 }
 
+/*
+ * The model -e names: a preset (with --n-layers applied) or a checkpoint's config; returns whether it is
+ * a checkpoint. Checks the config for -b, -t and -p (llama_config_validate). Stops naming the flag.
+ */
+static inline int train_args_model(const TrainArgs* a, LlamaConfig* cfg) {
+    const LlamaConfig* preset = llama_preset(a->model);
+    int from_checkpoint = preset == NULL;
+    if (preset != NULL) {
+        *cfg = *preset;
+    } else {
+        if (access(a->model, F_OK) != 0) die("flag -e: '%s' is neither a model preset (see --help) nor an existing checkpoint file", a->model);
+        checkpoint_read_config(a->model, cfg);
+    }
+    if (a->n_layers > 0) {
+        if (from_checkpoint) die("flag --n-layers: only applies to presets, not to the checkpoint %s", a->model);
+        cfg->n_layers = a->n_layers;
+    }
+    llama_config_validate(cfg, a->B, a->T, (Precision)a->precision);
+    return from_checkpoint;
+}
+
+/* Micro-steps per optimizer step on `world` ranks: -d / (B T world); stops when -d is not a multiple. */
+static inline int train_args_grad_accum(const TrainArgs* a, int world) {
+    long long micro_tokens = (long long)a->B * a->T * world;
+    long long total = a->total_batch < 0 ? micro_tokens : a->total_batch;
+    if (total <= 0 || total % micro_tokens != 0)
+        die("flag -d: total batch %lld tokens is not a positive multiple of B*T*ranks = %d*%d*%d = %lld", total, a->B, a->T,
+            world, micro_tokens);
+    return (int)(total / micro_tokens);
+}
+
 /* Range checks that need no model; stops naming the flag. */
 static inline void train_args_check(const TrainArgs* a) {
     TrainArgs defaults = train_args_default();
@@ -225,8 +269,9 @@ static inline void train_args_check(const TrainArgs* a) {
     if (a->weight_decay < 0.0f) die("flag -c: weight decay must be >= 0");
     if (a->grad_clip < 0.0f) die("flag --clip: must be >= 0");
     if (a->steps < -1 || a->steps == 0) die("flag -x: steps must be positive or -1 (one epoch)");
-    if (a->val_every < 0 || a->sample_every < 0 || a->ckpt_every < 0 || a->fp8_stats_every < 0 || a->profile_every < 0)
-        die("flags -v, -s, -n, --fp8-stats, --profile must be >= 0");
+    if (a->val_every < 0 || a->sample_every < 0 || a->fp8_stats_every < 0 || a->profile_every < 0)
+        die("flags -v, -s, --fp8-stats, --profile must be >= 0");
+    if (a->ckpt_every < NO_CHECKPOINTS) die("flag -n: must be >= 0, or %d (never)", NO_CHECKPOINTS);
     if (a->val_batches < -1 || a->val_batches == 0) die("flag -m: validation batches must be positive or -1 (all)");
     if (a->sample_tokens <= 0) die("flag -g: sample tokens must be positive");
     if (a->resume != 0 && a->resume != 1) die("flag -y: must be 0 or 1");
@@ -235,13 +280,17 @@ static inline void train_args_check(const TrainArgs* a) {
     if (strcmp(a->grad_reduce, "fp32") != 0 && strcmp(a->grad_reduce, "bf16") != 0)
         die("flag --grad-reduce: '%s' is not fp32 or bf16", a->grad_reduce);
     if (a->comm_timeout < 0.0f) die("flag --comm-timeout: must be >= 0 seconds");
-    if (a->recompute != 0 && a->recompute != 1) die("flag -r: must be 0 or 1");
-    if (a->recompute && a->precision == PRECISION_FP8)
-        die("flag -r 1: with -p fp8 backward reads the FP8 copies fprop saves and recomputes nothing; use -r 0");
+    if (a->recompute < 0 || a->recompute >= RECOMPUTE_LEVELS)
+        die("flag -r: recompute level must be 0 (none), 1 (norm and SwiGLU outputs) or 2 (whole blocks), got %d", a->recompute);
     if (a->ckpt_every > 0 && a->output_dir == NULL) die("flag -n %d needs -o (where checkpoints go)", a->ckpt_every);
     if (a->overfit != 0 && a->overfit != 1) die("flag -a: must be 0 or 1");
     if (a->shuffle != 0 && a->shuffle != 1) die("flag --shuffle: must be 0 or 1");
     if (a->pow2_scales != 0 && a->pow2_scales != 1) die("flag --pow2-scales: must be 0 or 1");
     if (a->max_skips < 1) die("flag --max-skips: must be >= 1");
     if (a->n_layers < 0) die("flag --n-layers: must be >= 0");
+    if (a->dry_run != 0 && a->dry_run != 1) die("flag --dry-run: must be 0 or 1");
+    if (a->plan_ranks < 0) die("flag --ranks: must be >= 0");
+    if (a->plan_ranks > 0 && !a->dry_run) die("flag --ranks: plans for N ranks with --dry-run 1; a run has the ranks mpirun starts");
+    if (a->gpu_mem_gib < 0.0f) die("flag --gpu-mem: must be >= 0 GiB");
+    if (a->gpu_mem_gib > 0.0f && !a->dry_run) die("flag --gpu-mem: only --dry-run 1 plans against a memory size");
 }

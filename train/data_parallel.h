@@ -5,7 +5,10 @@
  *         all-reduced as soon as the backward has written them; every rank runs AdamW on all of it.
  *   -z 1  optimizer state sharded: on the last micro-step each bucket is reduce-scattered into this
  *         rank's gradient shard; AdamW updates the rank's shard of the master weights and moments; the
- *         new BF16 weights are all-gathered bucket by bucket, in the order the next forward needs them.
+ *         new weights are all-gathered bucket by bucket, in the order the next forward needs them: BF16
+ *         working copies, and the E4M3 bytes of the FP8 linear layers, cast by every rank from its pieces
+ *         with scales whose amax is MAX-all-reduced first, one collective for all of them (llama/model.h
+ *         "FP8 weights"), so they are bit-identical to one rank's.
  *   -z 2  gradients sharded too: every micro-step reduce-scatters each bucket, added into the shard
  *         (the model's gradients for a bucket live in one of three reused buffers), then as -z 1.
  * Gradients are summed in FP32 (Megatron's grad_reduce_in_fp32) or, with --grad-reduce bf16, sent as
@@ -52,6 +55,12 @@ static void dp_weights_needed(void* ctx, int bucket) {
     dp->gather_pending[bucket] = 0;
 }
 
+static void dp_all_gather(void* ctx, void* buf, size_t bytes) {
+    (void)ctx;
+    comm_all_gather(buf, bytes);
+    comm_wait_all();
+}
+
 static void dp_grads_needed(void* ctx, int bucket) {
     DataParallel* dp = (DataParallel*)ctx;
     Llama* m = dp->m;
@@ -94,6 +103,7 @@ static inline void dp_init(DataParallel* dp, Llama* m, CommWire wire) {
     m->hooks.weights_needed = dp_weights_needed;
     m->hooks.grads_needed = dp_grads_needed;
     m->hooks.grads_ready = dp_grads_ready;
+    m->hooks.all_gather = dp_all_gather;
 }
 
 static inline void dp_free(DataParallel* dp) {
@@ -124,31 +134,62 @@ static inline float dp_grad_norm(DataParallel* dp, int* bad) {
 }
 
 /*
- * AdamW on this rank's shard (llama_update), then, under ZeRO-1/2, the all-gather of the new weights,
- * bucket by bucket in forward order; the next forward waits for each bucket just before using it.
+ * After llama_refresh_working_weights under ZeRO-1/2: the FP8 weights' amax MAX-all-reduced over the
+ * ranks (every W scale record at once: amax is their first float, and the cast rewrites the others from
+ * it), this rank's pieces cast, then the all-gather of the new weights, bucket by bucket in forward
+ * order; the next forward waits for each bucket just before using it.
  */
-static inline void dp_update(DataParallel* dp, float lr, float weight_decay, int step, float grad_scale) {
+static inline void dp_publish_weights(DataParallel* dp) {
     Llama* m = dp->m;
-    llama_update(m, lr, weight_decay, step, grad_scale);
     if (m->layout.shards == 1) return;
+    if (m->precision == PRECISION_FP8) {
+        comm_all_reduce_max((float*)llama_fp8_weight_scales(m), llama_fp8_slots(m) * sizeof(Fp8Scale) / sizeof(float));
+        comm_wait_all();
+        llama_fp8_cast_weights(m);
+    }
     for (int b = 0; b < llama_num_buckets(m); b++) {
         for (int i = 0; i < m->num_segs; i++) {
             ModelSegment* s = &m->segs[i];
-            if (s->bucket == b) comm_all_gather(m->weights + s->shard.offset, s->shard.piece * sizeof(act_t));
+            if (s->bucket != b) continue;
+            size_t bytes;
+            void* buf = llama_segment_gather_buffer(m, s, &bytes);
+            comm_all_gather(buf, bytes);
         }
         comm_mark(SLOT_GATHER(b));
         dp->gather_pending[b] = 1;
     }
 }
 
+/* AdamW on this rank's shard (llama_update), then the new weights published to every rank. */
+static inline void dp_update(DataParallel* dp, float lr, float weight_decay, int step, float grad_scale) {
+    llama_update(dp->m, lr, weight_decay, step, grad_scale);
+    dp_publish_weights(dp);
+}
+
 /* After loading master weights into the shards (init, checkpoint, resume): every rank's working weights. */
 static inline void dp_refresh_weights(DataParallel* dp) {
+    llama_refresh_working_weights(dp->m);
+    dp_publish_weights(dp);
+}
+
+/*
+ * Ends an FP8 statistics step (llama_fp8_stats_end): the W counts of a sharded model, which each rank
+ * gathered for its own pieces, are first summed over the ranks, so that the W rows are the one-rank run's.
+ */
+static inline void dp_fp8_stats_end(DataParallel* dp, Fp8StatsEmit emit, void* ctx) {
     Llama* m = dp->m;
-    llama_refresh_working_weights(m);
-    if (m->layout.shards == 1) return;
-    for (int i = 0; i < m->num_segs; i++) {
-        ModelSegment* s = &m->segs[i];
-        comm_all_gather(m->weights + s->shard.offset, s->shard.piece * sizeof(act_t));
+    if (m->precision == PRECISION_FP8 && m->fp8_stats_due && m->layout.shards > 1) {
+        size_t slots = llama_fp8_slots(m), fields = sizeof(Fp8Counts) / sizeof(unsigned long long);
+        Fp8Counts* counts = (Fp8Counts*)mallocCheck(slots * sizeof(Fp8Counts));
+        double* sums = (double*)mallocCheck(slots * fields * sizeof(double));
+        dev_download(counts, llama_fp8_weight_counts(m), slots * sizeof(Fp8Counts));
+        /* exact: counts stay far below 2^53 */
+        for (size_t i = 0; i < slots * fields; i++) sums[i] = (double)((unsigned long long*)counts)[i];
+        comm_host_sum(sums, slots * fields);
+        for (size_t i = 0; i < slots * fields; i++) ((unsigned long long*)counts)[i] = (unsigned long long)sums[i];
+        dev_upload(llama_fp8_weight_counts(m), counts, slots * sizeof(Fp8Counts));
+        free(counts);
+        free(sums);
     }
-    comm_wait_all();
+    llama_fp8_stats_end(m, emit, ctx);
 }

@@ -20,6 +20,7 @@
 #include "cli.h"
 #include "data_parallel.h"
 #include "logger.h"
+#include "memory_plan.h"
 #include "preempt.h"
 #include "shard_io.h"
 #include "../dataloader/dataloader.h"
@@ -259,18 +260,12 @@ static inline RankSettings trainer_rank_settings(const Trainer* tr) {
 }
 
 /*
- * Parses arguments, joins the job (comm_init came first), checks that every rank agrees, loads the
- * model and data, and prepares (or resumes) the run.
+ * Checks the parsed arguments, joins the job (comm_init came first), checks that every rank agrees,
+ * loads the model and data, and prepares (or resumes) the run.
  */
-static inline void trainer_init(Trainer* tr, int argc, char** argv) {
+static inline void trainer_init(Trainer* tr, const TrainArgs* args) {
     memset(tr, 0, sizeof(*tr));
-    TrainArgs defaults = train_args_default();
-    tr->args = defaults;
-    if (train_args_parse(&tr->args, argc, argv)) {
-        if (g_dist.rank == 0) train_args_usage(argv[0], &defaults);
-        comm_finalize();
-        exit(EXIT_SUCCESS);
-    }
+    tr->args = *args;
     TrainArgs* a = &tr->args;
     train_args_check(a);
     tr->rank = g_dist.rank;
@@ -284,19 +279,7 @@ static inline void trainer_init(Trainer* tr, int argc, char** argv) {
     if (a->output_dir != NULL && tr->rank == 0) make_dir(a->output_dir);
     backend_init((Precision)a->precision);
 
-    const LlamaConfig* preset = llama_preset(a->model);
-    if (preset != NULL) {
-        tr->cfg = *preset;
-    } else {
-        if (access(a->model, F_OK) != 0) die("flag -e: '%s' is neither a model preset (see --help) nor an existing checkpoint file", a->model);
-        checkpoint_read_config(a->model, &tr->cfg);
-        tr->from_checkpoint = 1;
-    }
-    if (a->n_layers > 0) {
-        if (tr->from_checkpoint) die("flag --n-layers: only applies to presets, not to the checkpoint %s", a->model);
-        tr->cfg.n_layers = a->n_layers;
-    }
-    llama_config_validate(&tr->cfg, a->B, a->T, (Precision)a->precision);
+    tr->from_checkpoint = train_args_model(a, &tr->cfg);
     if (a->precision == PRECISION_FP8 && a->sample_every > 0 && a->T % FP8_DIM_MULTIPLE != 0)
         die("flag -t %d: with -p fp8 and -s, samples run one sequence of -t tokens, which must be a multiple of %d", a->T,
             FP8_DIM_MULTIPLE);
@@ -304,12 +287,8 @@ static inline void trainer_init(Trainer* tr, int argc, char** argv) {
         die("flag -o %s: holds the checkpoints of an earlier run (DONE_%08d); resume it with -y 1 or choose another -o",
             a->output_dir, checkpoint_latest_step(a->output_dir));
 
-    long long micro_tokens = (long long)a->B * a->T * tr->world;
-    long long total = a->total_batch < 0 ? micro_tokens : a->total_batch;
-    if (total <= 0 || total % micro_tokens != 0)
-        die("flag -d: total batch %lld tokens is not a positive multiple of B*T*ranks = %d*%d*%d = %lld", total, a->B, a->T,
-            tr->world, micro_tokens);
-    tr->grad_accum_steps = (int)(total / micro_tokens);
+    tr->grad_accum_steps = train_args_grad_accum(a, tr->world);
+    long long total = (long long)tr->grad_accum_steps * a->B * a->T * tr->world;
 
     dataloader_init(&tr->train, a->train_pattern, a->B, a->T, tr->rank, tr->world, tr->grad_accum_steps, tr->cfg.vocab_size,
                     a->shuffle, (uint64_t)a->seed);
@@ -424,6 +403,11 @@ static inline void trainer_step(Trainer* tr) {
     free(slots);
     float lr = lr_at_step(a->schedule, a->lr, a->warmup, a->final_lr_frac, tr->step, tr->steps);
     int skip = !isfinite(loss) || !isfinite(norm) || fp8_flag != 0.0;
+    /* before the update casts the next step's FP8 weights: the W rows are the copies this step used */
+    if (stats_due) {
+        dp_fp8_stats_end(&tr->dp, trainer_emit_fp8, tr);
+        logger_flush(&tr->logger);
+    }
     watchdog_phase("optimizer", tr->step);
     if (!skip) {
         dp_update(&tr->dp, lr, a->weight_decay, tr->step - tr->total_skips, clip_factor(norm, a->grad_clip));
@@ -449,10 +433,6 @@ static inline void trainer_step(Trainer* tr) {
     double tok_s = tokens / (ms / 1e3);
     double peak = backend_peak_flops((Precision)a->precision);
     double mfu = peak > 0.0 ? flops_per_token(&tr->cfg, a->T) * tok_s / (peak * W) : 0.0;
-    if (stats_due) {
-        llama_fp8_stats_end(m, trainer_emit_fp8, tr);
-        logger_flush(&tr->logger);
-    }
     printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s", tr->step + 1, tr->steps, (float)loss, lr,
            norm, ms, tok_s);
     if (mfu > 0.0) printf(" | MFU %.1f%%", 100.0 * mfu);
@@ -488,11 +468,23 @@ static inline void trainer_free(Trainer* tr) {
 
 /* The whole run on this rank. Returns the process exit status: 0, or EXIT_PREEMPTED after a stop signal. */
 static inline int train_main(int argc, char** argv) {
+    TrainArgs defaults = train_args_default(), args = defaults;
+    int help = train_args_parse(&args, argc, argv);
+    /* a dry run starts nothing: no communicator, no device */
+    if (!help && args.dry_run) {
+        train_args_check(&args);
+        return memory_plan_main(&args);
+    }
     comm_init(&argc, &argv);
+    if (help) {
+        if (g_dist.rank == 0) train_args_usage(argv[0], &defaults);
+        comm_finalize();
+        return EXIT_SUCCESS;
+    }
     share_cores();
     preempt_install();
     Trainer* tr = (Trainer*)callocCheck(1, sizeof(Trainer));
-    trainer_init(tr, argc, argv);
+    trainer_init(tr, &args);
     TrainArgs* a = &tr->args;
     int start = tr->step;
     tr->start_time = wall_seconds();
@@ -503,7 +495,8 @@ static inline int train_main(int argc, char** argv) {
             printf("val loss %.6f (step %d)\n", val, tr->step);
             logger_val(&tr->logger, tr->step, val);
         }
-        if (a->output_dir && tr->step > start && (last || (a->ckpt_every > 0 && tr->step % a->ckpt_every == 0))) trainer_save(tr);
+        int due = a->ckpt_every == NO_CHECKPOINTS ? 0 : last || (a->ckpt_every > 0 && tr->step % a->ckpt_every == 0);
+        if (a->output_dir && tr->step > start && due) trainer_save(tr);
         if (a->sample_every > 0 && tr->rank == 0 && (last || tr->step % a->sample_every == 0)) {
             watchdog_phase("sample", tr->step);
             trainer_sample(tr);
@@ -512,8 +505,8 @@ static inline int train_main(int argc, char** argv) {
         trainer_step(tr);
         if (tr->stop_signal && tr->step < tr->steps) {
             printf("| %s: stopping after step %d\n", signal_name(tr->stop_signal), tr->step);
-            if (a->output_dir) trainer_save(tr);
-            else printf("| no -o: nothing is saved\n");
+            if (a->output_dir && a->ckpt_every != NO_CHECKPOINTS) trainer_save(tr);
+            else printf("| %s: nothing is saved\n", a->output_dir ? "-n -1" : "no -o");
             watchdog_phase("shutdown", tr->step);
             comm_barrier();
             trainer_free(tr);

@@ -87,4 +87,13 @@ void cpu_ref_cast_transpose(uint8_t* out, uint8_t* out_t, const float* x, size_t
     op_cast_transpose(out, out_t, x, rows, cols, f, s, pow2, counts);
 }
 
+void cpu_ref_amax_master(Fp8Scale* s, const float* master, size_t n) { op_amax_master(s, master, n); }
+
+void cpu_ref_cast_transpose_master(uint8_t* out, uint8_t* out_t, const float* master, size_t rows, size_t cols, Fp8Format f,
+                                   Fp8Scale* s, int pow2, Fp8Counts* counts) {
+    op_cast_transpose_master(out, out_t, master, rows, cols, f, s, pow2, counts);
+}
+
+void cpu_ref_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols) { op_transpose_fp8(out_t, in, rows, cols); }
+
 void cpu_ref_gemm(const GemmCall* g) { op_gemm(g); }

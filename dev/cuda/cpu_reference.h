@@ -41,6 +41,10 @@ void cpu_ref_adamw(float* master, float* m, float* v, const float* grads, size_t
 void cpu_ref_amax(Fp8Scale* s, const float* x, size_t n);
 void cpu_ref_cast_transpose(uint8_t* out, uint8_t* out_t, const float* x, size_t rows, size_t cols, Fp8Format f,
                             Fp8Scale* s, int pow2, Fp8Counts* counts);
+void cpu_ref_amax_master(Fp8Scale* s, const float* master, size_t n);
+void cpu_ref_cast_transpose_master(uint8_t* out, uint8_t* out_t, const float* master, size_t rows, size_t cols, Fp8Format f,
+                                   Fp8Scale* s, int pow2, Fp8Counts* counts);
+void cpu_ref_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols);
 void cpu_ref_gemm(const GemmCall* g);
 
 #ifdef __cplusplus

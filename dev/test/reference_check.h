@@ -213,16 +213,186 @@ static inline int check_grad_accumulation_in(Precision p, double tol) {
     return e.nonfinite || e.rel_l2 > tol ? fail("accumulated gradient differs: relative L2 %.3e > %.1e", e.rel_l2, tol) : 0;
 }
 
-/* -r 1 rebuilds the norm and SwiGLU outputs with the same ops: the gradient is bit-identical. */
-static inline int check_recompute_in(Precision p) {
-    float* kept = reference_gradient(p, 1, 0);
-    float* recomputed = reference_gradient(p, 1, 1);
+/*
+ * The FP8 weights of an fp8 model against codes computed here from the checkpoint's FP32 weights: for
+ * each FP8 linear layer, amax = max |bf16(w)|, the scale of fp8.h's policy, W = E4M3(bf16(w) * scale) and
+ * W^T its transpose, byte for byte (the value quantized is the BF16 rounding of the master weight); and
+ * llama_bf16_weight, for an FP8 layer (rebuilt from the master weights) and for the output layer (its
+ * working copy), equal to bf16(w).
+ */
+static inline int check_fp8_weights_in(void) {
     LlamaConfig cfg;
     checkpoint_read_config(REF_MODEL_PATH, &cfg);
-    int same = memcmp(kept, recomputed, param_count(&cfg) * sizeof(float)) == 0;
-    free(kept);
-    free(recomputed);
-    return same ? 0 : fail("%s gradient with -r 1 differs from -r 0", precision_name(p));
+    RefState r;
+    ref_state_read(&r, REF_STATE_PATH, &cfg);
+    Llama m;
+    reference_model(&m, PRECISION_FP8, &cfg, &r, r.B, 0);
+    float* params = (float*)mallocCheck(m.num_params * sizeof(float));
+    checkpoint_read_params(REF_MODEL_PATH, &cfg, params);
+    int failures = 0;
+    for (int l = 0; l < cfg.n_layers; l++) {
+        for (int lin = 0; lin < LIN_PER_LAYER + 1; lin++) {
+            int layer = lin == LIN_OUTPUT ? NO_LAYER : l;
+            if (lin == LIN_OUTPUT && l > 0) continue;
+            const ModelSegment* seg = llama_segment(&m, llama_linear_tensor((LinearId)lin), layer);
+            const float* w = params + seg->param.param_offset;
+            size_t OC, C, n = seg->param.count;
+            llama_linear_dims(&cfg, (LinearId)lin, &OC, &C);
+            float* bf16 = (float*)mallocCheck(n * sizeof(float));
+            act_to_float_host(bf16, llama_bf16_weight(&m, layer, (LinearId)lin), n);
+            size_t wrong = 0;
+            for (size_t i = 0; i < n; i++) wrong += float_bits(bf16[i]) != float_bits(bf16_round(w[i]));
+            if (wrong) failures += fail("%s[layer %d]: llama_bf16_weight differs from bf16(master) in %zu of %zu", LINEAR_NAMES[lin], layer, wrong, n);
+            free(bf16);
+            if (lin == LIN_OUTPUT) continue;
+            float amax = 0.0f;
+            for (size_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(bf16_round(w[i])));
+            float scale = fp8_compute_scale(amax, FP8_E4M3, 0);
+            uint8_t* codes = (uint8_t*)mallocCheck(2 * n);
+            const Fp8Linear* f = &m.fp8_linear[llama_slot(l, lin)];
+            dev_download(codes, f->w, n);
+            dev_download(codes + n, f->wt, n);
+            size_t bad = 0, bad_t = 0;
+            for (size_t o = 0; o < OC; o++) {
+                for (size_t c = 0; c < C; c++) {
+                    uint8_t want = fp8_from_float(bf16_round(w[o * C + c]) * scale, FP8_E4M3);
+                    bad += codes[o * C + c] != want;
+                    bad_t += codes[n + c * OC + o] != want;
+                }
+            }
+            if (bad || bad_t) failures += fail("%s[layer %d]: %zu W and %zu W^T codes differ from E4M3(bf16(w) * %g)", LINEAR_NAMES[lin], l, bad, bad_t, scale);
+            free(codes);
+        }
+    }
+    printf("    %d layers x 4 FP8 weights: E4M3 W and W^T of bf16(master); llama_bf16_weight = bf16(master)\n", cfg.n_layers);
+    free(params);
+    llama_free(&m);
+    ref_state_free(&r);
+    return failures != 0;
+}
+
+/* The FP8 statistics rows of a step, as llama_fp8_stats_end emits them: (amax, scale, saturated, underflow). */
+typedef struct {
+    double* rows;
+    size_t n;
+} StatsRows;
+
+static void collect_stats_row(void* ctx, int layer, const char* gemm, const char* operand, const char* format, float amax,
+                              float scale, double saturated_frac, double underflow_frac) {
+    (void)layer, (void)gemm, (void)operand, (void)format;
+    StatsRows* r = (StatsRows*)ctx;
+    r->rows = (double*)realloc(r->rows, (r->n + 1) * 4 * sizeof(double));
+    if (r->rows == NULL) die("out of host memory collecting FP8 statistics");
+    double row[4] = {amax, scale, saturated_frac, underflow_frac};
+    memcpy(r->rows + 4 * r->n++, row, sizeof(row));
+}
+
+/* What a recompute level must not change: step losses, the first step's gradient, final weights, the FP8
+   statistics rows and the raw counts behind them (a cast counted twice keeps the fractions). */
+#define RECOMPUTE_STEPS 2
+typedef struct {
+    float losses[RECOMPUTE_STEPS];
+    float* grads;
+    float* weights;
+    StatsRows stats;
+    Fp8Counts* counts;
+    size_t num_counts;
+} RecomputeRun;
+
+/*
+ * RECOMPUTE_STEPS AdamW steps of two accumulated micro-batches on the reference batch at recompute level
+ * `level`, FP8 statistics gathered on the first and read before its update, in the trainer's order (every
+ * cast counted once, a replayed one not at all).
+ */
+static inline RecomputeRun recompute_run(Precision p, int level) {
+    LlamaConfig cfg;
+    checkpoint_read_config(REF_MODEL_PATH, &cfg);
+    RefState r;
+    ref_state_read(&r, REF_STATE_PATH, &cfg);
+    enum { MICRO = 2 };
+    int Bm = r.B / MICRO;
+    Llama m;
+    reference_model(&m, p, &cfg, &r, Bm, level);
+    RecomputeRun out;
+    memset(&out, 0, sizeof(out));
+    out.grads = (float*)mallocCheck(m.num_params * sizeof(float));
+    out.weights = (float*)mallocCheck(m.num_params * sizeof(float));
+    for (int step = 0; step < RECOMPUTE_STEPS; step++) {
+        if (step == 0) llama_fp8_stats_begin(&m);
+        llama_zero_grads(&m);
+        double loss = 0.0;
+        for (int k = 0; k < MICRO; k++) {
+            size_t off = (size_t)k * Bm * r.T;
+            loss += llama_forward(&m, r.inputs + off, r.targets + off, Bm, r.T, 1.0f / (float)(r.B * r.T));
+            llama_backward(&m);
+        }
+        if (step == 0) {
+            llama_get_grads(&m, out.grads);
+            out.num_counts = p == PRECISION_FP8 ? llama_fp8_slots(&m) * FP8_OPS : 0;
+            out.counts = (Fp8Counts*)mallocCheck(out.num_counts * sizeof(Fp8Counts) + 1);
+            if (out.num_counts) dev_download(out.counts, m.fp8_counts, out.num_counts * sizeof(Fp8Counts));
+            llama_fp8_stats_end(&m, collect_stats_row, &out.stats);
+        }
+        int bad;
+        float norm = llama_grad_norm(&m, &bad);
+        llama_update(&m, r.lr, r.weight_decay, step, clip_factor(norm, r.clip));
+        out.losses[step] = (float)(loss / MICRO);
+    }
+    llama_get_params(&m, out.weights);
+    llama_free(&m);
+    ref_state_free(&r);
+    return out;
+}
+
+/*
+ * -r 1 and -r 2 against -r 0 in precision p: rebuilding norm and SwiGLU outputs, or replaying whole blocks
+ * with the forward's FP8 scales, must leave the losses, gradients, weights and FP8 statistics bit for bit.
+ */
+static inline int check_recompute_in(Precision p) {
+    LlamaConfig cfg;
+    checkpoint_read_config(REF_MODEL_PATH, &cfg);
+    size_t P = param_count(&cfg);
+    RecomputeRun runs[RECOMPUTE_LEVELS];
+    for (int level = 0; level < RECOMPUTE_LEVELS; level++) runs[level] = recompute_run(p, level);
+    int failures = 0;
+    if (p == PRECISION_FP8 && runs[0].stats.n != (size_t)cfg.n_layers * LIN_PER_LAYER * FP8_OPS)
+        failures += fail("%zu FP8 statistics rows, want one per operand", runs[0].stats.n);
+    /* every element of a statistics step's operands counted once: W (OC, C), X (B T, C), dY (B T, OC) */
+    RefState r;
+    ref_state_read(&r, REF_STATE_PATH, &cfg);
+    size_t tokens = (size_t)r.B * r.T;
+    ref_state_free(&r);
+    for (size_t i = 0; i < runs[0].num_counts; i++) {
+        size_t slots = runs[0].num_counts / FP8_OPS, slot = i % slots, OC, C;
+        int op = (int)(i / slots);
+        llama_linear_dims(&cfg, (LinearId)(slot % LIN_PER_LAYER), &OC, &C);
+        size_t want = op == FP8_OP_W ? OC * C : op == FP8_OP_X ? tokens * C : tokens * OC;
+        if (runs[0].counts[i].count != want) {
+            failures += fail("%s[layer %zu] %s: %llu elements counted, want %zu", LINEAR_NAMES[slot % LIN_PER_LAYER],
+                             slot / LIN_PER_LAYER, FP8_OPERAND_NAMES[op], runs[0].counts[i].count, want);
+            break;
+        }
+    }
+    for (int level = 1; level < RECOMPUTE_LEVELS; level++) {
+        RecomputeRun* a = &runs[0];
+        RecomputeRun* b = &runs[level];
+        printf("    %s -r %d: step losses %.9g %.9g (-r 0: %.9g %.9g)\n", precision_name(p), level, b->losses[0], b->losses[1],
+               a->losses[0], a->losses[1]);
+        if (memcmp(a->losses, b->losses, sizeof(a->losses)) != 0) failures += fail("-r %d: step losses differ from -r 0", level);
+        if (memcmp(a->grads, b->grads, P * sizeof(float)) != 0) failures += fail("-r %d: gradients differ from -r 0", level);
+        if (memcmp(a->weights, b->weights, P * sizeof(float)) != 0) failures += fail("-r %d: weights differ from -r 0", level);
+        if (a->stats.n != b->stats.n || (a->stats.n && memcmp(a->stats.rows, b->stats.rows, a->stats.n * 4 * sizeof(double)) != 0))
+            failures += fail("-r %d: FP8 statistics rows differ from -r 0 (another amax or scale)", level);
+        if (a->num_counts && memcmp(a->counts, b->counts, a->num_counts * sizeof(Fp8Counts)) != 0)
+            failures += fail("-r %d: FP8 cast counts differ from -r 0 (a replayed cast counted)", level);
+    }
+    for (int level = 0; level < RECOMPUTE_LEVELS; level++) {
+        free(runs[level].grads);
+        free(runs[level].weights);
+        free(runs[level].stats.rows);
+        free(runs[level].counts);
+    }
+    return failures != 0;
 }
 
 /*

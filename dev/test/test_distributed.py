@@ -65,14 +65,27 @@ def assert_same_run(a, b, step):
     assert (a / name).read_bytes() == (b / name).read_bytes(), f"{a / name} and {b / name} differ"
 
 
+def weight_stats(out):
+    """The W rows of fp8_stats.csv: amax, scale and cast counts of the FP8 weight copies of every step."""
+    rows = (out / "fp8_stats.csv").read_text().splitlines()[1:]
+    return [row for row in rows if row.split(",")[3] == "W"]
+
+
 @pytest.mark.parametrize("precision", ["fp8", "bf16"])
 def test_one_rank_accumulating_equals_two_ranks(tmp_path, precision):
-    """1 rank x accum 2 = 2 ranks x accum 1, and ZeRO 0 = 1 = 2 at 2 ranks (fp8)."""
-    train(1, tmp_path / "r1", "-p", precision)
+    """1 rank x accum 2 = 2 ranks x accum 1, and ZeRO 0 = 1 = 2 at 2 ranks (fp8), with block recompute
+    under ZeRO-2. In fp8 the FP8 weight copies that ZeRO-1/2 cast from sharded master weights (a MAX
+    all-reduce of the amaxes, E4M3 pieces gathered) have the one-rank run's scales and cast statistics."""
+    stats = ["--fp8-stats", 1] if precision == "fp8" else []
+    train(1, tmp_path / "r1", "-p", precision, *stats)
     stages = [0, 1, 2] if precision == "fp8" else [0]
     for z in stages:
-        train(2, tmp_path / f"r2z{z}", "-p", precision, "-z", z)
+        recompute = ["-r", 2] if z == 2 else []
+        train(2, tmp_path / f"r2z{z}", "-p", precision, "-z", z, *recompute, *stats)
         assert_same_run(tmp_path / "r1", tmp_path / f"r2z{z}", 3)
+        if stats:
+            assert len(weight_stats(tmp_path / "r1")) == 3 * 4 * 4
+            assert weight_stats(tmp_path / f"r2z{z}") == weight_stats(tmp_path / "r1")
 
 
 def test_three_ranks_padding(tmp_path):

@@ -42,7 +42,11 @@ def assert_one_line_error(result, *needles):
     (["-y", "1"], "-o"),
     (["-i", "mine_*.bin"], "-j"),
     (["-n", "5"], "-o"),
-    (["-r", "1", "-p", "fp8"], "-r"),
+    (["-r", "3"], "-r"),
+    (["-n", "-2"], "-n"),
+    (["--ranks", "2"], "--ranks"),
+    (["--gpu-mem", "80"], "--gpu-mem"),
+    (["--dry-run", "2"], "--dry-run"),
 ])
 def test_bad_flags_rejected(trainer, args, needle):
     assert_one_line_error(run([trainer, *args]), needle)

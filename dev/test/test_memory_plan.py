@@ -1,0 +1,161 @@
+"""
+The memory plan (--dry-run 1, train/memory_plan.h) against what the trainer really allocates, and the
+memory targets of DESIGN.md section 9 as the plan computes them.
+
+A plan prints the trainer's buffer tables as a run prints them at start-up, so the CPU build's plan of a
+setting is compared line by line with a real run of the same setting, on one process and on 2 and 3
+ranks under mpirun (rank 0's tables against --ranks N). The verdict and the micro-batch search are
+checked against plans of neighbouring micro-batches; the targets (an fp8 run never needs more than the
+bf16 run of its shape; Llama-2 7B fp8 at B 1, T 4096 on one 141 GB H200; 7B ZeRO-1 and 13B ZeRO-2 on
+8 x 80 GB) on the GPU build's plan, which needs no GPU, and the CPU build's.
+"""
+import json
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run
+from test_distributed import MPIRUN, mpirun
+
+TABLE_TITLES = ("| weights, gradients and optimizer state:", "| activations:", "| scales, RoPE tables and tokens:")
+BASE = ["-e", "tiny", "-b", "2", "-t", "32", "--shuffle", "0", "-v", "0", "-m", "1"]
+# Memory the GPUs report (nvidia-smi memory.total): 80 GB parts 81559 MiB, the H200 143771 MiB.
+GIB_80GB = 81559 / 1024
+GIB_H200 = 143771 / 1024
+GPU_TRAINER = REPO / "train_llama"
+
+
+def tables(text):
+    """The buffer tables a run or a plan printed: each title line and its entries, in order."""
+    lines, inside = [], False
+    for line in text.splitlines():
+        if line.startswith(TABLE_TITLES):
+            inside = True
+        elif not line.startswith("|   "):
+            inside = False
+        if inside:
+            lines.append(line)
+    assert [line.split(":")[0] + ":" for line in lines if line.startswith(TABLE_TITLES)] == list(TABLE_TITLES), text[-3000:]
+    return lines
+
+
+def plan(binary, *args):
+    """(stdout, the plan's JSON line) of a dry run."""
+    r = run([binary, "--dry-run", "1", *map(str, args)])
+    assert r.returncode == 0, r.stderr
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("plan: "), r.stdout[-2000:]
+    return r.stdout, json.loads(last[len("plan: "):])
+
+
+@pytest.fixture
+def shards(tmp_path, rng):
+    """Train and validation shards of random tokens (a dry run must not need them; a real run does)."""
+    paths = []
+    for name in ["train.bin", "val.bin"]:
+        header = np.zeros(256, dtype=np.int32)
+        header[:3] = [20240520, 1, 4096]
+        (tmp_path / name).write_bytes(header.tobytes() + rng.integers(3, 32000, size=4096).astype(np.uint16).tobytes())
+        paths.append(tmp_path / name)
+    return ["-i", paths[0], "-j", paths[1]]
+
+
+@pytest.mark.parametrize("flags", [["-p", "fp8"], ["-p", "bf16", "-r", "1"], ["-p", "fp8", "-r", "2"], ["-p", "fp32", "-z", "1"]])
+def test_plan_is_what_a_run_allocates(trainer, tmp_path, shards, flags):
+    real = run([trainer, *BASE, *shards, *flags, "-x", "1"])
+    assert real.returncode == 0, real.stderr
+    text, summary = plan(trainer, *BASE, *flags)
+    assert tables(text) == tables(real.stdout)
+    # the summary adds up: every table's bytes plus the workspaces, once
+    assert sum(summary["bytes"].values()) == summary["total_bytes"]
+
+
+@pytest.mark.skipif(MPIRUN is None, reason="mpirun not found (make setup installs Open MPI)")
+@pytest.mark.parametrize("ranks, zero", [(2, 2), (3, 1)])
+def test_plan_of_ranks_is_what_rank_0_allocates(trainer, tmp_path, shards, ranks, zero):
+    """--ranks N plans rank 0 of an mpirun -np N run: the sharded master weights, moments, gradient shard
+    and ZeRO-2 bucket buffers, padded pieces included."""
+    flags = [*BASE, *shards, "-p", "fp8", "-z", zero]
+    real = mpirun(ranks, [*flags, "-x", "1"])
+    assert real.returncode == 0, real.stderr
+    text, summary = plan(trainer, *flags, "--ranks", ranks)
+    assert tables(text) == tables(real.stdout)
+    assert summary["ranks"] == ranks and summary["zero"] == zero
+
+
+def test_plan_needs_no_data(trainer, tmp_path):
+    text, summary = plan(trainer, *BASE, "-i", tmp_path / "none_train.bin", "-j", tmp_path / "none_val.bin")
+    assert summary["fits"] in (0, 1) and "| memory:" in text
+
+
+def test_verdict_and_largest_micro_batch(trainer):
+    """The verdict flips where the usable memory crosses the plan's total; the largest micro-batch that
+    fits a usable memory between the totals of B 3 and B 4 is 3; the cheapest recompute that fits one
+    between the totals of -r 1 and -r 0 is 1."""
+    plans = {(b, r): plan(trainer, *BASE, "-b", b, "-r", r, "--gpu-mem", 1)[1] for b in (3, 4) for r in (0, 1)}
+    total = {key: p["total_bytes"] for key, p in plans.items()}
+    usable_fraction = plans[3, 0]["usable_bytes"] / 2**30
+    between = (total[3, 0] + total[4, 0]) / 2 / 2**30 / usable_fraction
+    _, s = plan(trainer, *BASE, "-b", 3, "--gpu-mem", between)
+    assert s["fits"] == 1 and s["largest_B"] == 3 and s["cheapest_recompute"] == 0
+    _, s = plan(trainer, *BASE, "-b", 4, "--gpu-mem", between)
+    assert s["fits"] == 0 and s["largest_B"] == 3
+    assert total[4, 1] < total[4, 0]
+    _, s = plan(trainer, *BASE, "-b", 4, "--gpu-mem", (total[4, 1] + total[4, 0]) / 2 / 2**30 / usable_fraction)
+    assert s["fits"] == 0 and s["cheapest_recompute"] == 1
+
+
+LAYERS = {"tiny": 4, "llama2-7b": 32, "llama2-13b": 40}
+
+
+def scale_record_bytes(layers):
+    """fp8_scales (16 bytes) and fp8_counts (32 bytes) of the 3 operands of 4 linear layers per block, each
+    table entry padded to 256 bytes (core/buffers.h BUFFER_ALIGN)."""
+    return sum(-(-(layers * 4 * 3 * size) // 256) * 256 for size in (16, 32))
+
+
+def compare_precisions(binary, model, ranks, zero, recompute, memory_gib):
+    args = ["-e", model, "-b", 1, "-t", 4096 if model.startswith("llama2") else 256, "--ranks", ranks, "-z", zero,
+            "-r", recompute, "--gpu-mem", memory_gib]
+    fp8 = plan(binary, *args, "-p", "fp8")[1]
+    bf16 = plan(binary, *args, "-p", "bf16")[1]
+    return fp8, bf16
+
+
+@pytest.mark.parametrize("binary", ["train_llama_cpu", "train_llama"])
+def test_fp8_never_needs_more_than_bf16(binary):
+    """Apart from its per-operand scale and count records (48 bytes per FP8 operand), an fp8 run needs no
+    more than the bf16 run of its shape at every recompute level and ZeRO stage; at -r 0, where fp8 keeps
+    E4M3 X^T copies instead of BF16 inputs, it needs less."""
+    path = REPO / binary
+    if not path.exists():
+        pytest.skip(f"{binary} is not built (the CUDA build needs nvcc)")
+    for model in ["tiny", "llama2-7b", "llama2-13b"]:
+        for ranks, zero in [(1, 0), (8, 1), (8, 2)]:
+            for recompute in range(3):
+                fp8, bf16 = compare_precisions(path, model, ranks, zero, recompute, 80)
+                where = f"{binary} {model} {ranks} rank(s) ZeRO-{zero} -r {recompute}"
+                records = fp8["bytes"]["other"] - bf16["bytes"]["other"]
+                assert records == scale_record_bytes(LAYERS[model]), where
+                assert fp8["total_bytes"] - records <= bf16["total_bytes"], where
+                if recompute == 0:
+                    assert fp8["total_bytes"] < bf16["total_bytes"], where
+
+
+@pytest.mark.skipif(not GPU_TRAINER.exists(), reason="train_llama is not built (the CUDA build needs nvcc)")
+def test_gpu_targets():
+    """DESIGN.md section 9 on the GPU build's plan: full 7B at B 1, T 4096 trains on one H200 in fp8 (and
+    bf16); 7B with ZeRO-1 and 13B with ZeRO-2 fit 8 x 80 GB at T 4096 in both precisions."""
+    for precision in ["fp8", "bf16"]:
+        _, s = plan(GPU_TRAINER, "-e", "llama2-7b", "-b", 1, "-t", 4096, "-p", precision, "--gpu-mem", GIB_H200)
+        assert s["fits"] == 1, s
+        for model, zero in [("llama2-7b", 1), ("llama2-13b", 2)]:
+            _, s = plan(GPU_TRAINER, "-e", model, "-b", 1, "-t", 4096, "-p", precision, "--ranks", 8, "-z", zero,
+                        "-d", 128 * 4096, "--gpu-mem", GIB_80GB)
+            assert s["cheapest_recompute"] >= 0 and s["grad_accum"] == 16, s
+
+
+@pytest.mark.skipif(MPIRUN is None, reason="mpirun not found (make setup installs Open MPI)")
+def test_dry_run_refuses_a_launcher():
+    r = mpirun(1, ["--dry-run", "1"])
+    assert r.returncode != 0 and "--dry-run" in r.stderr

@@ -1,0 +1,186 @@
+/*
+ * The memory plan (--dry-run 1): what one rank of a run with the given flags holds, by buffer and by
+ * category, against the memory it would run on, with the cheapest recompute level and the largest
+ * micro-batch that fit. The buffers are summed from the tables llama_build allocates (llama_state_table,
+ * llama_acts_table, llama_small_table, laid out by llama_configure with dist/zero.h's shard layout for
+ * --ranks N), printed exactly as a run prints them, so a plan and the run it describes can be compared
+ * line by line; what the backend's ops and the communication library allocate outside the tables comes
+ * from backend_workspaces and comm_workspaces (sizes, bounds, or estimates marked "~"). A dry run
+ * allocates nothing of the model, reads no data, starts no communication and needs no GPU when
+ * --gpu-mem is given. Each binary plans its own backend: train_llama a GPU run (BF16 activations),
+ * train_llama_cpu a CPU run (FP32 activations, attention probabilities) against host RAM.
+ * Included by train/trainer.h after a backend, a communication implementation and llama/model.h.
+ */
+#pragma once
+
+#include "cli.h"
+#include "../dist/comm.h"
+#include "../llama/model.h"
+
+/* The categories of the summary, in print order; a table entry's category is one of them. */
+static const char* const PLAN_CATEGORIES[] = {"master weights", "working weights", "FP8 weight copies", "gradients",
+                                              "AdamW moments", "activations", "other", "workspaces"};
+#define NUM_PLAN_CATEGORIES (sizeof(PLAN_CATEGORIES) / sizeof(PLAN_CATEGORIES[0]))
+#define MAX_PLAN_WORKSPACES (MAX_BACKEND_WORKSPACES + MAX_COMM_WORKSPACES)
+/* The largest micro-batch the search tries (a bound, not a limit anyone meets). */
+#define PLAN_MAX_B (1 << 20)
+/* A run fits when it leaves this fraction of the memory free: the context and library workspaces are
+   estimates, and a few allocations grow during the first steps (cuDNN's workspace, comm scratch). */
+#define PLAN_HEADROOM 0.02
+
+/* What one rank of a run needs. */
+typedef struct {
+    size_t by_category[NUM_PLAN_CATEGORIES];
+    size_t total;
+} MemoryPlan;
+
+/* The settings a plan is for. */
+typedef struct {
+    const LlamaConfig* cfg;
+    Precision precision;
+    int B, T, recompute;
+    Sharding sharding;
+    CommWire wire;
+} PlanSettings;
+
+static inline size_t plan_category(const char* name) {
+    for (size_t c = 0; c < NUM_PLAN_CATEGORIES; c++) {
+        if (strcmp(PLAN_CATEGORIES[c], name) == 0) return c;
+    }
+    die("memory plan: buffer category '%s' is not one of PLAN_CATEGORIES", name);
+}
+
+static inline void plan_add_table(MemoryPlan* p, const BufferSpec* specs, int n) {
+    for (int i = 0; i < n; i++) p->by_category[plan_category(specs[i].category)] += buffer_bytes(&specs[i]);
+}
+
+/* The plan of settings `s`; prints the tables and workspaces as a run prints its tables when `print`. */
+static inline MemoryPlan memory_plan(const PlanSettings* s, int print) {
+    Llama m;
+    llama_configure(&m, s->cfg, s->precision, s->B, s->T, 0, s->recompute, s->sharding);
+    BufferSpec state[NUM_STATE_BUFFERS], acts[NUM_ACT_BUFFERS], small[NUM_SMALL_BUFFERS];
+    int nstate = llama_state_table(&m, state), nacts = llama_acts_table(&m, acts), nsmall = llama_small_table(&m, small);
+    MemoryPlan p;
+    memset(&p, 0, sizeof(p));
+    plan_add_table(&p, state, nstate);
+    plan_add_table(&p, acts, nacts);
+    plan_add_table(&p, small, nsmall);
+    size_t piece = 0, segment = 0;
+    for (int i = 0; i < m.num_segs; i++) {
+        if (m.segs[i].shard.piece > piece) piece = m.segs[i].shard.piece;
+        if (m.segs[i].param.count > segment) segment = m.segs[i].param.count;
+    }
+    MemoryEstimate ws[MAX_PLAN_WORKSPACES];
+    WorkspaceQuery q = {s->cfg, s->B, s->T, s->precision, m.layout.chunks};
+    int nws = backend_workspaces(&q, ws);
+    nws += comm_workspaces(s->sharding.world, s->sharding.zero_stage, s->wire, piece, segment, ws + nws);
+    for (int i = 0; i < nws; i++) p.by_category[plan_category("workspaces")] += ws[i].bytes;
+    for (size_t c = 0; c < NUM_PLAN_CATEGORIES; c++) p.total += p.by_category[c];
+    if (print) {
+        buffers_print(STATE_TABLE_TITLE, state, nstate);
+        buffers_print(ACTS_TABLE_TITLE, acts, nacts);
+        buffers_print(SMALL_TABLE_TITLE, small, nsmall);
+        size_t outside = 0;
+        for (int i = 0; i < nws; i++) outside += ws[i].bytes;
+        printf("| outside the tables (~ estimate): %.1f MiB\n", mib(outside));
+        for (int i = 0; i < nws; i++)
+            printf("|  %c%-20s %10.2f MiB  %s\n", ws[i].estimate ? '~' : ' ', ws[i].name, mib(ws[i].bytes), ws[i].what);
+    }
+    llama_free(&m);
+    return p;
+}
+
+/* The memory a plan may use of `memory`: all but the headroom. */
+static inline size_t plan_usable(size_t memory) { return memory - (size_t)((double)memory * PLAN_HEADROOM); }
+
+static inline int plan_fits(const PlanSettings* s, size_t memory) { return memory_plan(s, 0).total <= plan_usable(memory); }
+
+/* Micro-batch sizes an FP8 run can take at this T: B T a multiple of FP8_DIM_MULTIPLE. */
+static inline int plan_b_step(Precision p, int T) {
+    if (p != PRECISION_FP8) return 1;
+    int step = 1;
+    while ((long long)step * T % FP8_DIM_MULTIPLE != 0) step++;
+    return step;
+}
+
+/* The largest micro-batch (a multiple of plan_b_step) with which settings `s` fit `memory`; 0 if none. */
+static inline int plan_largest_b(PlanSettings s, size_t memory) {
+    int step = plan_b_step(s.precision, s.T), lo = 0, hi = step;
+    /* doubling, then bisection: memory grows with B */
+    for (;;) {
+        s.B = hi;
+        if (!plan_fits(&s, memory)) break;
+        lo = hi;
+        if (hi > PLAN_MAX_B / 2) return lo;
+        hi *= 2;
+    }
+    while (hi - lo > step) {
+        int mid = lo + (hi - lo) / (2 * step) * step;
+        s.B = mid;
+        if (plan_fits(&s, memory)) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+static inline double gib(size_t bytes) { return (double)bytes / (double)(1ull << 30); }
+
+/*
+ * --dry-run 1: prints the plan of the flags' run on --ranks N ranks against --gpu-mem (or the backend's
+ * memory) and returns the exit status 0. The last line, "plan: {...}", is JSON for scripts.
+ */
+static inline int memory_plan_main(const TrainArgs* a) {
+    if (launcher_world() > 0) die("flag --dry-run: plans a run without starting it; run it alone, with --ranks N for N ranks");
+    LlamaConfig cfg;
+    train_args_model(a, &cfg);
+    int ranks = a->plan_ranks > 0 ? a->plan_ranks : 1;
+    int accum = train_args_grad_accum(a, ranks);
+    Sharding sh = {ranks, 0, a->zero_stage};
+    PlanSettings s = {&cfg, (Precision)a->precision, a->B, a->T, a->recompute, sh,
+                      strcmp(a->grad_reduce, "bf16") == 0 ? WIRE_BF16 : WIRE_F32};
+    const char* memory_what = "--gpu-mem";
+    size_t memory = a->gpu_mem_gib > 0.0f ? (size_t)((double)a->gpu_mem_gib * (double)(1ull << 30)) : backend_memory_total(&memory_what);
+
+    printf("+-----------------------------------------------------------------------\n");
+    printf("| memory plan (--dry-run) of one rank, %s build: %s, -p %s, micro-batch %d x %d, %d rank(s), ZeRO-%d, -r %d, "
+           "gradients reduced in %s, %d micro-step(s) per step\n",
+           backend_name(), a->model, precision_name(s.precision), a->B, a->T, ranks, a->zero_stage, a->recompute, a->grad_reduce, accum);
+    llama_config_print(&cfg);
+    MemoryPlan p = memory_plan(&s, 1);
+    printf("| by category (GiB):");
+    for (size_t c = 0; c < NUM_PLAN_CATEGORIES; c++) printf(" %s %.2f |", PLAN_CATEGORIES[c], gib(p.by_category[c]));
+    printf(" total %.2f\n", gib(p.total));
+
+    int fits = -1, cheapest = -1, largest = -1, largest_leanest = -1;
+    if (memory == 0) {
+        printf("| memory: no GPU found here to plan against: give --gpu-mem GiB for a verdict\n");
+    } else {
+        size_t usable = plan_usable(memory);
+        fits = p.total <= usable;
+        printf("| memory: %.2f GiB (%s), of which %.2f GiB usable (%.0f%% kept free): %s %.2f GiB\n", gib(memory), memory_what,
+               gib(usable), 100.0 * PLAN_HEADROOM, fits ? "fits, to spare" : "does not fit, over by",
+               gib(fits ? usable - p.total : p.total - usable));
+        for (int r = 0; r < RECOMPUTE_LEVELS && cheapest < 0; r++) {
+            PlanSettings t = s;
+            t.recompute = r;
+            if (plan_fits(&t, memory)) cheapest = r;
+        }
+        if (cheapest >= 0) printf("| cheapest recompute that fits micro-batch %d: -r %d\n", a->B, cheapest);
+        else printf("| no recompute level fits micro-batch %d: use more ranks, a higher ZeRO stage or a smaller -b / -t\n", a->B);
+        largest = plan_largest_b(s, memory);
+        PlanSettings leanest = s;
+        leanest.recompute = RECOMPUTE_LEVELS - 1;
+        largest_leanest = plan_largest_b(leanest, memory);
+        printf("| largest micro-batch that fits at T %d: B %d with -r %d, B %d with -r %d\n", a->T, largest, a->recompute,
+               largest_leanest, leanest.recompute);
+    }
+    printf("plan: {\"model\": \"%s\", \"backend\": \"%s\", \"precision\": \"%s\", \"B\": %d, \"T\": %d, \"ranks\": %d, "
+           "\"zero\": %d, \"recompute\": %d, \"grad_accum\": %d, \"total_bytes\": %zu, \"total_gib\": %.4f, \"memory_gib\": %.4f, "
+           "\"usable_bytes\": %zu, "
+           "\"fits\": %d, \"cheapest_recompute\": %d, \"largest_B\": %d, \"largest_B_max_recompute\": %d, \"bytes\": {",
+           a->model, backend_name(), precision_name(s.precision), a->B, a->T, ranks, a->zero_stage, a->recompute, accum, p.total,
+           gib(p.total), gib(memory), memory ? plan_usable(memory) : 0, fits, cheapest, largest, largest_leanest);
+    for (size_t c = 0; c < NUM_PLAN_CATEGORIES; c++) printf("%s\"%s\": %zu", c ? ", " : "", PLAN_CATEGORIES[c], p.by_category[c]);
+    printf("}}\n");
+    return EXIT_SUCCESS;
+}
