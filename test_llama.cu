@@ -6,7 +6,8 @@
  *   - the CPU reference build running the same recipe on the same batch (./test_llama_cpu --dump-run
  *     writes it to build/), which isolates GPU-specific errors from the recipe's own;
  *   - every kernel family against the CPU implementation of its op (dev/cuda/kernel_cases.cuh);
- *   - bit-identical resume, recompute and gradient accumulation on the GPU.
+ *   - bit-identical resume, recompute and gradient accumulation on the GPU;
+ *   - the FP8 safety net's model paths: BF16 linears in an fp8 run, the shadow gradient comparison.
  * `--list` / `--only NAME` as in test_llama_cpu. Tool modes: --bench-gemm (FP8 vs BF16 GEMM TFLOP/s at
  * Llama-2 7B/13B shapes) and --write-shard PATH TOKENS SEED (random tokens for throughput runs).
  */
@@ -70,6 +71,14 @@ static int check_grad_accumulation(void) { return check_grad_accumulation_in(PRE
 /* The NCCL path with one rank (ZeRO-1/2: reduce-scatters, accumulation kernels, the communication
    stream and its events) against ZeRO-0, which communicates nothing: bit-identical. */
 static int check_nccl_one_rank(void) { return check_zero_stages_in(PRECISION_FP8); }
+
+/* An fp8 run's block linears in BF16 (fallback, --bf16-layers) run the bf16 recipe's kernels: bit for bit
+   (deterministic attention backward, set in main). */
+static int check_bf16_linears_in_fp8(void) { return check_bf16_linears_in_fp8_in(); }
+
+/* The shadow check's three-pass gradient comparison: the negated FP8 pass must give exactly -g8, which
+   holds with deterministic kernels; 1e-6 leaves room for the GPU's summation of the chunk partials. */
+static int check_shadow_grad_compare(void) { return check_shadow_grad_compare_in(1e-6); }
 
 /* ------------------------------------------------------------ kernels against the CPU ops */
 
@@ -222,6 +231,8 @@ static Check CHECKS[] = {
     {"recompute_identical", check_recompute_identical, "GPU -r 1 gives bit-identical gradients"},
     {"grad_accumulation", check_grad_accumulation, "GPU: 2 micro-batches accumulate the 1-batch gradient"},
     {"nccl_one_rank", check_nccl_one_rank, "GPU: ZeRO-1/2 over a one-rank NCCL communicator equal ZeRO-0 bit for bit"},
+    {"bf16_linears_in_fp8", check_bf16_linears_in_fp8, "GPU: fp8 with every block linear in BF16 equals the bf16 recipe bit for bit"},
+    {"shadow_grad_compare", check_shadow_grad_compare, "GPU: shadow gradient comparison (three passes) vs the direct one"},
 };
 
 int main(int argc, char** argv) {

@@ -60,7 +60,8 @@ typedef struct {
     float* rstd_attn;  /* (L, N) 1 / rms of resid[l] */
     float* rstd_ffn;   /* (L, N) 1 / rms of resid_mid[l] */
     float* rstd_final; /* (N) */
-    act_t* ln_attn;    /* (L, N, C), or (N, C) scratch when backward does not need it (FP8 keeps xt; -r 1 recomputes) */
+    act_t* ln_attn;    /* (L, N, C), or (N, C) scratch when backward does not read it (FP8 keeps xt; BF16 linears of
+                          -r 1 and of fp8 runs rebuild it in backward) */
     act_t* qkv;        /* (L, N, QKV) q, k after RoPE, v */
     act_t* att;        /* (L, N, C) attention output, before wo */
     float* att_stats;  /* (L, att_stats_size(B, NH, T)) what attention backward needs, backend-specific */
@@ -146,6 +147,8 @@ typedef struct {
     Fp8Scale* fp8_scales;      /* (L * LIN_PER_LAYER * FP8_OPS) device */
     Fp8Counts* fp8_counts;     /* (L * LIN_PER_LAYER * FP8_OPS) device */
     char* fp8_layer_valid;     /* (L) host: the layer's FP8 weight copies match its working weights */
+    char* bf16_block;          /* (L) host: the block runs its linears in BF16 in -p fp8 (--bf16-layers) */
+    int linears_bf16;          /* every block linear runs BF16 for now (the shadow check, the fallback policy) */
     int fp8_stats_due;         /* this step's casts gather Fp8Counts */
     float* rope_cos;           /* (T, HS/2) */
     float* rope_sin;           /* (T, HS/2) */
@@ -358,6 +361,7 @@ static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision preci
     size_t nslots = L * LIN_PER_LAYER;
     m->fp8_linear = (Fp8Linear*)callocCheck(nslots, sizeof(Fp8Linear));
     m->fp8_layer_valid = (char*)callocCheck(L, 1);
+    m->bf16_block = (char*)callocCheck(L, 1);
     m->fp8_scales = (Fp8Scale*)dev_alloc(nslots * FP8_OPS * sizeof(Fp8Scale));
     m->fp8_counts = (Fp8Counts*)dev_alloc(nslots * FP8_OPS * sizeof(Fp8Counts));
     dev_zero(m->fp8_scales, nslots * FP8_OPS * sizeof(Fp8Scale));
@@ -370,6 +374,9 @@ static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision preci
             per_layer += 2 * OC * C;
         }
         printf("| FP8 weight copies (W and W^T): %.1f MiB\n", mib(L * per_layer));
+        /* a block may run BF16 in this run (--bf16-layers, the shadow check, the fallback policy): its
+           linears' BF16 inputs are rebuilt in backward, not kept */
+        printf("| BF16 linears of an fp8 run: their inputs (ln_attn, ln_ffn, swiglu) are recomputed in backward: 0 MiB\n");
         m->fp8_weights = (uint8_t*)dev_alloc(L * per_layer);
         uint8_t* w = m->fp8_weights;
         size_t N = (size_t)B * T;
@@ -415,6 +422,7 @@ static inline void llama_free(Llama* m) {
     dev_free(m->targets);
     free(m->fp8_linear);
     free(m->fp8_layer_valid);
+    free(m->bf16_block);
     free(m->losses_host);
     free(m->segs);
     memset(m, 0, sizeof(*m));
@@ -489,12 +497,13 @@ typedef struct {
 } Linear;
 
 /*
- * Does linear layer `lin` of block `layer` run FP8 GEMMs? The block linears of a -p fp8 run do; the
- * output layer never does. The one place that decides, so that per-layer recipes change only this.
+ * Does linear layer `lin` of block `layer` run FP8 GEMMs? The block linears of a -p fp8 run do, but for
+ * the blocks --bf16-layers keeps in BF16 and while linears_bf16 is set (the shadow check's BF16 run,
+ * the fallback policy); the output layer never does. The one place that decides.
  */
 static inline int llama_linear_is_fp8(const Llama* m, int layer, LinearId lin) {
-    (void)layer;
-    return m->precision == PRECISION_FP8 && lin != LIN_OUTPUT;
+    if (m->precision != PRECISION_FP8 || lin == LIN_OUTPUT || m->linears_bf16) return 0;
+    return !m->bf16_block[layer];
 }
 
 /* Linear layer `lin` of block `layer` (NO_LAYER for LIN_OUTPUT). */
@@ -511,6 +520,19 @@ static inline Linear llama_linear(Llama* m, int layer, LinearId lin) {
     return x;
 }
 
+/*
+ * The BF16 weight (OC, C) of linear layer `lin` of block `layer` (NO_LAYER for LIN_OUTPUT), for the
+ * GEMMs of a linear that does not run FP8 now. Provided by issue 10 (lean FP8 memory); keep this
+ * signature.
+ */
+static inline const act_t* llama_bf16_weight(Llama* m, int layer, LinearId lin) { return llama_linear(m, layer, lin).weight; }
+
+/* Sets the blocks that run their linears in BF16 in -p fp8 (--bf16-layers): blocks (L), non-zero = BF16. */
+static inline void llama_set_bf16_blocks(Llama* m, const char* blocks) {
+    memcpy(m->bf16_block, blocks, (size_t)m->cfg.n_layers);
+    memset(m->fp8_layer_valid, 0, (size_t)m->cfg.n_layers);
+}
+
 /* Tokens of the last forward's micro-batch: the N of every GEMM. */
 static inline size_t llama_tokens(const Llama* m) { return (size_t)m->last_B * m->last_T; }
 
@@ -521,6 +543,7 @@ static inline size_t llama_tokens(const Llama* m) { return (size_t)m->last_B * m
  */
 static inline void llama_fp8_refresh_layer(Llama* m, int layer) {
     if (m->precision != PRECISION_FP8 || m->fp8_layer_valid[layer]) return;
+    int cast = 0;
     for (int lin = 0; lin < LIN_PER_LAYER; lin++) {
         Linear x = llama_linear(m, layer, (LinearId)lin);
         if (x.fp8 == NULL) continue;
@@ -528,8 +551,10 @@ static inline void llama_fp8_refresh_layer(Llama* m, int layer) {
         op_amax(s, x.weight, x.out_dim * x.in_dim);
         op_cast_transpose(x.fp8->w, x.fp8->wt, x.weight, x.out_dim, x.in_dim, FP8_E4M3, s, m->pow2_scales,
                           fp8_counts(m, x.slot, FP8_OP_W));
+        cast = 1;
     }
-    m->fp8_layer_valid[layer] = 1;
+    /* a block running BF16 now casts nothing: its copies stay stale until it next runs FP8 */
+    m->fp8_layer_valid[layer] = (char)cast;
 }
 
 static inline void llama_weights_needed(Llama* m, int bucket) {
@@ -546,7 +571,8 @@ static inline void linear_forward(Llama* m, int layer, LinearId lin, act_t* out,
     Linear x = llama_linear(m, layer, lin);
     size_t N = llama_tokens(m), C = x.in_dim, OC = x.out_dim;
     if (x.fp8 == NULL) {
-        GemmCall g = gemm_fprop(out, DT_ACT, gemm_operand(x.weight, DT_ACT), gemm_operand(inp, DT_ACT), N, C, OC);
+        GemmCall g = gemm_fprop(out, DT_ACT, gemm_operand(llama_bf16_weight(m, layer, lin), DT_ACT), gemm_operand(inp, DT_ACT),
+                                N, C, OC);
         op_gemm(&g);
         return;
     }
@@ -570,7 +596,8 @@ static inline void linear_backward(Llama* m, int layer, LinearId lin, act_t* din
     Linear x = llama_linear(m, layer, lin);
     size_t N = llama_tokens(m), C = x.in_dim, OC = x.out_dim;
     if (x.fp8 == NULL) {
-        GemmCall dgrad = gemm_dgrad(dinp, DT_ACT, gemm_operand(x.weight, DT_ACT), gemm_operand(dout, DT_ACT), N, C, OC);
+        GemmCall dgrad = gemm_dgrad(dinp, DT_ACT, gemm_operand(llama_bf16_weight(m, layer, lin), DT_ACT),
+                                    gemm_operand(dout, DT_ACT), N, C, OC);
         op_gemm(&dgrad);
         GemmCall wgrad = gemm_wgrad(x.dweight, gemm_operand(inp, DT_ACT), gemm_operand(dout, DT_ACT), N, C, OC);
         op_gemm(&wgrad);
@@ -675,7 +702,6 @@ static inline void llama_backward(Llama* m) {
     int C = c->dim, L = c->n_layers, NH = c->n_heads, NKV = c->n_kv_heads, HS = llama_head_dim(c);
     int F = c->ffn_dim, QKV = llama_qkv_dim(c);
     int keep = llama_keeps_linear_inputs(m);
-    int fp8 = m->precision == PRECISION_FP8;
     size_t NC = N * C, NF = N * F, stats_per = att_stats_size((size_t)m->B, NH, m->T);
     Acts* a = &m->acts;
     int head = llama_num_buckets(m) - 1;
@@ -701,12 +727,13 @@ static inline void llama_backward(Llama* m) {
         const act_t* attn_norm = llama_param(m, P_ATTN_NORM, l);
         const act_t* ffn_norm = llama_param(m, P_FFN_NORM, l);
 
-        /* -r 1 in bf16/fp32: rebuild the linear inputs backward reads (same kernels, same bytes). FP8
-           backward reads the saved X^T copies instead and needs none of them. */
-        if (!keep && !fp8) {
-            op_rmsnorm_forward(ln_ffn, rstd_ffn, mid, ffn_norm, N, C, c->norm_eps);
-            op_swiglu_forward(sw, fc, N, F);
-        }
+        /* a BF16 linear whose input was not kept (-r 1; any BF16 linear of an fp8 run) gets it rebuilt
+           with the forward's kernels, same bytes; an FP8 linear reads the X^T copy its fprop saved */
+        int rebuild_ffn = !keep && !llama_linear_is_fp8(m, l, LIN_W13);
+        int rebuild_sw = !keep && !llama_linear_is_fp8(m, l, LIN_W2);
+        int rebuild_attn = !keep && !llama_linear_is_fp8(m, l, LIN_QKV);
+        if (rebuild_ffn) op_rmsnorm_forward(ln_ffn, rstd_ffn, mid, ffn_norm, N, C, c->norm_eps);
+        if (rebuild_sw) op_swiglu_forward(sw, fc, N, F);
         llama_grads_needed(m, bucket_of_layer(l));
         linear_backward(m, l, LIN_W2, a->d_swiglu, a->d_resid, sw);                               /* (N, F) */
         op_swiglu_backward(a->d_fc, a->d_swiglu, fc, N, F);                                       /* (N, 2F) */
@@ -715,7 +742,7 @@ static inline void llama_backward(Llama* m) {
         linear_backward(m, l, LIN_WO, a->d_att, a->d_resid, att);                                 /* (N, C) */
         op_attention_backward(a->d_qkv, a->d_att, qkv, att, stats, B, T, NH, NKV, HS);            /* (N, QKV) */
         op_rope_backward(a->d_qkv, m->rope_cos, m->rope_sin, B, T, NH, NKV, HS);
-        if (!keep && !fp8) op_rmsnorm_forward(ln_attn, rstd_attn, x, attn_norm, N, C, c->norm_eps);
+        if (rebuild_attn) op_rmsnorm_forward(ln_attn, rstd_attn, x, attn_norm, N, C, c->norm_eps);
         linear_backward(m, l, LIN_QKV, a->d_ln, a->d_qkv, ln_attn);                               /* (N, C) */
         op_rmsnorm_backward(a->d_resid, llama_grad(m, P_ATTN_NORM, l), a->d_ln, x, attn_norm, rstd_attn, N, C);
         llama_grads_ready(m, bucket_of_layer(l));
@@ -805,7 +832,13 @@ static inline void llama_update(Llama* m, float lr, float weight_decay, int step
     llama_refresh_working_weights(m);
 }
 
-/* Returns the first FP8 operand whose amax is not finite, as "w13[layer 2] dY", or 0 when all are. */
+/* Is FP8 slot `slot` (layer * LIN_PER_LAYER + lin) a linear that runs FP8 now? Only those have current scales. */
+static inline int llama_slot_is_fp8(const Llama* m, size_t slot) {
+    return llama_linear_is_fp8(m, (int)(slot / LIN_PER_LAYER), (LinearId)(slot % LIN_PER_LAYER));
+}
+
+/* Returns the first operand of a linear running FP8 whose amax is not finite, as "w13[layer 2] dY", or 0
+   when all are. */
 static inline int llama_fp8_nonfinite(Llama* m, char* out, size_t len) {
     if (m->precision != PRECISION_FP8) return 0;
     size_t n = (size_t)m->cfg.n_layers * LIN_PER_LAYER * FP8_OPS;
@@ -813,7 +846,7 @@ static inline int llama_fp8_nonfinite(Llama* m, char* out, size_t len) {
     dev_download(s, m->fp8_scales, n * sizeof(Fp8Scale));
     int found = 0;
     for (size_t i = 0; i < n && !found; i++) {
-        if (!fp8_amax_is_finite(s[i].amax)) {
+        if (llama_slot_is_fp8(m, i / FP8_OPS) && !fp8_amax_is_finite(s[i].amax)) {
             size_t slot = i / FP8_OPS;
             snprintf(out, len, "%s[layer %zu] %s", LINEAR_NAMES[slot % LIN_PER_LAYER], slot / LIN_PER_LAYER,
                      FP8_OPERAND_NAMES[i % FP8_OPS]);
@@ -832,14 +865,22 @@ static inline void llama_fp8_stats_begin(Llama* m) {
     memset(m->fp8_layer_valid, 0, (size_t)m->cfg.n_layers);
 }
 
-/*
- * Ends a statistics step: for every FP8 operand, calls `emit` with its layer, GEMM, operand, format,
- * amax, scale, saturated fraction (codes at +-max) and underflow fraction (non-zero inputs cast to 0).
- * The amax/scale are those of the operand's last cast in the step.
- */
-typedef void (*Fp8StatsEmit)(void* ctx, int layer, const char* gemm, const char* operand, const char* format, float amax,
-                             float scale, double saturated_frac, double underflow_frac);
+/* The statistics of one FP8 operand over a statistics step (llama_fp8_stats_end). */
+typedef struct {
+    int layer;
+    LinearId lin;
+    int op;                /* FP8_OP_W, FP8_OP_X or FP8_OP_DY */
+    const char* gemm;      /* LINEAR_NAMES[lin] */
+    const char* operand;   /* FP8_OPERAND_NAMES[op] */
+    const char* format;    /* "E4M3" or "E5M2" */
+    float amax, scale;     /* of the operand's last cast in the step */
+    double saturated_frac; /* codes at +-max */
+    double underflow_frac; /* non-zero inputs cast to 0 */
+} Fp8OperandStats;
 
+typedef void (*Fp8StatsEmit)(void* ctx, const Fp8OperandStats* stats);
+
+/* Ends a statistics step: calls `emit` for every operand of the linears that ran FP8 in it. */
 static inline void llama_fp8_stats_end(Llama* m, Fp8StatsEmit emit, void* ctx) {
     if (m->precision != PRECISION_FP8 || !m->fp8_stats_due) return;
     m->fp8_stats_due = 0;
@@ -850,11 +891,19 @@ static inline void llama_fp8_stats_end(Llama* m, Fp8StatsEmit emit, void* ctx) {
     dev_download(k, m->fp8_counts, n * sizeof(Fp8Counts));
     for (size_t i = 0; i < n; i++) {
         size_t slot = i / FP8_OPS;
-        int op = (int)(i % FP8_OPS);
-        double sat = k[i].count ? (double)k[i].saturated / (double)k[i].count : 0.0;
-        double under = k[i].nonzero ? (double)k[i].underflow / (double)k[i].nonzero : 0.0;
-        emit(ctx, (int)(slot / LIN_PER_LAYER), LINEAR_NAMES[slot % LIN_PER_LAYER], FP8_OPERAND_NAMES[op],
-             op == FP8_OP_DY ? "E5M2" : "E4M3", s[i].amax, s[i].scale, sat, under);
+        if (!llama_slot_is_fp8(m, slot)) continue;
+        Fp8OperandStats o;
+        o.layer = (int)(slot / LIN_PER_LAYER);
+        o.lin = (LinearId)(slot % LIN_PER_LAYER);
+        o.op = (int)(i % FP8_OPS);
+        o.gemm = LINEAR_NAMES[o.lin];
+        o.operand = FP8_OPERAND_NAMES[o.op];
+        o.format = o.op == FP8_OP_DY ? "E5M2" : "E4M3";
+        o.amax = s[i].amax;
+        o.scale = s[i].scale;
+        o.saturated_frac = k[i].count ? (double)k[i].saturated / (double)k[i].count : 0.0;
+        o.underflow_frac = k[i].nonzero ? (double)k[i].underflow / (double)k[i].nonzero : 0.0;
+        emit(ctx, &o);
     }
     free(s);
     free(k);

@@ -7,7 +7,8 @@
 #   3. measures FP8 vs BF16 GEMM TFLOP/s at Llama-2 7B and 13B shapes (test_llama --bench-gemm);
 #   4. trains a 7B-shaped model with fewer layers (seq 4096) for a few steps in bf16 and fp8 and reports
 #      tokens/s and MFU;
-#   5. resumes a `tiny` run from its step-3 checkpoint and compares steps 3..5 with the uninterrupted run;
+#   5. measures the FP8 safety net's shadow check (with gradients) at that shape: its time against a step's;
+#   6. resumes a `tiny` run from its step-3 checkpoint and compares steps 3..5 with the uninterrupted run;
 # and prints one table last. Logs go to OUT_DIR (default $OUT if set, else build/device_check).
 #   usage: scripts/device_check.sh [OUT_DIR]      env: LAYERS (default 4), STEPS (default 10), JOBS
 # Needs only the CUDA toolkit, cuDNN and NCCL found on the machine (and the cuDNN frontend headers for
@@ -20,7 +21,7 @@ STEPS=${STEPS:-10}
 JOBS=${JOBS:-$(nproc)}
 TIME_LIMIT_S=480          # DESIGN.md section 8: the whole check in under 8 minutes
 MEMCHECK_TIMEOUT_S=240
-AFTER_MEMCHECK_S=150      # what the GEMM benchmark, the throughput runs and the resume runs take, with margin
+AFTER_MEMCHECK_S=180      # what the GEMM benchmark, the throughput, shadow and resume runs take, with margin
 MEMCHECK_CHECKS=(kernel_encoder kernel_rmsnorm kernel_fp8_cast kernel_classifier kernel_attention)
 START=$(date +%s)
 mkdir -p "$OUT_DIR"
@@ -130,6 +131,26 @@ for p in bf16 fp8; do
 done
 if [ "${TOKS[bf16]:-0}" -gt 0 ] && [ "${TOKS[fp8]:-0}" -gt 0 ]; then
     row "train fp8 / bf16 tokens/s" "bench" "$(awk -v a="${TOKS[fp8]}" -v b="${TOKS[bf16]}" 'BEGIN {printf "%.2fx", a / b}')"
+fi
+
+echo "== shadow check cost: llama2-7b shape, $LAYERS layers, seq 4096, checks with gradients at steps 0 and 2"
+log="$OUT_DIR/train_shadow.log"
+# no -o: a checkpoint of this shape would take minutes and ~17 GB; the console has what is needed
+if ./train_llama -e llama2-7b --n-layers "$LAYERS" -b 1 -t 4096 -x 4 -v 0 -m 1 -u 2 -i "$SHARD" -j "$SHARD" -p fp8 \
+       --shadow-every 2 --shadow-grad 1 > "$log" 2>&1; then
+    # the check after step 3 (console numbering; the first pays the set-up) against steps 2 and 4, which have none
+    cost=$(python3 - "$log" <<'PY' 2>&1 | tail -1
+import re, sys
+text = open(sys.argv[1]).read()
+steps = {int(m[1]): float(m[2]) for m in re.finditer(r"^step +(\d+)/\d+ \|.*?\| ([\d.]+) ms", text, re.M)}
+checks = re.findall(r"^shadow check: .*rel diff (\S+) \| grad cos (\S+),.*\| ([\d.]+) ms", text, re.M)
+rel, cos, ms = checks[1]
+print(f"{float(ms):.0f} ms per check vs {(steps[2] + steps[4]) / 2:.0f} ms per step; rel loss diff {rel}, grad cos {cos}")
+PY
+)
+    row "shadow check 7b-shape L$LAYERS T4096 --shadow-grad 1" "bench" "$cost"
+else
+    row "shadow check 7b-shape L$LAYERS T4096 --shadow-grad 1" "FAIL" "$(tail -1 "$log" | cut -c1-100)"
 fi
 
 echo "== resume: tiny, 6 steps, checkpoint at step 3, resumed in a second folder"
