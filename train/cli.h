@@ -158,7 +158,7 @@ static inline TrainArgs train_args_default(void) {
     a.shadow_every = 0;
     a.shadow_grad = 0;
     a.shadow_policy = "warn";
-    a.shadow_tol = 0.02f;
+    a.shadow_tol = 0.01f;
     a.shadow_patience = 3;
     a.shadow_recover = 100;
     a.alert_saturated = 0.01f;

@@ -23,9 +23,10 @@
  * losses are averaged and the sums of squares added over the ranks, slot by slot (train/trainer.h's
  * rule), so every rank sees the same result and the policy decides the same everywhere.
  *
- * Cost: one BF16 forward per check (K steps of grad_accum_steps micro-steps each), plus one BF16 and
- * two FP8 forward + backward passes with --shadow-grad 1; memory: none on the device (the norm's chunk
- * partials are reused), one double per gradient chunk and three per parameter segment on the host.
+ * Cost of a check, against the grad_accum_steps forward + backward passes of a step: one BF16 forward;
+ * with --shadow-grad 1 also its backward and two FP8 forward + backward passes. Memory: none on the
+ * device (the norm's chunk partials are reused), one double per gradient chunk and three per parameter
+ * segment on the host.
  * Included after a backend, a communication implementation and llama/model.h.
  */
 #pragma once
