@@ -372,6 +372,203 @@ static int check_checkpoint_roundtrip(void) {
     return failures != 0;
 }
 
+/* ------------------------------------------------------------ FP8 safety net */
+
+/*
+ * The shadow policy's transitions (train/shadow_policy.h) on a scripted run, stepped as trainer_step
+ * does; the expected BF16 steps are worked out by hand from the rules: a check every 3 steps, tolerance
+ * 0.25 (a difference equal to it is clean, a NaN is over), fallback after 2 checks over in a row, back to
+ * FP8 after 4 BF16 steps (or never, or never BF16 under warn).
+ */
+static int check_shadow_policy(void) {
+    enum { STEPS = 30 };
+    const double rel[] = {0.5, 0.125, 0.5, 0.75, NAN, 0.25, 1.0, 1.0}; /* at the checks of steps 0, 3, ..., 9, 15, 18, 21, 24 */
+    struct { ShadowPolicy p; int bf16_steps[STEPS]; } cases[] = {
+        {{3, 1, 0.25f, 2, 4}, {[10] = 1, [11] = 1, [12] = 1, [13] = 1, [25] = 1, [26] = 1, [27] = 1, [28] = 1}},
+        {{3, 1, 0.25f, 2, 0}, {[10] = 1, [11] = 1, [12] = 1, [13] = 1, [14] = 1, [15] = 1, [16] = 1, [17] = 1, [18] = 1,
+                               [19] = 1, [20] = 1, [21] = 1, [22] = 1, [23] = 1, [24] = 1, [25] = 1, [26] = 1, [27] = 1,
+                               [28] = 1, [29] = 1}},
+        {{3, 0, 0.25f, 2, 4}, {0}},
+    };
+    int failures = 0;
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        ShadowState st = {0, 0, 0, 0};
+        size_t k = 0;
+        for (int step = 0; step < STEPS; step++) {
+            if (st.bf16 != cases[c].bf16_steps[step]) failures += fail("case %zu step %d: bf16 %d, want %d", c, step, st.bf16, cases[c].bf16_steps[step]);
+            if (shadow_check_due(&cases[c].p, &st, step)) shadow_after_check(&cases[c].p, &st, rel[k++ % (sizeof(rel) / sizeof(rel[0]))]);
+            else if (st.bf16) shadow_after_bf16_step(&cases[c].p, &st);
+        }
+        printf("    case %zu (policy %s, recover %d): %d fallback(s)\n", c, cases[c].p.fallback ? "fallback" : "warn", cases[c].p.recover, st.fallbacks);
+    }
+    return failures != 0;
+}
+
+/* Random tokens in [3, V) for a batch of (B, T): inputs, then the targets (the next tokens). */
+static int* random_batch(Rng* rng, int B, int T, int V) {
+    int* tokens = (int*)mallocCheck(2 * (size_t)B * T * sizeof(int));
+    int* seq = (int*)mallocCheck(((size_t)T + 1) * sizeof(int));
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t <= T; t++) seq[t] = 3 + (int)rng_below(rng, (uint64_t)V - 3);
+        memcpy(tokens + (size_t)b * T, seq, (size_t)T * sizeof(int));
+        memcpy(tokens + (size_t)B * T + (size_t)b * T, seq + 1, (size_t)T * sizeof(int));
+    }
+    free(seq);
+    return tokens;
+}
+
+/*
+ * --bf16-layers first,last in fp8 against the bf16 recipe (tiny preset, random init and tokens): block 0
+ * gets the same input in both runs, so its GEMM outputs and its output are bit-identical; block 1 runs
+ * FP8 on that same input, so its GEMM output differs; block L-1's w13 output is the BF16 GEMM of the input
+ * it saw, within BF16 rounding of a float64 GEMM (an FP8 GEMM errs by ~2^-4 per operand); the BF16
+ * blocks' FP8 scales were never set, the FP8 blocks' were.
+ */
+static int check_bf16_blocks(void) {
+    enum { B = 2, T = 64 };
+    const LlamaConfig* cfg = llama_preset("tiny");
+    int L = cfg->n_layers, C = cfg->dim, F = cfg->ffn_dim, QKV = llama_qkv_dim(cfg);
+    size_t N = (size_t)B * T, NC = N * C;
+    Rng rng = test_rng(5);
+    int* batch = random_batch(&rng, B, T, cfg->vocab_size);
+    uint64_t seed = rng_below(&rng, 1u << 30);
+    char* blocks = (char*)mallocCheck((size_t)L);
+    bf16_layers_parse("first,last", L, blocks);
+    Llama m[2]; /* the bf16 recipe, then fp8 with BF16 blocks */
+    for (int k = 0; k < 2; k++) {
+        Precision p = k == 0 ? PRECISION_BF16 : PRECISION_FP8;
+        backend_init(p);
+        llama_build(&m[k], cfg, p, B, T, 0, 0, SINGLE_PROCESS);
+        model_init(&m[k], seed);
+        llama_refresh_working_weights(&m[k]);
+        if (k == 1) llama_set_bf16_blocks(&m[k], blocks);
+        llama_forward(&m[k], batch, batch + N, B, T, 1.0f / (float)N);
+    }
+    Acts *b = &m[0].acts, *x = &m[1].acts;
+    int failures = 0;
+    if (!blocks[0] || !blocks[L - 1] || blocks[1]) failures += fail("'first,last' parsed wrong");
+    struct { const char* name; const act_t *bf16, *mixed; size_t n; } same[] = {
+        {"qkv[0]", b->qkv, x->qkv, N * QKV},
+        {"att[0]", b->att, x->att, NC},
+        {"fc[0]", b->fc, x->fc, N * 2 * F},
+        {"resid[1]", b->resid + NC, x->resid + NC, NC},
+    };
+    for (size_t i = 0; i < sizeof(same) / sizeof(same[0]); i++)
+        if (memcmp(same[i].bf16, same[i].mixed, same[i].n * sizeof(act_t)) != 0) failures += fail("block 0: %s differs from the bf16 recipe", same[i].name);
+    if (memcmp(b->fc + N * 2 * F, x->fc + N * 2 * F, N * 2 * F * sizeof(act_t)) == 0) failures += fail("block 1: fc equals the bf16 recipe's: FP8 did not run");
+    /* block L-1: fc = ln_ffn w13^T, ln_ffn the scratch its forward left (N, C), w13 (2F, C) */
+    const act_t* ln = x->ln_ffn;
+    const act_t* w = llama_bf16_weight(&m[1], L - 1, LIN_W13);
+    const act_t* fc = x->fc + (size_t)(L - 1) * N * 2 * F;
+    int outside = 0;
+    double worst = 0.0;
+    for (size_t n = 0; n < N; n++) {
+        for (int o = 0; o < 2 * F; o++) {
+            double ref = 0.0, mag = 0.0;
+            for (int c = 0; c < C; c++) {
+                ref += (double)ln[n * C + c] * w[(size_t)o * C + c];
+                mag += fabs((double)ln[n * C + c] * w[(size_t)o * C + c]);
+            }
+            double err = fabs((double)fc[n * 2 * F + o] - ref), bound = 0x1p-8 * fabs(ref) + (C + 2) * 0x1p-24 * mag;
+            outside += !(err <= bound);
+            if (fabs(ref) > 0 && err / fabs(ref) > worst) worst = err / fabs(ref);
+        }
+    }
+    printf("    block %d: w13 output vs float64 GEMM of its input: worst relative error %.3e, %d outside the BF16 bound\n", L - 1, worst, outside);
+    if (outside) failures += fail("block %d: %d w13 outputs are not the BF16 GEMM of its input", L - 1, outside);
+    Fp8Scale* s = (Fp8Scale*)mallocCheck((size_t)L * LIN_PER_LAYER * FP8_OPS * sizeof(Fp8Scale));
+    dev_download(s, m[1].fp8_scales, (size_t)L * LIN_PER_LAYER * FP8_OPS * sizeof(Fp8Scale));
+    for (int l = 0; l < L; l++) {
+        for (int lin = 0; lin < LIN_PER_LAYER; lin++) {
+            float amax = s[(size_t)FP8_OP_X * llama_fp8_slots(&m[1]) + llama_slot(l, lin)].amax;
+            if (blocks[l] ? amax != 0.0f : !(amax > 0.0f)) failures += fail("block %d %s: X amax %g (BF16 block: %d)", l, LINEAR_NAMES[lin], amax, blocks[l]);
+        }
+    }
+    free(s);
+    free(blocks);
+    free(batch);
+    llama_free(&m[0]);
+    llama_free(&m[1]);
+    return failures != 0;
+}
+
+/* Every block linear of an fp8 run in BF16 computes the bf16 recipe bit for bit. */
+static int check_bf16_linears_in_fp8(void) { return check_bf16_linears_in_fp8_in(); }
+
+/* The shadow check's gradient comparison: the CPU's sums of squares are exact enough for 1e-7. */
+static int check_shadow_grad_compare(void) { return check_shadow_grad_compare_in(1e-7); }
+
+typedef struct {
+    Fp8Alerts alerts;
+    int hits[ALERT_KINDS]; /* alerts on the watched operand */
+    int others;            /* alerts on any other operand */
+    int layer;             /* the watched operand: w2[layer] X */
+} AlertProbe;
+
+static void probe_emit(void* ctx, const Fp8OperandStats* o) {
+    AlertProbe* p = (AlertProbe*)ctx;
+    Fp8Alert a[ALERT_KINDS];
+    int n = fp8_alerts_check(&p->alerts, o, a);
+    for (int i = 0; i < n; i++) {
+        if (o->layer == p->layer && o->lin == LIN_W2 && o->op == FP8_OP_X) p->hits[a[i].kind]++;
+        else p->others++;
+    }
+}
+
+/*
+ * FP8 alerts (train/fp8_alerts.h): two statistics steps on the reference model and batch, the second
+ * with an outlier planted in the SwiGLU output of block 1 (one unit's w1 and w3 rows scaled by 300, so
+ * that unit's output grows by ~300^2): the second step's w2[layer 1] X raises the underflow and the amax
+ * growth alerts, and the first step raises none on it.
+ */
+static int check_fp8_alerts(void) {
+    const float outlier = 300.0f;
+    LlamaConfig cfg;
+    checkpoint_read_config(REF_MODEL_PATH, &cfg);
+    RefState r;
+    ref_state_read(&r, REF_STATE_PATH, &cfg);
+    Llama m;
+    reference_model(&m, PRECISION_FP8, &cfg, &r, r.B, 0);
+    float* params = (float*)mallocCheck(m.num_params * sizeof(float));
+    llama_get_params(&m, params);
+    AlertProbe probe;
+    memset(&probe, 0, sizeof(probe));
+    probe.layer = 1;
+    fp8_alerts_init(&probe.alerts, (Fp8AlertThresholds){0.01f, 0.01f, 8.0f}, cfg.n_layers);
+    Rng rng = test_rng(6);
+    int unit = (int)rng_below(&rng, (uint64_t)cfg.ffn_dim);
+    int failures = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            size_t offsets[NUM_PARAM_TENSORS];
+            param_offsets(&cfg, offsets);
+            float* w13 = params + offsets[P_W13] + (size_t)probe.layer * 2 * cfg.ffn_dim * cfg.dim; /* (2F, C): w1 rows, then w3 */
+            for (int c = 0; c < cfg.dim; c++) {
+                w13[(size_t)unit * cfg.dim + c] *= outlier;
+                w13[((size_t)cfg.ffn_dim + unit) * cfg.dim + c] *= outlier;
+            }
+            llama_set_params(&m, params);
+        }
+        memset(probe.hits, 0, sizeof(probe.hits));
+        llama_fp8_stats_begin(&m);
+        llama_zero_grads(&m);
+        llama_forward(&m, r.inputs, r.targets, r.B, r.T, 1.0f / (float)(r.B * r.T));
+        llama_backward(&m);
+        llama_fp8_stats_end(&m, probe_emit, &probe);
+        printf("    pass %d: w2[layer 1] X alerts: saturated %d, underflow %d, amax growth %d\n", pass, probe.hits[ALERT_SATURATED],
+               probe.hits[ALERT_UNDERFLOW], probe.hits[ALERT_AMAX_GROWTH]);
+        int any = probe.hits[ALERT_SATURATED] + probe.hits[ALERT_UNDERFLOW] + probe.hits[ALERT_AMAX_GROWTH];
+        if (pass == 0 && any) failures += fail("the clean model raises alerts on w2[layer 1] X");
+        if (pass == 1 && (!probe.hits[ALERT_UNDERFLOW] || !probe.hits[ALERT_AMAX_GROWTH]))
+            failures += fail("the outlier (unit %d) raises no underflow or no amax growth alert on w2[layer 1] X", unit);
+    }
+    fp8_alerts_free(&probe.alerts);
+    free(params);
+    llama_free(&m);
+    ref_state_free(&r);
+    return failures != 0;
+}
+
 /* ------------------------------------------------------------ data */
 
 /* Writes a shard whose token at position i is `base + i` (so a token names its position). */
@@ -584,6 +781,11 @@ static Check CHECKS[] = {
     {"checkpoint_roundtrip", check_checkpoint_roundtrip, "model checkpoint write/read round trip"},
     {"dataloader_ranks", check_dataloader_ranks, "rank split, shuffling, epoch coverage, position restore"},
     {"lr_schedule", check_lr_schedule, "warmup + cosine/linear decay against the closed form"},
+    {"shadow_policy", check_shadow_policy, "shadow policy: fallback after the patience, back to FP8 after the recovery steps"},
+    {"bf16_blocks", check_bf16_blocks, "--bf16-layers first,last in fp8: those blocks compute the bf16 recipe's GEMMs"},
+    {"bf16_linears_in_fp8", check_bf16_linears_in_fp8, "fp8 with every block linear in BF16 equals the bf16 recipe bit for bit"},
+    {"shadow_grad_compare", check_shadow_grad_compare, "shadow gradient comparison (three passes) vs the gradients compared directly"},
+    {"fp8_alerts", check_fp8_alerts, "an outlier planted in the w2 input raises its underflow and amax growth alerts"},
 };
 
 int main(int argc, char** argv) {

@@ -6,7 +6,8 @@
  *   - the CPU reference build running the same recipe on the same batch (./test_llama_cpu --dump-run
  *     writes it to build/), which isolates GPU-specific errors from the recipe's own;
  *   - every kernel family against the CPU implementation of its op (dev/cuda/kernel_cases.cuh);
- *   - bit-identical resume, recompute and gradient accumulation on the GPU.
+ *   - bit-identical resume, recompute and gradient accumulation on the GPU;
+ *   - the FP8 safety net's model paths: BF16 linears in an fp8 run, the shadow gradient comparison;
  *   - production shapes: cuDNN attention at T 4096, HS 128 (default and deterministic backward), and the
  *     FP8 linear layers of Llama-2 7B and 13B (casts and fprop/dgrad/wgrad) at N 4096 tokens.
  * `--list` / `--only NAME` as in test_llama_cpu. Tool modes: --device-info (the start-up line: device,
@@ -67,6 +68,14 @@ static int check_grad_accumulation(void) { return check_grad_accumulation_in(PRE
 /* The NCCL path with one rank (ZeRO-1/2: reduce-scatters, accumulation kernels, the communication
    stream and its events) against ZeRO-0, which communicates nothing: bit-identical. */
 static int check_nccl_one_rank(void) { return check_zero_stages_in(PRECISION_FP8); }
+
+/* An fp8 run's block linears in BF16 (fallback, --bf16-layers) run the bf16 recipe's kernels: bit for bit
+   (deterministic attention backward, set in main). */
+static int check_bf16_linears_in_fp8(void) { return check_bf16_linears_in_fp8_in(); }
+
+/* The shadow check's three-pass gradient comparison: the negated FP8 pass must give exactly -g8, which
+   holds with deterministic kernels; 1e-6 leaves room for the GPU's summation of the chunk partials. */
+static int check_shadow_grad_compare(void) { return check_shadow_grad_compare_in(1e-6); }
 
 /* ------------------------------------------------------------ kernels against the CPU ops */
 
@@ -377,6 +386,8 @@ static Check CHECKS[] = {
     {"prod_attention_deterministic", check_prod_attention_deterministic, "the same with the deterministic backward"},
     {"prod_fp8_linear_7b", check_prod_fp8_linear_7b, "Llama-2 7B linear layers, N 4096: FP8 casts vs CPU, fprop/dgrad/wgrad vs CPU emulation"},
     {"prod_fp8_linear_13b", check_prod_fp8_linear_13b, "Llama-2 13B linear layers, N 4096: the same"},
+    {"bf16_linears_in_fp8", check_bf16_linears_in_fp8, "GPU: fp8 with every block linear in BF16 equals the bf16 recipe bit for bit"},
+    {"shadow_grad_compare", check_shadow_grad_compare, "GPU: shadow gradient comparison (three passes) vs the direct one"},
 };
 
 int main(int argc, char** argv) {

@@ -76,7 +76,8 @@ typedef struct {
     float* rstd_attn;  /* (L, N) 1 / rms of resid[l]; one layer's under -r 2, as all "block" buffers below */
     float* rstd_ffn;   /* (L, N) 1 / rms of resid_mid[l]; block */
     float* rstd_final; /* (N) */
-    act_t* ln_attn;    /* (L, N, C) when backward reads it (bf16/fp32, -r 0), else one (N, C) slice */
+    act_t* ln_attn;    /* (L, N, C) when backward reads it (bf16/fp32, -r 0), else one (N, C) slice that
+                          backward rebuilds where it needs it (-r 1, a BF16 linear of an fp8 run) */
     act_t* qkv;        /* (L, N, QKV) q, k after RoPE, v; block */
     act_t* att;        /* (L, N, C) attention output, before wo; block */
     float* att_stats;  /* (L, att_stats_size(B, NH, T)) what attention backward needs, backend-specific; block */
@@ -176,6 +177,8 @@ typedef struct {
     uint8_t* fp8_operand_t;    /* (Dmax, N) E5M2 dY^T (fp8; after fp8_operand) */
     Fp8Linear* fp8_linear;     /* (L * LIN_PER_LAYER) host array of device pointers */
     char* fp8_wt_pending;      /* (L) host: the layer's W^T copies are still to be made from its gathered W */
+    char* bf16_block;          /* (L) host: the block runs its linears in BF16 in -p fp8 (--bf16-layers) */
+    int linears_bf16;          /* every block linear runs BF16 for now (the shadow check, the fallback policy) */
     int fp8_stats_due;         /* this step's casts gather Fp8Counts */
     void* small_memory;        /* one allocation: the buffers below */
     Fp8Scale* fp8_scales;      /* (FP8_OPS, L * LIN_PER_LAYER) operand-major (fp8) */
@@ -351,12 +354,12 @@ static inline int llama_linear_tensor(LinearId lin) {
     return tensors[lin];
 }
 
-static inline int llama_linear_is_fp8(const Llama* m, int layer, LinearId lin);
-
-/* Is segment `p` the weight of an FP8 linear layer? */
+/* Is segment `p` the weight of a linear layer that can run FP8 (a block linear of a -p fp8 run)? Such a
+   segment keeps E4M3 copies and no working copy, also for the blocks that run BF16 (llama_linear_is_fp8). */
 static inline int llama_segment_is_fp8(const Llama* m, const ParamSegment* p) {
+    if (m->precision != PRECISION_FP8) return 0;
     for (int lin = 0; lin < LIN_PER_LAYER; lin++) {
-        if (p->tensor == llama_linear_tensor((LinearId)lin)) return llama_linear_is_fp8(m, p->layer, (LinearId)lin);
+        if (p->tensor == llama_linear_tensor((LinearId)lin)) return 1;
     }
     return 0;
 }
@@ -499,6 +502,7 @@ static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision preci
 
     m->fp8_linear = (Fp8Linear*)callocCheck(L * LIN_PER_LAYER, sizeof(Fp8Linear));
     m->fp8_wt_pending = (char*)callocCheck(L, 1);
+    m->bf16_block = (char*)callocCheck(L, 1);
     size_t N = (size_t)B * T;
     uint8_t* xt = m->acts.xt8;
     for (int l = 0; l < (int)L; l++) {
@@ -537,6 +541,7 @@ static inline void llama_free(Llama* m) {
     if (m->bf16_scratch) dev_free(m->bf16_scratch);
     free(m->fp8_linear);
     free(m->fp8_wt_pending);
+    free(m->bf16_block);
     free(m->losses_host);
     free(m->segs);
     memset(m, 0, sizeof(*m));
@@ -686,7 +691,6 @@ static inline void llama_grads_ready(Llama* m, int bucket) {
 
 /* A linear layer as its GEMMs see it: y (N, OC) = x (N, C) weight^T. */
 typedef struct {
-    act_t* weight;  /* (OC, C) working weight, NULL for an FP8 layer (which has none) */
     float* dweight; /* (OC, C) FP32 gradient */
     size_t in_dim;  /* C */
     size_t out_dim; /* OC */
@@ -695,12 +699,22 @@ typedef struct {
 } Linear;
 
 /*
- * Does linear layer `lin` of block `layer` run FP8 GEMMs? The block linears of a -p fp8 run do; the
- * output layer never does. The one place that decides, so that per-layer recipes change only this.
+ * Does linear layer `lin` of block `layer` run FP8 GEMMs now? The block linears of a -p fp8 run do, but
+ * for the blocks --bf16-layers keeps in BF16 and while linears_bf16 is set (the shadow check's BF16 run,
+ * the fallback policy); the output layer never does. The one place that decides. A block linear running
+ * BF16 reads llama_bf16_weight (rebuilt from the master weights) and has its input rebuilt in backward.
  */
 static inline int llama_linear_is_fp8(const Llama* m, int layer, LinearId lin) {
-    (void)layer;
-    return m->precision == PRECISION_FP8 && lin != LIN_OUTPUT;
+    if (m->precision != PRECISION_FP8 || lin == LIN_OUTPUT || m->linears_bf16) return 0;
+    return !m->bf16_block[layer];
+}
+
+/* Must backward rebuild the input of linear `lin` of block `layer` (keep: llama_keeps_linear_inputs)?
+   Yes where the run keeps neither it nor an X^T copy of it: -r 1, and a BF16 linear of an fp8 run;
+   never under -r 2, whose replay has just rebuilt the whole block. */
+static inline int llama_rebuilds_input(const Llama* m, int layer, LinearId lin, int keep) {
+    if (keep || m->recompute == RECOMPUTE_BLOCKS) return 0;
+    return m->recompute == RECOMPUTE_NORMS || !llama_linear_is_fp8(m, layer, lin);
 }
 
 /*
@@ -734,9 +748,14 @@ static inline Linear llama_linear(Llama* m, int layer, LinearId lin) {
     llama_linear_dims(&m->cfg, lin, &x.out_dim, &x.in_dim);
     x.dweight = llama_grad(m, llama_linear_tensor(lin), layer);
     if (lin != LIN_OUTPUT) x.slot = llama_slot(layer, lin);
+    /* a linear running BF16 reads llama_bf16_weight */
     if (lin != LIN_OUTPUT && llama_linear_is_fp8(m, layer, lin)) x.fp8 = &m->fp8_linear[x.slot];
-    else x.weight = llama_param(m, llama_linear_tensor(lin), layer);
     return x;
+}
+
+/* Sets the blocks that run their linears in BF16 in -p fp8 (--bf16-layers): blocks (L), non-zero = BF16. */
+static inline void llama_set_bf16_blocks(Llama* m, const char* blocks) {
+    memcpy(m->bf16_block, blocks, (size_t)m->cfg.n_layers);
 }
 
 /* Tokens of the last forward's micro-batch: the N of every GEMM. */
@@ -757,7 +776,8 @@ static inline void linear_forward(Llama* m, int layer, LinearId lin, act_t* out,
     Linear x = llama_linear(m, layer, lin);
     size_t N = llama_tokens(m), C = x.in_dim, OC = x.out_dim;
     if (x.fp8 == NULL) {
-        GemmCall g = gemm_fprop(out, DT_ACT, gemm_operand(x.weight, DT_ACT), gemm_operand(inp, DT_ACT), N, C, OC);
+        GemmCall g = gemm_fprop(out, DT_ACT, gemm_operand(llama_bf16_weight(m, layer, lin), DT_ACT), gemm_operand(inp, DT_ACT),
+                                N, C, OC);
         op_gemm(&g);
         return;
     }
@@ -782,7 +802,8 @@ static inline void linear_backward(Llama* m, int layer, LinearId lin, act_t* din
     Linear x = llama_linear(m, layer, lin);
     size_t N = llama_tokens(m), C = x.in_dim, OC = x.out_dim;
     if (x.fp8 == NULL) {
-        GemmCall dgrad = gemm_dgrad(dinp, DT_ACT, gemm_operand(x.weight, DT_ACT), gemm_operand(dout, DT_ACT), N, C, OC);
+        GemmCall dgrad = gemm_dgrad(dinp, DT_ACT, gemm_operand(llama_bf16_weight(m, layer, lin), DT_ACT),
+                                    gemm_operand(dout, DT_ACT), N, C, OC);
         op_gemm(&dgrad);
         GemmCall wgrad = gemm_wgrad(x.dweight, gemm_operand(inp, DT_ACT), gemm_operand(dout, DT_ACT), N, C, OC);
         op_gemm(&wgrad);
@@ -941,7 +962,7 @@ static inline void llama_backward(Llama* m) {
     size_t N = (size_t)B * T;
     int C = c->dim, L = c->n_layers, NH = c->n_heads, NKV = c->n_kv_heads, HS = llama_head_dim(c);
     int F = c->ffn_dim;
-    int rebuild = m->recompute == RECOMPUTE_NORMS;
+    int keep = llama_keeps_linear_inputs(m);
     size_t NC = N * C;
     Acts* a = &m->acts;
     int head = llama_num_buckets(m) - 1;
@@ -958,11 +979,10 @@ static inline void llama_backward(Llama* m) {
         const act_t* ffn_norm = llama_param(m, P_FFN_NORM, l);
 
         if (!llama_keeps_blocks(m)) llama_replay_block(m, l, &k);
-        /* -r 1: rebuild the linear inputs backward reads (same kernels, same bytes) */
-        if (rebuild) {
-            op_rmsnorm_forward(k.ln_ffn, k.rstd_ffn, k.mid, ffn_norm, N, C, c->norm_eps);
-            op_swiglu_forward(k.sw, k.fc, N, F);
-        }
+        /* the inputs of the linear layers that backward reads but the run did not keep (-r 1; a BF16 linear
+           of an fp8 run, which has no X^T copy) are rebuilt with the forward's kernels: the same bytes */
+        if (llama_rebuilds_input(m, l, LIN_W13, keep)) op_rmsnorm_forward(k.ln_ffn, k.rstd_ffn, k.mid, ffn_norm, N, C, c->norm_eps);
+        if (llama_rebuilds_input(m, l, LIN_W2, keep)) op_swiglu_forward(k.sw, k.fc, N, F);
         llama_grads_needed(m, bucket_of_layer(l));
         linear_backward(m, l, LIN_W2, a->d_swiglu, a->d_resid, k.sw);                             /* (N, F) */
         op_swiglu_backward(a->d_fc, a->d_swiglu, k.fc, N, F);                                     /* (N, 2F) */
@@ -971,7 +991,7 @@ static inline void llama_backward(Llama* m) {
         linear_backward(m, l, LIN_WO, a->d_att, a->d_resid, k.att);                               /* (N, C) */
         op_attention_backward(a->d_qkv, a->d_att, k.qkv, k.att, k.stats, B, T, NH, NKV, HS);      /* (N, QKV) */
         op_rope_backward(a->d_qkv, m->rope_cos, m->rope_sin, B, T, NH, NKV, HS);
-        if (rebuild) op_rmsnorm_forward(k.ln_attn, k.rstd_attn, k.x, attn_norm, N, C, c->norm_eps);
+        if (llama_rebuilds_input(m, l, LIN_QKV, keep)) op_rmsnorm_forward(k.ln_attn, k.rstd_attn, k.x, attn_norm, N, C, c->norm_eps);
         linear_backward(m, l, LIN_QKV, a->d_ln, a->d_qkv, k.ln_attn);                             /* (N, C) */
         op_rmsnorm_backward(a->d_resid, llama_grad(m, P_ATTN_NORM, l), a->d_ln, k.x, attn_norm, k.rstd_attn, N, C);
         llama_grads_ready(m, bucket_of_layer(l));
@@ -1062,8 +1082,13 @@ static inline void llama_update(Llama* m, float lr, float weight_decay, int step
     llama_refresh_working_weights(m);
 }
 
-/* Returns the first FP8 operand (in layer, GEMM, operand order) whose amax is not finite, as
-   "w13[layer 2] dY", or 0 when all are. */
+/* Is FP8 slot `slot` (layer * LIN_PER_LAYER + lin) a linear that runs FP8 now? Only those have current scales. */
+static inline int llama_slot_is_fp8(const Llama* m, size_t slot) {
+    return llama_linear_is_fp8(m, (int)(slot / LIN_PER_LAYER), (LinearId)(slot % LIN_PER_LAYER));
+}
+
+/* Returns the first operand of a linear running FP8 whose amax is not finite, as "w13[layer 2] dY", or 0
+   when all are. */
 static inline int llama_fp8_nonfinite(Llama* m, char* out, size_t len) {
     if (m->precision != PRECISION_FP8) return 0;
     size_t slots = llama_fp8_slots(m);
@@ -1071,6 +1096,7 @@ static inline int llama_fp8_nonfinite(Llama* m, char* out, size_t len) {
     dev_download(s, m->fp8_scales, slots * FP8_OPS * sizeof(Fp8Scale));
     int found = 0;
     for (size_t slot = 0; slot < slots && !found; slot++) {
+        if (!llama_slot_is_fp8(m, slot)) continue;
         for (int op = 0; op < FP8_OPS && !found; op++) {
             if (fp8_amax_is_finite(s[(size_t)op * slots + slot].amax)) continue;
             snprintf(out, len, "%s[layer %zu] %s", LINEAR_NAMES[slot % LIN_PER_LAYER], slot / LIN_PER_LAYER, FP8_OPERAND_NAMES[op]);
@@ -1103,15 +1129,24 @@ static inline void llama_fp8_stats_begin(Llama* m) {
    the driver sums over the ranks of a sharded model before llama_fp8_stats_end. */
 static inline Fp8Counts* llama_fp8_weight_counts(Llama* m) { return m->fp8_counts + (size_t)FP8_OP_W * llama_fp8_slots(m); }
 
-/*
- * Ends a statistics step: for every FP8 operand, calls `emit` with its layer, GEMM, operand, format,
- * amax, scale, saturated fraction (codes at +-max) and underflow fraction (non-zero inputs cast to 0).
- * The amax/scale are those of the operand's last cast in the step; call it before the step's update,
- * which casts the next step's weights.
- */
-typedef void (*Fp8StatsEmit)(void* ctx, int layer, const char* gemm, const char* operand, const char* format, float amax,
-                             float scale, double saturated_frac, double underflow_frac);
+/* The statistics of one FP8 operand over a statistics step (llama_fp8_stats_end). */
+typedef struct {
+    int layer;
+    LinearId lin;
+    int op;                /* FP8_OP_W, FP8_OP_X or FP8_OP_DY */
+    const char* gemm;      /* LINEAR_NAMES[lin] */
+    const char* operand;   /* FP8_OPERAND_NAMES[op] */
+    const char* format;    /* "E4M3" or "E5M2" */
+    float amax, scale;     /* of the operand's last cast in the step */
+    double saturated_frac; /* codes at +-max */
+    double underflow_frac; /* non-zero inputs cast to 0 */
+} Fp8OperandStats;
 
+typedef void (*Fp8StatsEmit)(void* ctx, const Fp8OperandStats* stats);
+
+/* Ends a statistics step: calls `emit` for every operand of the linears that run FP8 now (amax and scale
+   of the operand's last cast in the step). Call it before the step's update, which casts the next step's
+   weights. */
 static inline void llama_fp8_stats_end(Llama* m, Fp8StatsEmit emit, void* ctx) {
     if (m->precision != PRECISION_FP8 || !m->fp8_stats_due) return;
     m->fp8_stats_due = 0;
@@ -1121,12 +1156,21 @@ static inline void llama_fp8_stats_end(Llama* m, Fp8StatsEmit emit, void* ctx) {
     dev_download(s, m->fp8_scales, n * sizeof(Fp8Scale));
     dev_download(k, m->fp8_counts, n * sizeof(Fp8Counts));
     for (size_t slot = 0; slot < slots; slot++) {
+        if (!llama_slot_is_fp8(m, slot)) continue;
         for (int op = 0; op < FP8_OPS; op++) {
             size_t i = (size_t)op * slots + slot;
-            double sat = k[i].count ? (double)k[i].saturated / (double)k[i].count : 0.0;
-            double under = k[i].nonzero ? (double)k[i].underflow / (double)k[i].nonzero : 0.0;
-            emit(ctx, (int)(slot / LIN_PER_LAYER), LINEAR_NAMES[slot % LIN_PER_LAYER], FP8_OPERAND_NAMES[op],
-                 op == FP8_OP_DY ? "E5M2" : "E4M3", s[i].amax, s[i].scale, sat, under);
+            Fp8OperandStats o;
+            o.layer = (int)(slot / LIN_PER_LAYER);
+            o.lin = (LinearId)(slot % LIN_PER_LAYER);
+            o.op = op;
+            o.gemm = LINEAR_NAMES[o.lin];
+            o.operand = FP8_OPERAND_NAMES[op];
+            o.format = op == FP8_OP_DY ? "E5M2" : "E4M3";
+            o.amax = s[i].amax;
+            o.scale = s[i].scale;
+            o.saturated_frac = k[i].count ? (double)k[i].saturated / (double)k[i].count : 0.0;
+            o.underflow_frac = k[i].nonzero ? (double)k[i].underflow / (double)k[i].nonzero : 0.0;
+            emit(ctx, &o);
         }
     }
     free(s);

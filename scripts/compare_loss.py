@@ -47,6 +47,35 @@ def resolve_log(path):
     return path
 
 
+def resolve_run_file(path, name):
+    """The file `name` inside a run directory, or the path itself when it is a file."""
+    if os.path.isdir(path):
+        path = os.path.join(path, name)
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: no such file")
+    return path
+
+
+def read_lines(path):
+    """The lines of a text file; InputError naming it when it cannot be read."""
+    try:
+        with open(path, "r", encoding="utf-8", errors="replace") as f:
+            return f.read().splitlines()
+    except OSError as e:
+        raise InputError(f"{path}: {e.strerror}")
+
+
+def save_figure(fig, out):
+    """Write a matplotlib figure as PNG and close it; InputError when `out` cannot be written."""
+    import matplotlib.pyplot as plt
+    try:
+        fig.savefig(out, dpi=110)
+    except OSError as e:
+        raise InputError(f"{out}: cannot write the plot: {e.strerror or e}")
+    finally:
+        plt.close(fig)
+
+
 def parse_main_log(path):
     """Read an llm.c main.log into ({step: train loss}, {step: val loss}); a later step overrides.
 
@@ -54,12 +83,7 @@ def parse_main_log(path):
     more `key:<number>` fields. Blank lines are skipped; "nan"/"inf" values are kept as such.
     """
     train, val = {}, {}
-    try:
-        with open(path, "r", encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError as e:
-        raise InputError(f"{path}: {e.strerror}")
-    for lineno, line in enumerate(lines, start=1):
+    for lineno, line in enumerate(read_lines(path), start=1):
         fields = line.split()
         if not fields:
             continue
@@ -153,12 +177,7 @@ def plot(out, labels, train, val, smooth, tolerance):
     ax.grid(alpha=0.3)
     fig.suptitle(f"{labels[0]} vs {labels[1]} (baseline)")
     fig.tight_layout()
-    try:
-        fig.savefig(out, dpi=110)
-    except OSError as e:
-        raise InputError(f"{out}: cannot write the plot: {e.strerror or e}")
-    finally:
-        plt.close(fig)
+    save_figure(fig, out)
 
 
 def positive_int(text):

@@ -18,6 +18,7 @@
 #   7. throughput of a 7B-shaped model (LAYERS layers, T 4096, 32768 tokens per step: 8 micro-steps) in bf16
 #      and fp8: mean tokens/s and MFU of the steps after warm-up (skipped steps excluded) and the trainer's
 #      own per-phase profile (--profile), and the device memory in use against the memory plan (--dry-run 1);
+#      then the cost of the FP8 safety net's shadow check (with gradients) at that shape;
 #   8. real text: `tiny` on tiny-shakespeare on the GPU in bf16 and fp8 with the flags of the carried CPU
 #      run: fp8 within 1% of bf16, and within 0.5% of the CPU build's emulated fp8 curve;
 #   9. a GPU run resumed from its step-3 checkpoint against the uninterrupted run;
@@ -403,6 +404,34 @@ for p in bf16 fp8; do
 done
 if [ -n "${TOKS[bf16]:-}" ] && [ -n "${TOKS[fp8]:-}" ]; then
     row "train fp8 / bf16 tokens/s" bench "$(awk -v a="${TOKS[fp8]}" -v b="${TOKS[bf16]}" 'BEGIN {printf "%.2fx", a / b}')"
+fi
+pack_logs "$LOG_CAP"
+
+# ---------------------------------------------------------------- 7b. the FP8 safety net's shadow check
+
+echo "== shadow check cost: llama2-7b shape, $LAYERS layers, T 4096, checks with gradients after steps 1 and 3"
+label="shadow check 7b-shape L$LAYERS T4096 --shadow-grad 1"
+log=$LOGS/train_shadow.log
+s=$(budget "$TRAIN_S")
+if [ ! -x ./train_llama ] || [ ! -f "$SHARD" ]; then row "$label" FAIL "train_llama or the random shard is missing"
+elif [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"
+else
+    # no -o: a checkpoint of this shape takes minutes; the console has what is needed
+    limited "$s" "$log" ./train_llama -e llama2-7b --n-layers "$LAYERS" -b 1 -t 4096 -x 4 -v 0 -m 1 -u 2 -i "$SHARD" \
+        -j "$SHARD" -p fp8 --shadow-every 2 --shadow-grad 1
+    rc=$?
+    # the second check (the first pays the set-up) against steps 2 and 4, which run none
+    cost=$(python3 - "$log" << 'PY' 2> /dev/null
+import re, sys
+text = open(sys.argv[1]).read()
+steps = {int(m[1]): float(m[2]) for m in re.finditer(r"^step +(\d+)/\d+ \|.*?\| ([\d.]+) ms", text, re.M)}
+checks = re.findall(r"^shadow check: .*rel diff (\S+) \| grad cos (\S+),.*\| ([\d.]+) ms", text, re.M)
+rel, cos, ms = checks[1]
+print(f"{float(ms):.0f} ms per check vs {(steps[2] + steps[4]) / 2:.0f} ms per step; rel loss diff {rel}, grad cos {cos}")
+PY
+)
+    if [ "$rc" -eq 0 ] && [ -n "$cost" ]; then row "$label" bench "$cost"
+    else row "$label" FAIL "$(why_failed "$rc" "$s" "$log")"; fi
 fi
 pack_logs "$LOG_CAP"
 

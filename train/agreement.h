@@ -1,11 +1,12 @@
 /*
  * Start-up agreement of the ranks (DESIGN.md section 6): before anything that communicates, every rank
  * contributes the settings that must be equal everywhere (the run identity of train/checkpoint.h, the
- * ZeRO stage and every setting that decides when the ranks communicate: steps, validation, checkpoint
- * and sample intervals, the schedule, and the data's token counts and the build), and every rank
- * compares all of them. On a difference every rank stops: rank 0 says which setting differs on which
- * ranks, in one line, and all exit non-zero within seconds, where a mismatch would otherwise hang in a
- * collective or die deep inside the loader (llm.c#727).
+ * ZeRO stage and every setting that decides when the ranks communicate or what they decide: steps,
+ * validation, checkpoint and sample intervals, the schedule, the shadow check and its policy, and the
+ * data's token counts and the build), and every rank compares all of them. On a difference every rank
+ * stops: rank 0 says which setting differs on which ranks, in one line, and all exit non-zero within
+ * seconds, where a mismatch would otherwise hang in a collective or die deep inside the loader
+ * (llm.c#727).
  */
 #pragma once
 
@@ -19,7 +20,8 @@ typedef struct {
     RunIdentity id;
     int32_t zero_stage, grad_reduce_bf16, steps, grad_accum_steps, val_every, val_batches, ckpt_every, sample_every;
     int32_t resume, fp8_stats_every, max_skips, overfit, warmup, schedule_hash;
-    float lr, final_lr_frac, weight_decay, grad_clip;
+    int32_t shadow_every, shadow_grad, shadow_fallback, shadow_patience, shadow_recover;
+    float lr, final_lr_frac, weight_decay, grad_clip, shadow_tol;
     int64_t train_tokens, val_tokens;
     char build[BUILD_ID_LEN];
 } RankSettings;
@@ -48,6 +50,12 @@ static const AgreedSetting AGREED_SETTINGS[] = {
     AGREED("-a", overfit, SETTING_I32),
     AGREED("-u", warmup, SETTING_I32),
     AGREED("-k (hash)", schedule_hash, SETTING_I32),
+    AGREED("--shadow-every", shadow_every, SETTING_I32),
+    AGREED("--shadow-grad", shadow_grad, SETTING_I32),
+    AGREED("--shadow-policy fallback", shadow_fallback, SETTING_I32),
+    AGREED("--shadow-patience", shadow_patience, SETTING_I32),
+    AGREED("--shadow-recover", shadow_recover, SETTING_I32),
+    AGREED("--shadow-tol", shadow_tol, SETTING_F32),
     AGREED("-l", lr, SETTING_F32),
     AGREED("-q", final_lr_frac, SETTING_F32),
     AGREED("-c", weight_decay, SETTING_F32),
@@ -103,6 +111,12 @@ static inline int settings_diff(const RankSettings* a, const RankSettings* b, ch
         snprintf(flag, flag_len, "%s", RUN_SETTINGS[k].flag);
         snprintf(va, value_len, "%lld", x);
         snprintf(vb, value_len, "%lld", y);
+        return 1;
+    }
+    if (memcmp(a->id.bf16_blocks, b->id.bf16_blocks, sizeof(a->id.bf16_blocks)) != 0) {
+        snprintf(flag, flag_len, "--bf16-layers");
+        run_identity_bf16_text(&a->id, va, value_len);
+        run_identity_bf16_text(&b->id, vb, value_len);
         return 1;
     }
     for (size_t k = 0; k < NUM_AGREED_SETTINGS; k++) {

@@ -5,9 +5,9 @@
  * A step's training state is one file per shard of the ZeRO layout it was saved in (dist/zero.h: one
  * file under ZeRO-0, one per rank under ZeRO-1/2). Each file holds what exact resume needs beyond the
  * weights, the same in every file (step, data position between global batches, sampling RNG, skip
- * counters, the run settings that must not change across a resume, compared field by field so a
- * mismatch names the setting, and a hash of them), then the shard's AdamW moments and FP32 master
- * weights. The layout is recorded (shard count and ZERO_CHUNK), so a run resumes on another rank count
+ * counters, the shadow policy's state, the run settings that must not change across a resume, compared
+ * field by field so a mismatch names the setting, and a hash of them), then the shard's AdamW moments
+ * and FP32 master weights. The layout is recorded (shard count and ZERO_CHUNK), so a run resumes on another rank count
  * or ZeRO stage by reading each of its new pieces from the files that hold them (train/shard_io.h).
  *
  * Every file is written to "<name>.tmp", fsynced and renamed; the step's DONE_<step> marker is written
@@ -18,12 +18,17 @@
 
 #include <dirent.h>
 
+#include "shadow_policy.h"
 #include "../core/rng.h"
 #include "../dataloader/dataloader.h"
 #include "../llama/model_file.h"
 
 #define STATE_MAGIC 20251130
-#define STATE_VERSION 2
+#define STATE_VERSION 3
+
+/* Blocks the run identity records for --bf16-layers (a bit mask of this many bits). */
+#define RUN_BF16_BLOCKS_MAX 256
+#define RUN_BF16_BLOCK_WORDS (RUN_BF16_BLOCKS_MAX / 64)
 
 /*
  * Settings a resume must keep: changing any of them would change the run's batches or numerics. The
@@ -35,6 +40,7 @@ typedef struct {
     int32_t B, T, precision, shuffle, pow2_scales, recompute;
     int32_t reserved; /* explicit padding (0) so that the hashed bytes are all defined */
     int64_t total_batch, seed;
+    uint64_t bf16_blocks[RUN_BF16_BLOCK_WORDS]; /* --bf16-layers: bit l set = block l runs BF16 in -p fp8 */
 } RunIdentity;
 
 /* One setting of RunIdentity besides the model config: the flag that sets it and where it is. */
@@ -69,6 +75,44 @@ static inline long long run_setting_value(const RunIdentity* id, const RunSettin
     return v;
 }
 
+/* Records the BF16 blocks (L, non-zero = BF16) in the identity; stops naming the flag past RUN_BF16_BLOCKS_MAX. */
+static inline void run_identity_set_bf16_blocks(RunIdentity* id, const char* blocks, int L) {
+    memset(id->bf16_blocks, 0, sizeof(id->bf16_blocks));
+    for (int l = 0; l < L; l++) {
+        if (!blocks[l]) continue;
+        if (l >= RUN_BF16_BLOCKS_MAX) die("flag --bf16-layers: block %d: blocks 0..%d only", l, RUN_BF16_BLOCKS_MAX - 1);
+        id->bf16_blocks[l / 64] |= 1ull << (l % 64);
+    }
+}
+
+/* The blocks l < n with set[l] non-zero as text: "none", or indices and ranges ("0,5-7"); ends in "..."
+   when longer than len bytes. */
+static inline void block_set_text(const char* set, int n, char* out, size_t len) {
+    size_t used = 0;
+    out[0] = '\0';
+    for (int l = 0; l < n; l++) {
+        if (!set[l]) continue;
+        int last = l;
+        while (last + 1 < n && set[last + 1]) last++;
+        int k = last == l ? snprintf(out + used, len - used, "%s%d", used ? "," : "", l)
+                          : snprintf(out + used, len - used, "%s%d-%d", used ? "," : "", l, last);
+        if (k < 0 || (size_t)k >= len - used) { /* truncated: say so */
+            if (len > 4) snprintf(out + len - 4, 4, "...");
+            return;
+        }
+        used += (size_t)k;
+        l = last;
+    }
+    if (used == 0) snprintf(out, len, "none");
+}
+
+/* The BF16 blocks of an identity as text (block_set_text). */
+static inline void run_identity_bf16_text(const RunIdentity* id, char* out, size_t len) {
+    char set[RUN_BF16_BLOCKS_MAX];
+    for (int l = 0; l < RUN_BF16_BLOCKS_MAX; l++) set[l] = (char)((id->bf16_blocks[l / 64] >> (l % 64)) & 1);
+    block_set_text(set, RUN_BF16_BLOCKS_MAX, out, len);
+}
+
 /* FNV-1a hash of the run identity (the "config hash" of the training state). */
 static inline uint32_t run_identity_hash(const RunIdentity* id) {
     const unsigned char* p = (const unsigned char*)id;
@@ -97,6 +141,13 @@ static inline int run_identity_diff(const RunIdentity* a, const RunIdentity* b, 
             snprintf(why, len, "%s (checkpoint %lld, now %lld)", s->flag, x, y);
         return 1;
     }
+    if (memcmp(a->bf16_blocks, b->bf16_blocks, sizeof(a->bf16_blocks)) != 0) {
+        char x[64], y[64];
+        run_identity_bf16_text(a, x, sizeof(x));
+        run_identity_bf16_text(b, y, sizeof(y));
+        snprintf(why, len, "--bf16-layers (checkpoint %s, now %s)", x, y);
+        return 1;
+    }
     /* what no flag sets (the padding word, which this build writes as 0) must agree too */
     if (memcmp(a, b, sizeof(*a)) != 0) {
         snprintf(why, len, "unused word of the run settings (written as 0: a corrupt file)");
@@ -115,6 +166,7 @@ typedef struct {
     int32_t zero_stage;        /* its -z */
     int32_t consecutive_skips;
     int32_t total_skips;       /* skipped steps so far (AdamW's step count excludes them) */
+    ShadowState shadow;        /* the shadow check's policy (train/shadow_policy.h) */
     DataLoaderPosition data;
     int32_t reserved;          /* explicit padding (0) */
     Rng sample_rng;

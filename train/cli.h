@@ -6,6 +6,7 @@
  */
 #pragma once
 
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -51,6 +52,16 @@ typedef struct {
     int dry_run;                /* --dry-run: print the memory plan and exit */
     int plan_ranks;             /* --ranks: ranks the plan is for; 0: this job's */
     float gpu_mem_gib;          /* --gpu-mem: memory the plan is checked against, GiB; 0: the backend's */
+    const char* bf16_layers;    /* --bf16-layers: blocks whose linears stay BF16 in -p fp8 ("none", "first,last", "0,2-5") */
+    int shadow_every;           /* --shadow-every K: shadow check every K steps; 0: off */
+    int shadow_grad;            /* --shadow-grad 1: the shadow check compares gradients too */
+    const char* shadow_policy;  /* --shadow-policy warn | fallback */
+    float shadow_tol;           /* --shadow-tol: largest relative loss difference of a clean check */
+    int shadow_patience;        /* --shadow-patience: checks over the tolerance in a row before a fallback */
+    int shadow_recover;         /* --shadow-recover: BF16 steps before returning to FP8; 0: never */
+    float alert_saturated;      /* --alert-saturated: saturated share of an FP8 operand that raises an alert; 0: off */
+    float alert_underflow;      /* --alert-underflow: underflow share that raises an alert; 0: off */
+    float alert_amax_growth;    /* --alert-amax-growth: W or X amax ratio to the previous statistics step; 0: off */
 } TrainArgs;
 
 /* -n -1: a run with -o writes logs but no checkpoint, not even the last one (benchmarks). */
@@ -105,6 +116,16 @@ static const ArgSpec TRAIN_ARG_SPECS[] = {
     ARG("--dry-run", ARG_INT, dry_run, "1: print the per-rank memory plan of these settings and exit (allocates and reads nothing)"),
     ARG("--ranks", ARG_INT, plan_ranks, "with --dry-run: the rank count to plan for (0: 1)"),
     ARG("--gpu-mem", ARG_FLOAT, gpu_mem_gib, "with --dry-run: device memory in GiB to plan against (0: the device's, or host RAM)"),
+    ARG("--bf16-layers", ARG_STR, bf16_layers, "fp8: blocks kept in BF16: none | first,last | indices and ranges (0,2-5)"),
+    ARG("--shadow-every", ARG_INT, shadow_every, "fp8: every K steps also run the first micro-batch in BF16 and compare (0: off)"),
+    ARG("--shadow-grad", ARG_INT, shadow_grad, "1: the shadow check compares gradients too (-z 0/1)"),
+    ARG("--shadow-policy", ARG_STR, shadow_policy, "on shadow checks over --shadow-tol: warn | fallback (train in BF16)"),
+    ARG("--shadow-tol", ARG_FLOAT, shadow_tol, "shadow check: largest relative FP8-vs-BF16 loss difference"),
+    ARG("--shadow-patience", ARG_INT, shadow_patience, "fallback after this many checks over --shadow-tol in a row"),
+    ARG("--shadow-recover", ARG_INT, shadow_recover, "fallback: BF16 steps before returning to FP8 (0: never)"),
+    ARG("--alert-saturated", ARG_FLOAT, alert_saturated, "--fp8-stats steps: alert above this saturated share (0: off)"),
+    ARG("--alert-underflow", ARG_FLOAT, alert_underflow, "--fp8-stats steps: alert above this underflow share (0: off)"),
+    ARG("--alert-amax-growth", ARG_FLOAT, alert_amax_growth, "--fp8-stats steps: alert when a W or X amax grows by this factor (0: off)"),
 };
 #define NUM_TRAIN_ARGS (sizeof(TRAIN_ARG_SPECS) / sizeof(TRAIN_ARG_SPECS[0]))
 
@@ -149,6 +170,16 @@ static inline TrainArgs train_args_default(void) {
     a.dry_run = 0;
     a.plan_ranks = 0;
     a.gpu_mem_gib = 0.0f;
+    a.bf16_layers = "none";
+    a.shadow_every = 0;
+    a.shadow_grad = 0;
+    a.shadow_policy = "warn";
+    a.shadow_tol = 0.01f;
+    a.shadow_patience = 3;
+    a.shadow_recover = 100;
+    a.alert_saturated = 0.01f;
+    a.alert_underflow = 0.01f;
+    a.alert_amax_growth = 8.0f;
     return a;
 }
 
@@ -165,7 +196,7 @@ static inline void train_args_usage(const char* prog, const TrainArgs* defaults)
             case ARG_FLOAT: snprintf(def, sizeof(def), "%g", *(const float*)field); break;
             case ARG_PRECISION: snprintf(def, sizeof(def), "%s", precision_name((Precision)*(const int*)field)); break;
         }
-        printf("  %-13s %s (default %s)\n", s->flag, s->help, def);
+        printf("  %-19s %s (default %s)\n", s->flag, s->help, def);
     }
     printf("\nmodel presets for -e:\n");
     for (size_t i = 0; i < NUM_LLAMA_PRESETS; i++) {
@@ -293,4 +324,67 @@ static inline void train_args_check(const TrainArgs* a) {
     if (a->plan_ranks > 0 && !a->dry_run) die("flag --ranks: plans for N ranks with --dry-run 1; a run has the ranks mpirun starts");
     if (a->gpu_mem_gib < 0.0f) die("flag --gpu-mem: must be >= 0 GiB");
     if (a->gpu_mem_gib > 0.0f && !a->dry_run) die("flag --gpu-mem: only --dry-run 1 plans against a memory size");
+    int fp8 = a->precision == PRECISION_FP8;
+    if (strcmp(a->bf16_layers, defaults.bf16_layers) != 0 && !fp8)
+        die("flag --bf16-layers: needs -p fp8 (every block runs %s already)", precision_name((Precision)a->precision));
+    if (a->shadow_every < 0) die("flag --shadow-every: must be >= 0");
+    if (a->shadow_every > 0 && !fp8) die("flag --shadow-every: needs -p fp8 (the check compares FP8 with BF16)");
+    if (strcmp(a->shadow_policy, "warn") != 0 && strcmp(a->shadow_policy, "fallback") != 0)
+        die("flag --shadow-policy: '%s' is not warn or fallback", a->shadow_policy);
+    if (a->shadow_grad != 0 && a->shadow_grad != 1) die("flag --shadow-grad: must be 0 or 1");
+    if (!(a->shadow_tol >= 0.0f)) die("flag --shadow-tol: must be >= 0");
+    if (a->shadow_patience < 1) die("flag --shadow-patience: must be >= 1");
+    if (a->shadow_recover < 0) die("flag --shadow-recover: must be >= 0");
+    /* the shadow flags only act through the check: without it they would be accepted and ignored */
+    const char* unused = a->shadow_grad != defaults.shadow_grad ? "--shadow-grad"
+                         : strcmp(a->shadow_policy, defaults.shadow_policy) != 0 ? "--shadow-policy"
+                         : a->shadow_tol != defaults.shadow_tol ? "--shadow-tol"
+                         : a->shadow_patience != defaults.shadow_patience ? "--shadow-patience"
+                         : a->shadow_recover != defaults.shadow_recover ? "--shadow-recover" : NULL;
+    if (unused != NULL && a->shadow_every == 0) die("flag %s: needs --shadow-every K (the shadow check)", unused);
+    if (a->shadow_grad && a->zero_stage == 2)
+        die("flag --shadow-grad 1: needs full gradients, which -z 2 does not keep; use -z 0 or 1, or --shadow-grad 0");
+    if (!(a->alert_saturated >= 0.0f) || !(a->alert_underflow >= 0.0f) || !(a->alert_amax_growth >= 0.0f))
+        die("flags --alert-saturated, --alert-underflow, --alert-amax-growth: must be >= 0 (0: off)");
+    if (a->alert_amax_growth > 0.0f && a->alert_amax_growth <= 1.0f)
+        die("flag --alert-amax-growth: %g is not a growth; give a factor > 1 (or 0: off)", a->alert_amax_growth);
+    const char* alert = a->alert_saturated != defaults.alert_saturated ? "--alert-saturated"
+                        : a->alert_underflow != defaults.alert_underflow ? "--alert-underflow"
+                        : a->alert_amax_growth != defaults.alert_amax_growth ? "--alert-amax-growth" : NULL;
+    if (alert != NULL && (a->fp8_stats_every == 0 || !fp8))
+        die("flag %s: alerts are computed on the statistics steps of -p fp8 --fp8-stats N; give --fp8-stats", alert);
+}
+
+/*
+ * Parses --bf16-layers `spec` for a model of L blocks into blocks (L): 1 = the block's linears run BF16.
+ * spec: "none", or comma-separated items, each "first", "last", a block index or a range "a-b"
+ * (inclusive). Stops naming the flag and the item on an error (unknown item, index out of range).
+ */
+static inline void bf16_layers_parse(const char* spec, int L, char* blocks) {
+    memset(blocks, 0, (size_t)L);
+    if (strcmp(spec, "none") == 0) return;
+    const char* p = spec;
+    for (;;) {
+        const char* end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        char item[32];
+        if (len == 0 || len >= sizeof(item)) die("flag --bf16-layers: empty or overlong item in '%s'", spec);
+        memcpy(item, p, len);
+        item[len] = '\0';
+        long lo, hi;
+        if (strcmp(item, "first") == 0) {
+            lo = hi = 0;
+        } else if (strcmp(item, "last") == 0) {
+            lo = hi = L - 1;
+        } else {
+            char* rest = NULL;
+            lo = hi = isdigit((unsigned char)item[0]) ? strtol(item, &rest, 10) : -1;
+            if (lo >= 0 && rest[0] == '-' && isdigit((unsigned char)rest[1])) hi = strtol(rest + 1, &rest, 10);
+            if (lo < 0 || *rest != '\0') die("flag --bf16-layers: '%s' is not first, last, a block index or a range a-b", item);
+        }
+        if (lo > hi || hi >= L) die("flag --bf16-layers: '%s' is not within blocks 0..%d", item, L - 1);
+        for (long l = lo; l <= hi; l++) blocks[l] = 1;
+        if (end == NULL) break;
+        p = end + 1;
+    }
 }

@@ -3,7 +3,11 @@
  *   main.log        llm.c's lines, "s:<step> trl:<train loss>" and "s:<step> tel:<val loss>", so llm.c's
  *                   plotting tools read it unchanged;
  *   metrics.jsonl   one JSON object per optimizer step: step, loss, lr, grad_norm, ms, tokens_per_s, mfu,
- *                   mem_mib, comm_exposed_ms (communication the compute did not hide), skipped (and val_loss objects after evaluations);
+ *                   mem_mib, comm_exposed_ms (communication the compute did not hide), skipped, linears
+ *                   (the recipe the block linears ran: fp8, or bf16 during a fallback); val_loss objects
+ *                   after evaluations; shadow check objects (shadow_loss_fp8, ...), policy events
+ *                   (event, reason) and FP8 alerts (alert, layer, gemm, operand, value, threshold), each
+ *                   with the step it belongs to (README "What a run writes");
  *   fp8_stats.csv   one row per FP8 GEMM operand on steps where statistics are due (--fp8-stats N):
  *                   step,layer,gemm,operand,format,amax,scale,saturated_frac,underflow_frac.
  * Lines are flushed as written so that a crashed run keeps its log. On resume from step k the files
@@ -13,6 +17,7 @@
 
 #include <math.h>
 
+#include "shadow_policy.h"
 #include "../core/common.h"
 
 typedef struct {
@@ -82,7 +87,8 @@ static inline const char* json_float(char* buf, size_t len, float x) {
 }
 
 static inline void logger_train(Logger* lg, int step, float loss, float lr, float grad_norm, double ms,
-                                double tokens_per_s, double mfu, double mem_mib, double comm_ms, int skipped) {
+                                double tokens_per_s, double mfu, double mem_mib, double comm_ms, int skipped,
+                                const char* linears) {
     if (lg->main_log) {
         fprintf(lg->main_log, "s:%d trl:%f\n", step, loss);
         logger_flush_file(lg, lg->main_log, "main.log");
@@ -91,9 +97,9 @@ static inline void logger_train(Logger* lg, int step, float loss, float lr, floa
         char l[32], r[32], g[32];
         fprintf(lg->metrics,
                 "{\"step\": %d, \"loss\": %s, \"lr\": %s, \"grad_norm\": %s, \"ms\": %.3f, \"tokens_per_s\": %.1f, "
-                "\"mfu\": %.4f, \"mem_mib\": %.1f, \"comm_exposed_ms\": %.3f, \"skipped\": %d}\n",
+                "\"mfu\": %.4f, \"mem_mib\": %.1f, \"comm_exposed_ms\": %.3f, \"skipped\": %d, \"linears\": \"%s\"}\n",
                 step, json_float(l, sizeof(l), loss), json_float(r, sizeof(r), lr), json_float(g, sizeof(g), grad_norm), ms,
-                tokens_per_s, mfu, mem_mib, comm_ms, skipped);
+                tokens_per_s, mfu, mem_mib, comm_ms, skipped, linears);
         logger_flush_file(lg, lg->metrics, "metrics.jsonl");
     }
 }
@@ -108,6 +114,42 @@ static inline void logger_val(Logger* lg, int step, float val_loss) {
         fprintf(lg->metrics, "{\"step\": %d, \"val_loss\": %s}\n", step, json_float(v, sizeof(v), val_loss));
         logger_flush_file(lg, lg->metrics, "metrics.jsonl");
     }
+}
+
+/* A shadow check (train/shadow.h): its result, whether it was over --shadow-tol, and the checks' share of
+   the step time so far. */
+static inline void logger_shadow(Logger* lg, int step, const ShadowResult* r, int over_tol, double share) {
+    if (lg->metrics == NULL) return;
+    char a[32], b[32], c[32];
+    fprintf(lg->metrics, "{\"step\": %d, \"shadow_loss_fp8\": %s, \"shadow_loss_bf16\": %s, \"shadow_rel_diff\": %s, "
+            "\"shadow_over_tol\": %d, \"shadow_ms\": %.3f, \"shadow_share\": %.6f",
+            step, json_float(a, sizeof(a), (float)r->loss_fp8), json_float(b, sizeof(b), (float)r->loss_bf16),
+            json_float(c, sizeof(c), (float)r->rel), over_tol, r->ms, share);
+    if (r->has_grad) {
+        char d[32], e[32], f[32], g[32];
+        fprintf(lg->metrics, ", \"grad_cosine\": %s, \"grad_norm_rel_diff\": %s, \"grad_worst_layer\": %d, "
+                "\"grad_worst_cosine\": %s, \"grad_worst_norm_rel_diff\": %s",
+                json_float(d, sizeof(d), (float)r->cosine), json_float(e, sizeof(e), (float)r->norm_rel), r->worst_layer,
+                json_float(f, sizeof(f), (float)r->worst_cosine), json_float(g, sizeof(g), (float)r->worst_norm_rel));
+    }
+    fprintf(lg->metrics, "}\n");
+    logger_flush_file(lg, lg->metrics, "metrics.jsonl");
+}
+
+/* A policy event of step `step`: "fallback" (the next steps run BF16) or "recover" (back to FP8). */
+static inline void logger_event(Logger* lg, int step, const char* event, const char* reason) {
+    if (lg->metrics == NULL) return;
+    fprintf(lg->metrics, "{\"step\": %d, \"event\": \"%s\", \"reason\": \"%s\"}\n", step, event, reason);
+    logger_flush_file(lg, lg->metrics, "metrics.jsonl");
+}
+
+/* An FP8 health alert (train/fp8_alerts.h). */
+static inline void logger_alert(Logger* lg, int step, const char* kind, int layer, const char* gemm, const char* operand,
+                                double value, double threshold) {
+    if (lg->metrics == NULL) return;
+    fprintf(lg->metrics, "{\"step\": %d, \"alert\": \"%s\", \"layer\": %d, \"gemm\": \"%s\", \"operand\": \"%s\", "
+            "\"value\": %.6g, \"threshold\": %.6g}\n", step, kind, layer, gemm, operand, value, threshold);
+    logger_flush_file(lg, lg->metrics, "metrics.jsonl");
 }
 
 static inline void logger_fp8(Logger* lg, int step, int layer, const char* gemm, const char* operand, const char* format,

@@ -8,8 +8,10 @@
  * Step k (0-based) of -x K: validation when k % -v == 0 or k == K; at k == K also the final checkpoint;
  * then, for k < K, grad_accum_steps micro-steps of forward + backward on every rank, the global
  * gradient norm, and the update. A step whose loss, gradient norm or FP8 amax is not finite on any rank
- * is skipped on every rank (DESIGN.md 7). Rank 0 prints and logs; every rank takes every decision from
- * values reduced over all ranks, so all ranks decide the same.
+ * is skipped on every rank (DESIGN.md 7). On -p fp8 runs the FP8 safety net acts around the steps: the
+ * shadow check and its fallback policy (shadow.h, shadow_policy.h) and the FP8 health alerts
+ * (fp8_alerts.h). Rank 0 prints and logs; every rank takes every decision from values reduced over all
+ * ranks, so all ranks decide the same.
  */
 #pragma once
 
@@ -19,9 +21,11 @@
 #include "checkpoint.h"
 #include "cli.h"
 #include "data_parallel.h"
+#include "fp8_alerts.h"
 #include "logger.h"
 #include "memory_plan.h"
 #include "preempt.h"
+#include "shadow.h"
 #include "shard_io.h"
 #include "../dataloader/dataloader.h"
 #include "../dataloader/manifest.h"
@@ -55,6 +59,13 @@ typedef struct {
     double start_time;      /* wall_seconds when the step loop began */
     double step_seconds;    /* time of the steps run by this process, for the ETA */
     int steps_run;
+    char* bf16_blocks;      /* (L) --bf16-layers */
+    ShadowPolicy shadow_policy;
+    ShadowState shadow_state;
+    Shadow shadow;
+    Fp8Alerts alerts;
+    int shadow_checks;      /* checks run by this process, their time, and the time of all its steps */
+    double shadow_ms, step_ms;
 } Trainer;
 
 /* Mixed into --seed for the sampling generator, so samples do not replay the init's draws ("sample" in ASCII). */
@@ -86,6 +97,7 @@ static inline RunIdentity trainer_identity(const Trainer* tr) {
     id.recompute = tr->args.recompute;
     id.total_batch = (int64_t)tr->grad_accum_steps * tr->args.B * tr->args.T * tr->world;
     id.seed = tr->args.seed;
+    run_identity_set_bf16_blocks(&id, tr->bf16_blocks, tr->cfg.n_layers);
     return id;
 }
 
@@ -96,6 +108,7 @@ static inline TrainState trainer_state(const Trainer* tr) {
     s.step = tr->step;
     s.consecutive_skips = tr->consecutive_skips;
     s.total_skips = tr->total_skips;
+    s.shadow = tr->shadow_state;
     s.data = dataloader_position(&tr->train);
     s.sample_rng = tr->sample_rng;
     s.id = trainer_identity(tr);
@@ -126,8 +139,10 @@ static inline void trainer_resume(Trainer* tr) {
     tr->step = s.step;
     tr->consecutive_skips = s.consecutive_skips;
     tr->total_skips = s.total_skips;
+    tr->shadow_state = s.shadow;
     printf("| resumed from %s at step %d (saved by %d rank(s) with ZeRO-%d, now %d with ZeRO-%d)\n", dir, step, s.world,
            s.zero_stage, tr->world, tr->args.zero_stage);
+    if (s.shadow.bf16) printf("| resumed in a BF16 fallback: %d BF16 step(s) done\n", s.shadow.bf16_steps);
 }
 
 /* The initial master weights: a checkpoint's (-e FILE) or a fresh init (-e PRESET), this rank's pieces. */
@@ -209,10 +224,19 @@ static inline void trainer_sample(Trainer* tr) {
     free(logits);
 }
 
-static void trainer_emit_fp8(void* ctx, int layer, const char* gemm, const char* operand, const char* format, float amax,
-                             float scale, double sat, double under) {
+/* One FP8 operand's statistics: a row of fp8_stats.csv, and the alerts it raises (console and metrics). */
+static void trainer_emit_fp8(void* ctx, const Fp8OperandStats* o) {
     Trainer* tr = (Trainer*)ctx;
-    logger_fp8(&tr->logger, tr->step, layer, gemm, operand, format, amax, scale, sat, under);
+    logger_fp8(&tr->logger, tr->step, o->layer, o->gemm, o->operand, o->format, o->amax, o->scale, o->saturated_frac,
+               o->underflow_frac);
+    Fp8Alert alerts[ALERT_KINDS];
+    int n = fp8_alerts_check(&tr->alerts, o, alerts);
+    for (int i = 0; i < n; i++) {
+        const char* kind = ALERT_NAMES[alerts[i].kind];
+        printf("FP8 alert: step %d: %s[layer %d] %s: %s %.4g > %g\n", tr->step + 1, o->gemm, o->layer, o->operand, kind,
+               alerts[i].value, alerts[i].threshold);
+        logger_alert(&tr->logger, tr->step, kind, o->layer, o->gemm, o->operand, alerts[i].value, alerts[i].threshold);
+    }
 }
 
 /* Path of tokenizer.bin: --tokenizer, else beside the first train shard. */
@@ -225,6 +249,30 @@ static inline void trainer_tokenizer_path(const Trainer* tr, char* out, size_t l
     const char* slash = strrchr(first, '/');
     if (slash == NULL) snprintf(out, len, "tokenizer.bin");
     else snprintf(out, len, "%.*s/tokenizer.bin", (int)(slash - first), first);
+}
+
+/* The start-up banner's lines on the FP8 safety net: which blocks run FP8, the shadow check, the alerts. */
+static inline void trainer_print_safety_net(const Trainer* tr) {
+    const TrainArgs* a = &tr->args;
+    int L = tr->cfg.n_layers;
+    char* fp8 = (char*)mallocCheck((size_t)L);
+    for (int l = 0; l < L; l++) fp8[l] = !tr->bf16_blocks[l];
+    char fp8_text[256], bf16_text[256];
+    block_set_text(fp8, L, fp8_text, sizeof(fp8_text));
+    block_set_text(tr->bf16_blocks, L, bf16_text, sizeof(bf16_text));
+    free(fp8);
+    printf("| FP8 blocks: %s of %d (BF16 by --bf16-layers: %s)\n", fp8_text, L, bf16_text);
+    const ShadowPolicy* p = &tr->shadow_policy;
+    if (p->every > 0) {
+        printf("| shadow check every %d steps: the first micro-batch also in BF16%s; policy %s, tolerance %g", p->every,
+               a->shadow_grad ? ", gradients compared" : "", p->fallback ? "fallback" : "warn", p->tol);
+        if (p->fallback)
+            printf(", patience %d, back to FP8 after %d BF16 steps%s", p->patience, p->recover, p->recover ? "" : " (never)");
+        printf("\n");
+    }
+    if (a->fp8_stats_every > 0)
+        printf("| FP8 alerts every %d steps: saturated share > %g, underflow share > %g, W or X amax growth > %g (0: off)\n",
+               a->fp8_stats_every, a->alert_saturated, a->alert_underflow, a->alert_amax_growth);
 }
 
 /* This rank's settings for the start-up agreement (train/agreement.h). */
@@ -246,6 +294,12 @@ static inline RankSettings trainer_rank_settings(const Trainer* tr) {
     r.max_skips = a->max_skips;
     r.overfit = a->overfit;
     r.warmup = a->warmup;
+    r.shadow_every = a->shadow_every;
+    r.shadow_grad = a->shadow_grad;
+    r.shadow_fallback = tr->shadow_policy.fallback;
+    r.shadow_patience = a->shadow_patience;
+    r.shadow_recover = a->shadow_recover;
+    r.shadow_tol = a->shadow_tol;
     uint32_t h = 2166136261u; /* FNV-1a of the schedule's name */
     for (const char* c = a->schedule; *c; c++) h = (h ^ (unsigned char)*c) * 16777619u;
     r.schedule_hash = (int32_t)h;
@@ -280,6 +334,10 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args) {
     backend_init((Precision)a->precision);
 
     tr->from_checkpoint = train_args_model(a, &tr->cfg);
+    tr->bf16_blocks = (char*)mallocCheck((size_t)tr->cfg.n_layers);
+    bf16_layers_parse(a->bf16_layers, tr->cfg.n_layers, tr->bf16_blocks);
+    tr->shadow_policy = (ShadowPolicy){a->shadow_every, strcmp(a->shadow_policy, "fallback") == 0, a->shadow_tol,
+                                       a->shadow_patience, a->shadow_recover};
     if (a->precision == PRECISION_FP8 && a->sample_every > 0 && a->T % FP8_DIM_MULTIPLE != 0)
         die("flag -t %d: with -p fp8 and -s, samples run one sequence of -t tokens, which must be a multiple of %d", a->T,
             FP8_DIM_MULTIPLE);
@@ -315,9 +373,14 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args) {
     printf("| lr %g (%s, warmup %d, final x%g), weight decay %g, clip %g, seed %lld\n", a->lr, a->schedule, a->warmup,
            a->final_lr_frac, a->weight_decay, a->grad_clip, a->seed);
     if (a->output_dir == NULL) printf("| warning: no -o: no logs, checkpoints or final model will be saved\n");
+    if (a->precision == PRECISION_FP8) trainer_print_safety_net(tr);
 
     Sharding sharding = {tr->world, tr->rank, a->zero_stage};
     llama_build(&tr->model, &tr->cfg, (Precision)a->precision, a->B, a->T, a->pow2_scales, a->recompute, sharding);
+    llama_set_bf16_blocks(&tr->model, tr->bf16_blocks);
+    shadow_init(&tr->shadow, &tr->model, a->shadow_grad);
+    Fp8AlertThresholds th = {a->alert_saturated, a->alert_underflow, a->alert_amax_growth};
+    fp8_alerts_init(&tr->alerts, th, tr->cfg.n_layers);
     dp_init(&tr->dp, &tr->model, strcmp(a->grad_reduce, "bf16") == 0 ? WIRE_BF16 : WIRE_F32);
     watchdog_phase("loading weights", 0);
     trainer_load_weights(tr);
@@ -325,12 +388,43 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args) {
 
     rng_seed(&tr->sample_rng, (uint64_t)a->seed ^ SAMPLE_SEED_SALT);
     if (a->resume) trainer_resume(tr);
+    tr->model.linears_bf16 = tr->shadow_state.bf16;
     if (tr->rank == 0)
         logger_init(&tr->logger, a->output_dir, a->resume ? tr->step : -1,
                     a->precision == PRECISION_FP8 && a->fp8_stats_every > 0);
     char tok_path[PATH_LEN];
     trainer_tokenizer_path(tr, tok_path, sizeof(tok_path));
     if (a->sample_every > 0 && tr->rank == 0) tokenizer_init(&tr->tokenizer, tok_path);
+}
+
+/* Logs a shadow check of the current step and applies the policy to it. */
+static inline void trainer_shadow_report(Trainer* tr, const ShadowResult* r) {
+    const ShadowPolicy* p = &tr->shadow_policy;
+    ShadowState* st = &tr->shadow_state;
+    tr->shadow_checks++;
+    tr->shadow_ms += r->ms;
+    int over = !(r->rel <= (double)p->tol);
+    printf("shadow check: fp8 loss %.6f | bf16 loss %.6f | rel diff %.3e", r->loss_fp8, r->loss_bf16, r->rel);
+    if (r->has_grad)
+        printf(" | grad cos %.6f, norm rel diff %.3e; worst block %d: cos %.6f, norm rel diff %.3e", r->cosine, r->norm_rel,
+               r->worst_layer, r->worst_cosine, r->worst_norm_rel);
+    printf(" | %.1f ms%s\n", r->ms, over ? " | OVER --shadow-tol" : "");
+    logger_shadow(&tr->logger, tr->step, r, over, tr->shadow_ms / tr->step_ms);
+    if (!shadow_after_check(p, st, r->rel)) return;
+    char reason[256];
+    snprintf(reason, sizeof(reason), "relative loss difference %.3e over --shadow-tol %g in %d check(s) in a row; "
+             "%d BF16 step(s) before FP8 again", r->rel, p->tol, p->patience, p->recover);
+    printf("shadow policy: fallback to BF16 from step %d on: %s\n", tr->step + 2, reason);
+    logger_event(&tr->logger, tr->step, "fallback", reason);
+}
+
+/* Counts a step run in BF16 by a fallback; returns the run to FP8 after --shadow-recover of them. */
+static inline void trainer_shadow_bf16_step(Trainer* tr) {
+    if (!shadow_after_bf16_step(&tr->shadow_policy, &tr->shadow_state)) return;
+    char reason[128];
+    snprintf(reason, sizeof(reason), "%d BF16 step(s) done (--shadow-recover)", tr->shadow_policy.recover);
+    printf("shadow policy: back to FP8 from step %d on: %s\n", tr->step + 2, reason);
+    logger_event(&tr->logger, tr->step, "recover", reason);
 }
 
 /*
@@ -359,7 +453,7 @@ static inline void trainer_step(Trainer* tr) {
     Llama* m = &tr->model;
     int A = tr->grad_accum_steps, W = tr->world;
     int stats_due = a->fp8_stats_every > 0 && tr->step % a->fp8_stats_every == 0;
-    if (stats_due) llama_fp8_stats_begin(m);
+    int shadow_due = shadow_check_due(&tr->shadow_policy, &tr->shadow_state, tr->step);
     int profiled = a->profile_every > 0 && (tr->step + 1) % a->profile_every == 0;
     if (profiled) backend_profile_begin();
     double t0 = wall_seconds();
@@ -368,6 +462,7 @@ static inline void trainer_step(Trainer* tr) {
     double* slots = (double*)callocCheck((size_t)A * W + 1, sizeof(double)); /* the losses, then the FP8 flag */
     char fp8_bad[128];
     int fp8_nonfinite = 0;
+    float first_loss = 0.0f; /* this rank's loss of its first micro-batch, for the shadow check */
     for (int micro = 0; micro < A; micro++) {
         if (!a->overfit || !tr->overfit_loaded) {
             if (a->overfit) dataloader_reset(&tr->train);
@@ -376,11 +471,19 @@ static inline void trainer_step(Trainer* tr) {
             if (a->overfit) dataloader_reset(&tr->train);
             tr->overfit_loaded = a->overfit;
         }
+        if (micro == 0 && shadow_due) {
+            watchdog_phase("shadow check", tr->step);
+            shadow_run(&tr->shadow, tr->train.inputs, tr->train.targets, a->B, a->T);
+        }
+        /* after the shadow passes, which must not count: the step's own casts gather the statistics */
+        if (micro == 0 && stats_due) llama_fp8_stats_begin(m);
         tr->dp.last_micro = micro == A - 1;
         watchdog_phase("forward", tr->step);
         backend_timer_start(PROF_FORWARD);
-        slots[(size_t)micro * W + tr->rank] = llama_forward(m, tr->train.inputs, tr->train.targets, a->B, a->T, dloss);
+        float micro_loss = llama_forward(m, tr->train.inputs, tr->train.targets, a->B, a->T, dloss);
         backend_timer_stop(PROF_FORWARD);
+        slots[(size_t)micro * W + tr->rank] = micro_loss;
+        if (micro == 0) first_loss = micro_loss;
         watchdog_phase("backward", tr->step);
         backend_timer_start(PROF_BACKWARD);
         llama_backward(m);
@@ -401,6 +504,11 @@ static inline void trainer_step(Trainer* tr) {
     tr->stop_signal = (int)flags[1];
     double loss = trainer_sum_slots(slots, (size_t)A * W) / (double)((size_t)A * W);
     free(slots);
+    ShadowResult shadow;
+    if (shadow_due) {
+        watchdog_phase("shadow check reduction", tr->step);
+        shadow_finish(&tr->shadow, first_loss, &shadow);
+    }
     float lr = lr_at_step(a->schedule, a->lr, a->warmup, a->final_lr_frac, tr->step, tr->steps);
     int skip = !isfinite(loss) || !isfinite(norm) || fp8_flag != 0.0;
     /* before the update casts the next step's FP8 weights: the W rows are the copies this step used */
@@ -444,7 +552,12 @@ static inline void trainer_step(Trainer* tr) {
     format_duration(eta, sizeof(eta), tr->step_seconds / tr->steps_run * (tr->steps - tr->step - 1));
     printf(" | %s elapsed, ETA %s\n", elapsed, eta);
     if (profiled) trainer_print_profile(tr, phase_ms, ms);
-    logger_train(&tr->logger, tr->step, (float)loss, lr, norm, ms, tok_s, mfu, backend_memory_mib(), comm_ms, skip);
+    const char* linears = m->linears_bf16 ? "bf16" : precision_name((Precision)a->precision);
+    logger_train(&tr->logger, tr->step, (float)loss, lr, norm, ms, tok_s, mfu, backend_memory_mib(), comm_ms, skip, linears);
+    tr->step_ms += ms;
+    if (shadow_due) trainer_shadow_report(tr, &shadow);
+    else if (tr->shadow_state.bf16) trainer_shadow_bf16_step(tr);
+    m->linears_bf16 = tr->shadow_state.bf16; /* validation, samples and the next step run in the policy's recipe */
     tr->step++;
 }
 
@@ -458,6 +571,9 @@ static inline void share_cores(void) {
 
 static inline void trainer_free(Trainer* tr) {
     logger_free(&tr->logger);
+    shadow_free(&tr->shadow);
+    fp8_alerts_free(&tr->alerts);
+    free(tr->bf16_blocks);
     dp_free(&tr->dp);
     llama_free(&tr->model);
     tokenizer_free(&tr->tokenizer);
@@ -514,6 +630,9 @@ static inline int train_main(int argc, char** argv) {
             return EXIT_PREEMPTED;
         }
     }
+    if (tr->shadow_checks > 0)
+        printf("| shadow checks: %d, %.1f ms each on average, %.2f%% of the step time of this run\n", tr->shadow_checks,
+               tr->shadow_ms / tr->shadow_checks, 100.0 * tr->shadow_ms / tr->step_ms);
     watchdog_phase("shutdown", tr->step);
     comm_barrier();
     trainer_free(tr);

@@ -5,7 +5,9 @@
  *     loss, every gradient, the losses of the reference's AdamW steps), compared with a reference state
  *     (HF transformers' float64 run, or a CPU run dumped in the same format for the GPU to match);
  *   - save -> load -> continue is bit-identical; gradient accumulation; recompute; the ZeRO stages on
- *     one rank (the GPU build's NCCL path with one rank against the path without it).
+ *     one rank (the GPU build's NCCL path with one rank against the path without it);
+ *   - the FP8 safety net: an fp8 run with its block linears in BF16 is the bf16 recipe; the shadow
+ *     check's gradient comparison against a direct one.
  * Included after a backend and a communication implementation (the trainer's entry point).
  */
 #pragma once
@@ -13,6 +15,7 @@
 #include "testing.h"
 #include "../../llama/model.h"
 #include "../../train/data_parallel.h"
+#include "../../train/shadow.h"
 #include "../../train/shard_io.h"
 
 typedef struct {
@@ -178,8 +181,15 @@ static inline void reference_dump(Precision p, const char* out_path) {
     ref_state_free(&ref);
 }
 
-/* The reference model's gradient after accumulating `micro` micro-batches that split the batch by rows. */
-static inline float* reference_gradient(Precision p, int micro, int recompute) {
+/* How a reference model of -p fp8 runs its block linears in BF16 (the FP8 safety net): not at all, by
+   the run-wide switch (the shadow check's BF16 run, a fallback), or by --bf16-layers naming every block. */
+typedef enum { BF16_LINEARS_NONE, BF16_LINEARS_SWITCH, BF16_LINEARS_EVERY_BLOCK } Bf16Linears;
+
+/*
+ * The reference model's gradient after accumulating `micro` micro-batches that split the batch by rows,
+ * its block linears in BF16 as `bf16` says; *loss (when not NULL) gets the last micro-batch's loss.
+ */
+static inline float* reference_gradient(Precision p, int micro, int recompute, Bf16Linears bf16, float* loss) {
     LlamaConfig cfg;
     checkpoint_read_config(REF_MODEL_PATH, &cfg);
     RefState r;
@@ -187,10 +197,18 @@ static inline float* reference_gradient(Precision p, int micro, int recompute) {
     Llama m;
     int Bm = r.B / micro;
     reference_model(&m, p, &cfg, &r, Bm, recompute);
+    m.linears_bf16 = bf16 == BF16_LINEARS_SWITCH;
+    if (bf16 == BF16_LINEARS_EVERY_BLOCK) {
+        char* every = (char*)mallocCheck((size_t)cfg.n_layers);
+        memset(every, 1, (size_t)cfg.n_layers);
+        llama_set_bf16_blocks(&m, every);
+        free(every);
+    }
     llama_zero_grads(&m);
     for (int k = 0; k < micro; k++) {
         size_t off = (size_t)k * Bm * r.T;
-        llama_forward(&m, r.inputs + off, r.targets + off, Bm, r.T, 1.0f / (float)(r.B * r.T));
+        float l = llama_forward(&m, r.inputs + off, r.targets + off, Bm, r.T, 1.0f / (float)(r.B * r.T));
+        if (loss != NULL) *loss = l;
         llama_backward(&m);
     }
     float* grads = (float*)mallocCheck(m.num_params * sizeof(float));
@@ -202,8 +220,8 @@ static inline float* reference_gradient(Precision p, int micro, int recompute) {
 
 /* Two micro-batches of B/2 accumulate the gradient of one batch of B, to relative L2 error `tol`. */
 static inline int check_grad_accumulation_in(Precision p, double tol) {
-    float* one = reference_gradient(p, 1, 0);
-    float* two = reference_gradient(p, 2, 0);
+    float* one = reference_gradient(p, 1, 0, BF16_LINEARS_NONE, NULL);
+    float* two = reference_gradient(p, 2, 0, BF16_LINEARS_NONE, NULL);
     LlamaConfig cfg;
     checkpoint_read_config(REF_MODEL_PATH, &cfg);
     ErrorStats e = error_stats(two, one, param_count(&cfg));
@@ -277,13 +295,11 @@ typedef struct {
     size_t n;
 } StatsRows;
 
-static void collect_stats_row(void* ctx, int layer, const char* gemm, const char* operand, const char* format, float amax,
-                              float scale, double saturated_frac, double underflow_frac) {
-    (void)layer, (void)gemm, (void)operand, (void)format;
+static void collect_stats_row(void* ctx, const Fp8OperandStats* o) {
     StatsRows* r = (StatsRows*)ctx;
     r->rows = (double*)realloc(r->rows, (r->n + 1) * 4 * sizeof(double));
     if (r->rows == NULL) die("out of host memory collecting FP8 statistics");
-    double row[4] = {amax, scale, saturated_frac, underflow_frac};
+    double row[4] = {o->amax, o->scale, o->saturated_frac, o->underflow_frac};
     memcpy(r->rows + 4 * r->n++, row, sizeof(row));
 }
 
@@ -521,5 +537,102 @@ static inline int check_zero_stages_in(Precision p) {
            STEPS, MICRO, losses[0][STEPS - 1], losses[1][STEPS - 1], losses[2][STEPS - 1]);
     for (int z = 0; z < 3; z++) free(weights[z]);
     ref_state_free(&r);
+    return failures != 0;
+}
+
+/* An fp8 model whose block linears all run BF16 (the fallback, or --bf16-layers naming every block)
+   computes the bf16 recipe bit for bit, backward included (the BF16 inputs rebuilt there). */
+static inline int check_bf16_linears_in_fp8_in(void) {
+    float want_loss, got_loss[2];
+    float* want = reference_gradient(PRECISION_BF16, 1, 0, BF16_LINEARS_NONE, &want_loss);
+    LlamaConfig cfg;
+    checkpoint_read_config(REF_MODEL_PATH, &cfg);
+    int failures = 0;
+    for (int how = 0; how < 2; how++) {
+        float* got = reference_gradient(PRECISION_FP8, 1, 0, how == 0 ? BF16_LINEARS_SWITCH : BF16_LINEARS_EVERY_BLOCK, &got_loss[how]);
+        const char* name = how == 0 ? "linears_bf16" : "--bf16-layers naming every block";
+        if (memcmp(&got_loss[how], &want_loss, sizeof(float)) != 0) failures += fail("%s: loss %.9g, bf16 recipe %.9g", name, got_loss[how], want_loss);
+        if (memcmp(got, want, param_count(&cfg) * sizeof(float)) != 0) failures += fail("%s: gradients differ from the bf16 recipe's", name);
+        free(got);
+    }
+    printf("    loss: bf16 recipe %.9g, fp8 run in BF16 %.9g / %.9g\n", want_loss, got_loss[0], got_loss[1]);
+    free(want);
+    return failures != 0;
+}
+
+/* Cosine and | |a| - |b| | / |b| of two gradients over the segments of `layer` (-1: all), in float64. */
+static inline void grad_compare_direct(const LlamaConfig* cfg, const float* a, const float* b, int layer, double* cosine, double* norm_rel) {
+    int nseg = param_segment_count(cfg);
+    ParamSegment* seg = (ParamSegment*)mallocCheck((size_t)nseg * sizeof(ParamSegment));
+    param_segments(cfg, seg);
+    double ab = 0.0, aa = 0.0, bb = 0.0;
+    for (int i = 0; i < nseg; i++) {
+        if (layer >= 0 && seg[i].layer != layer) continue;
+        for (size_t k = seg[i].param_offset; k < seg[i].param_offset + seg[i].count; k++) {
+            ab += (double)a[k] * b[k];
+            aa += (double)a[k] * a[k];
+            bb += (double)b[k] * b[k];
+        }
+    }
+    free(seg);
+    *cosine = ab / sqrt(aa * bb);
+    *norm_rel = fabs(sqrt(aa) - sqrt(bb)) / sqrt(bb);
+}
+
+/*
+ * The shadow check's gradient comparison (train/shadow.h: three passes, no gradient copy) against the
+ * two gradients computed one at a time and compared in float64, to `tol` in cosine and relative norm
+ * difference; the shadow passes leave the gradients zeroed, and its BF16 loss is the bf16 recipe's.
+ */
+static inline int check_shadow_grad_compare_in(double tol) {
+    LlamaConfig cfg;
+    checkpoint_read_config(REF_MODEL_PATH, &cfg);
+    RefState r;
+    ref_state_read(&r, REF_STATE_PATH, &cfg);
+    size_t P = param_count(&cfg);
+    float loss16, loss8;
+    float* g16 = reference_gradient(PRECISION_BF16, 1, 0, BF16_LINEARS_NONE, &loss16);
+    float* g8 = reference_gradient(PRECISION_FP8, 1, 0, BF16_LINEARS_NONE, &loss8);
+    Llama m;
+    reference_model(&m, PRECISION_FP8, &cfg, &r, r.B, 0);
+    Shadow sh;
+    shadow_init(&sh, &m, 1);
+    llama_zero_grads(&m);
+    shadow_run(&sh, r.inputs, r.targets, r.B, r.T);
+    ShadowResult got;
+    shadow_finish(&sh, loss8, &got);
+    int failures = 0;
+    float* left = (float*)mallocCheck(P * sizeof(float));
+    llama_get_grads(&m, left);
+    for (size_t i = 0; i < P; i++) {
+        if (left[i] != 0.0f) {
+            failures += fail("the shadow passes left gradient %zu = %g (want 0)", i, left[i]);
+            break;
+        }
+    }
+    if ((float)got.loss_bf16 != loss16) failures += fail("shadow BF16 loss %.9g, bf16 recipe %.9g", got.loss_bf16, loss16);
+    double whole, cos, rel;
+    grad_compare_direct(&cfg, g8, g16, -1, &whole, &rel);
+    printf("    whole model: cosine %.12f (direct %.12f), norm rel diff %.6e (direct %.6e)\n", got.cosine, whole, got.norm_rel, rel);
+    if (!(fabs(got.cosine - whole) <= tol) || !(fabs(got.norm_rel - rel) <= tol)) failures += fail("whole-model comparison differs from the direct one");
+    if (!(whole < 1.0 - 1e-9)) failures += fail("FP8 and BF16 gradients are equal: the comparison measures nothing");
+    int worst = -1;
+    double worst_cos = 0.0;
+    for (int l = 0; l < cfg.n_layers; l++) {
+        grad_compare_direct(&cfg, g8, g16, l, &cos, &rel);
+        printf("    block %d: cosine %.12f, norm rel diff %.6e\n", l, cos, rel);
+        if (worst < 0 || cos < worst_cos) {
+            worst = l;
+            worst_cos = cos;
+        }
+    }
+    if (got.worst_layer != worst || !(fabs(got.worst_cosine - worst_cos) <= tol))
+        failures += fail("worst block %d (cosine %.12f), direct %d (%.12f)", got.worst_layer, got.worst_cosine, worst, worst_cos);
+    shadow_free(&sh);
+    llama_free(&m);
+    ref_state_free(&r);
+    free(g16);
+    free(g8);
+    free(left);
     return failures != 0;
 }

@@ -138,17 +138,39 @@ def test_resume_across_rank_counts(tmp_path):
                 assert sa == sb and abs(la - lb) < 1e-5 * abs(la) and abs(na - nb) < 1e-4 * abs(na)
 
 
-def test_mismatched_flags_stop_every_rank(tmp_path):
-    """MPMD launch with -b 4 on one rank and -b 8 on the other: one message naming -b, non-zero, fast."""
+@pytest.mark.parametrize("flag, value0, value1, shown0, shown1", [
+    ("-b", "4", "8", "4", "8"),
+    ("--bf16-layers", "first", "1-2", "0", "1-2"),
+])
+def test_mismatched_flags_stop_every_rank(tmp_path, flag, value0, value1, shown0, shown1):
+    """MPMD launch with another value of a flag on each rank: one message naming it, non-zero, fast."""
     args = [*BASE, "-x", "2", "-o", tmp_path / "run"]
-    cmd = [MPIRUN, "--oversubscribe", "-np", "1", REPO / "train_llama_cpu", *args, "-b", "4", ":",
-           "-np", "1", REPO / "train_llama_cpu", *args, "-b", "8"]
+    cmd = [MPIRUN, "--oversubscribe", "-np", "1", REPO / "train_llama_cpu", *args, flag, value0, ":",
+           "-np", "1", REPO / "train_llama_cpu", *args, flag, value1]
     start = time.time()
     r = subprocess.run([str(c) for c in cmd], cwd=REPO, env=MPI_ENV, capture_output=True, text=True, timeout=RUN_TIMEOUT)
     assert r.returncode != 0
     lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "disagree on -b" in lines[0] and "rank 0 has 4" in lines[0] and "rank 1 has 8" in lines[0], r.stderr
+    assert len(lines) == 1 and f"disagree on {flag}:" in lines[0], r.stderr
+    assert f"rank 0 has {shown0}," in lines[0] and f"rank 1 has {shown1} " in lines[0], r.stderr
     assert time.time() - start < 60
+
+
+def test_shadow_fallback_decided_by_every_rank(tmp_path):
+    """A forced fallback (tolerance 0) on 2 ranks (ZeRO-1, gradients compared) = on 1 rank accumulating the
+    same 2 micro-batches: the same events and bit-identical losses, norms and weights, which holds only if
+    both ranks ran every step in the same precision as the single rank."""
+    policy = ["--shadow-every", 3, "--shadow-policy", "fallback", "--shadow-tol", 0, "--shadow-patience", 2,
+              "--shadow-recover", 2, "--shadow-grad", 1]
+    train(1, tmp_path / "r1", *policy, steps=7)
+    r = train(2, tmp_path / "r2", "-z", 1, *policy, steps=7)
+    assert "shadow policy: fallback to BF16 from step 5 on" in r.stdout and "back to FP8 from step 7 on" in r.stdout
+    events = {}
+    for name in ["r1", "r2"]:
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        events[name] = [(row["step"], row["event"]) for row in rows if "event" in row]
+    assert events["r1"] == events["r2"] == [(3, "fallback"), (5, "recover")]
+    assert_same_run(tmp_path / "r1", tmp_path / "r2", 7)
 
 
 def write_shard(path, tokens):
