@@ -377,7 +377,7 @@ for p in bf16 fp8; do
     if [ -n "$planned" ] && [ -n "$used" ]; then
         row "  -p $p memory plan" bench "plan $planned GiB (with estimates), in use $(awk -v u="$used" 'BEGIN {printf "%.2f", u / 1024}') GiB (cudaMemGetInfo)"
     else
-        row "  -p $p memory plan" FAIL "no plan or no mem_mib: see plan_$p.log, train_$p.log"
+        row "  -p $p memory plan" FAIL "plan ${planned:-missing (see plan_$p.log)} GiB; in use ${used:-not measured (the run failed: next row)}"
     fi
     # means over the steps after warm-up, leaving out skipped steps ("step k skipped: ..." precedes step k's line)
     stats=$(awk -v warm="$WARMUP_STEPS" '
