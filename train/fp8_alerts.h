@@ -46,6 +46,12 @@ static inline void fp8_alerts_init(Fp8Alerts* a, Fp8AlertThresholds th, int n_la
     a->last_amax = (float*)callocCheck((size_t)n_layers * LIN_PER_LAYER * FP8_OPS, sizeof(float));
 }
 
+/* Forgets every operand's previous amax (after a stretch of BF16 steps: the next statistics step starts
+   the growth baseline again, as after a resume). */
+static inline void fp8_alerts_restart(Fp8Alerts* a, int n_layers) {
+    memset(a->last_amax, 0, (size_t)n_layers * LIN_PER_LAYER * FP8_OPS * sizeof(float));
+}
+
 static inline void fp8_alerts_free(Fp8Alerts* a) {
     free(a->last_amax);
     memset(a, 0, sizeof(*a));

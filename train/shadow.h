@@ -21,12 +21,15 @@
  * bit-identical with and without checks (the CPU build; cuDNN's attention backward is deterministic on
  * the GPU only with LLM8_DETERMINISTIC=1). Multi-rank: each rank checks its own first micro-batch; the
  * losses are averaged and the sums of squares added over the ranks, slot by slot (train/trainer.h's
- * rule), so every rank sees the same result and the policy decides the same everywhere.
+ * rule), so every rank sees the same result and the policy decides the same everywhere. The checked
+ * micro-batches, and so the measured differences, depend on the rank count (W ranks check W
+ * micro-batches): a run resumed on another rank count may fall back at another step.
  *
  * Cost of a check, against the grad_accum_steps forward + backward passes of a step: one BF16 forward;
- * with --shadow-grad 1 also its backward and two FP8 forward + backward passes. Memory: none on the
- * device (the norm's chunk partials are reused), one double per gradient chunk and three per parameter
- * segment on the host.
+ * with --shadow-grad 1 also its backward and two FP8 forward + backward passes. Memory: on the device
+ * only the BF16 weight scratch every fp8 run has (llama_bf16_weight; the norm's chunk partials are
+ * reused), one double per gradient chunk and three per parameter segment on the host. Under ZeRO-1/2
+ * each BF16 GEMM of the check waits for an all-gather of its weight.
  * Included after a backend, a communication implementation and llama/model.h.
  */
 #pragma once

@@ -188,7 +188,9 @@ static inline float trainer_val_loss(Trainer* tr) {
 
 /*
  * Prints -g tokens sampled from the model after BOS (temperature 1), one forward of (1, T) per token;
- * positions after the current one hold EOS and, attention being causal, do not affect it.
+ * positions after the current one hold EOS and, attention being causal, do not affect it. Every rank
+ * runs it (a forward's BF16 weights of an fp8 run may be all-gathered: llama_bf16_weight), drawing the
+ * same tokens from the same logits and generator; rank 0 prints.
  */
 static inline void trainer_sample(Trainer* tr) {
     Llama* m = &tr->model;
@@ -216,7 +218,7 @@ static inline void trainer_sample(Trainer* tr) {
             }
         }
         tokens[t] = next;
-        tokenizer_print(&tr->tokenizer, tokens[t - 1], next);
+        if (tr->rank == 0) tokenizer_print(&tr->tokenizer, tokens[t - 1], next);
         fflush(stdout);
     }
     printf("\n");
@@ -557,6 +559,7 @@ static inline void trainer_step(Trainer* tr) {
     tr->step_ms += ms;
     if (shadow_due) trainer_shadow_report(tr, &shadow);
     else if (tr->shadow_state.bf16) trainer_shadow_bf16_step(tr);
+    if (m->linears_bf16 && !tr->shadow_state.bf16) fp8_alerts_restart(&tr->alerts, tr->cfg.n_layers);
     m->linears_bf16 = tr->shadow_state.bf16; /* validation, samples and the next step run in the policy's recipe */
     tr->step++;
 }
@@ -613,7 +616,8 @@ static inline int train_main(int argc, char** argv) {
         }
         int due = a->ckpt_every == NO_CHECKPOINTS ? 0 : last || (a->ckpt_every > 0 && tr->step % a->ckpt_every == 0);
         if (a->output_dir && tr->step > start && due) trainer_save(tr);
-        if (a->sample_every > 0 && tr->rank == 0 && (last || tr->step % a->sample_every == 0)) {
+        /* every rank samples (the same tokens; rank 0 prints them): a forward may all-gather weights */
+        if (a->sample_every > 0 && (last || tr->step % a->sample_every == 0)) {
             watchdog_phase("sample", tr->step);
             trainer_sample(tr);
         }

@@ -182,8 +182,9 @@ static inline void reference_dump(Precision p, const char* out_path) {
 }
 
 /* How a reference model of -p fp8 runs its block linears in BF16 (the FP8 safety net): not at all, by
-   the run-wide switch (the shadow check's BF16 run, a fallback), or by --bf16-layers naming every block. */
-typedef enum { BF16_LINEARS_NONE, BF16_LINEARS_SWITCH, BF16_LINEARS_EVERY_BLOCK } Bf16Linears;
+   the run-wide switch (the shadow check's BF16 run, a fallback), by --bf16-layers naming every block, or
+   naming the last block only (BF16 and FP8 blocks mixed). */
+typedef enum { BF16_LINEARS_NONE, BF16_LINEARS_SWITCH, BF16_LINEARS_EVERY_BLOCK, BF16_LINEARS_LAST_BLOCK } Bf16Linears;
 
 /*
  * The reference model's gradient after accumulating `micro` micro-batches that split the batch by rows,
@@ -198,11 +199,12 @@ static inline float* reference_gradient(Precision p, int micro, int recompute, B
     int Bm = r.B / micro;
     reference_model(&m, p, &cfg, &r, Bm, recompute);
     m.linears_bf16 = bf16 == BF16_LINEARS_SWITCH;
-    if (bf16 == BF16_LINEARS_EVERY_BLOCK) {
-        char* every = (char*)mallocCheck((size_t)cfg.n_layers);
-        memset(every, 1, (size_t)cfg.n_layers);
-        llama_set_bf16_blocks(&m, every);
-        free(every);
+    if (bf16 == BF16_LINEARS_EVERY_BLOCK || bf16 == BF16_LINEARS_LAST_BLOCK) {
+        char* blocks = (char*)callocCheck((size_t)cfg.n_layers, 1);
+        if (bf16 == BF16_LINEARS_EVERY_BLOCK) memset(blocks, 1, (size_t)cfg.n_layers);
+        else blocks[cfg.n_layers - 1] = 1;
+        llama_set_bf16_blocks(&m, blocks);
+        free(blocks);
     }
     llama_zero_grads(&m);
     for (int k = 0; k < micro; k++) {
@@ -540,22 +542,37 @@ static inline int check_zero_stages_in(Precision p) {
     return failures != 0;
 }
 
-/* An fp8 model whose block linears all run BF16 (the fallback, or --bf16-layers naming every block)
-   computes the bf16 recipe bit for bit, backward included (the BF16 inputs rebuilt there). */
+/*
+ * An fp8 model whose block linears all run BF16 (the fallback, or --bf16-layers naming every block)
+ * computes the bf16 recipe bit for bit at every recompute level, backward included (the BF16 inputs
+ * rebuilt there, or replayed under -r 2); an fp8 model with only its last block in BF16 gives the same
+ * gradient (two micro-batches) at every recompute level.
+ */
 static inline int check_bf16_linears_in_fp8_in(void) {
-    float want_loss, got_loss[2];
+    float want_loss, got_loss;
     float* want = reference_gradient(PRECISION_BF16, 1, 0, BF16_LINEARS_NONE, &want_loss);
     LlamaConfig cfg;
     checkpoint_read_config(REF_MODEL_PATH, &cfg);
+    size_t bytes = param_count(&cfg) * sizeof(float);
     int failures = 0;
-    for (int how = 0; how < 2; how++) {
-        float* got = reference_gradient(PRECISION_FP8, 1, 0, how == 0 ? BF16_LINEARS_SWITCH : BF16_LINEARS_EVERY_BLOCK, &got_loss[how]);
-        const char* name = how == 0 ? "linears_bf16" : "--bf16-layers naming every block";
-        if (memcmp(&got_loss[how], &want_loss, sizeof(float)) != 0) failures += fail("%s: loss %.9g, bf16 recipe %.9g", name, got_loss[how], want_loss);
-        if (memcmp(got, want, param_count(&cfg) * sizeof(float)) != 0) failures += fail("%s: gradients differ from the bf16 recipe's", name);
+    for (int level = 0; level < RECOMPUTE_LEVELS; level++) {
+        for (int how = 0; how < 2; how++) {
+            float* got = reference_gradient(PRECISION_FP8, 1, level, how == 0 ? BF16_LINEARS_SWITCH : BF16_LINEARS_EVERY_BLOCK, &got_loss);
+            const char* name = how == 0 ? "linears_bf16" : "--bf16-layers naming every block";
+            if (memcmp(&got_loss, &want_loss, sizeof(float)) != 0) failures += fail("%s -r %d: loss %.9g, bf16 recipe %.9g", name, level, got_loss, want_loss);
+            if (memcmp(got, want, bytes) != 0) failures += fail("%s -r %d: gradients differ from the bf16 recipe's", name, level);
+            free(got);
+        }
+    }
+    printf("    every block linear BF16 in fp8, -r 0..%d: loss %.9g and gradients = the bf16 recipe's\n", RECOMPUTE_LEVELS - 1, want_loss);
+    float* mixed = reference_gradient(PRECISION_FP8, 2, 0, BF16_LINEARS_LAST_BLOCK, NULL);
+    for (int level = 1; level < RECOMPUTE_LEVELS; level++) {
+        float* got = reference_gradient(PRECISION_FP8, 2, level, BF16_LINEARS_LAST_BLOCK, NULL);
+        if (memcmp(got, mixed, bytes) != 0) failures += fail("last block BF16, -r %d: gradients differ from -r 0", level);
         free(got);
     }
-    printf("    loss: bf16 recipe %.9g, fp8 run in BF16 %.9g / %.9g\n", want_loss, got_loss[0], got_loss[1]);
+    if (memcmp(mixed, want, bytes) == 0) failures += fail("last block BF16: the gradient is the bf16 recipe's (the other blocks ran no FP8)");
+    free(mixed);
     free(want);
     return failures != 0;
 }

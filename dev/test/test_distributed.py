@@ -173,6 +173,16 @@ def test_shadow_fallback_decided_by_every_rank(tmp_path):
     assert_same_run(tmp_path / "r1", tmp_path / "r2", 7)
 
 
+def test_samples_with_bf16_blocks_under_zero(tmp_path):
+    """Samples of a 2-rank ZeRO-1 fp8 run with a BF16 block (whose weights every forward all-gathers) run
+    on every rank without a hang, and print the tokens of the 1-rank run."""
+    extra = ["--bf16-layers", "first", "-s", 2, "-g", 4]
+    one = train(1, tmp_path / "r1", *extra)
+    two = train(2, tmp_path / "r2", "-z", 1, *extra)
+    samples = [[line for line in r.stdout.splitlines() if line.startswith("| sample:")] for r in (one, two)]
+    assert len(samples[0]) == 3 and samples[0] == samples[1], samples
+
+
 def write_shard(path, tokens):
     header = np.zeros(256, dtype=np.int32)
     header[:3] = [20240520, 1, len(tokens)]
