@@ -127,6 +127,27 @@ static int check_fp8_nonfinite_flagged(void) {
     if (!llama_fp8_nonfinite(&m, what, sizeof(what))) failures += fail("NaN in wo[layer 1] not flagged (loss %f)", loss);
     else if (strcmp(what, "wo[layer 1] W") != 0) failures += fail("flagged '%s', want 'wo[layer 1] W'", what);
     else printf("    loss %f stays finite; flagged operand: %s\n", loss, what);
+    /* X and dY flags are sticky over the micro-steps of a step: a NaN norm weight makes wqkv[layer 1]'s X
+       non-finite in one forward; a later clean forward keeps the flag until llama_fp8_begin_step */
+    size_t norm_nan = offsets[P_ATTN_NORM] + (size_t)cfg.dim + 5; /* attention norm of layer 1 */
+    params[offsets[P_WO] + (size_t)cfg.dim * cfg.dim + 17] = 0.0f;
+    params[norm_nan] = NAN;
+    llama_set_params(&m, params);
+    llama_fp8_begin_step(&m);
+    llama_forward(&m, r.inputs, r.targets, r.B, r.T, 1.0f / (r.B * r.T));
+    int flagged = llama_fp8_nonfinite(&m, what, sizeof(what));
+    if (!flagged || strcmp(what, "wqkv[layer 1] X") != 0) failures += fail("NaN norm weight: flagged '%s', want 'wqkv[layer 1] X'", flagged ? what : "none");
+    params[norm_nan] = 1.0f;
+    llama_set_params(&m, params);
+    llama_forward(&m, r.inputs, r.targets, r.B, r.T, 1.0f / (r.B * r.T));
+    llama_backward(&m);
+    flagged = llama_fp8_nonfinite(&m, what, sizeof(what));
+    if (!flagged || strcmp(what, "wqkv[layer 1] X") != 0) failures += fail("a later finite micro-step cleared the flag (flagged '%s')", flagged ? what : "none");
+    llama_fp8_begin_step(&m);
+    llama_forward(&m, r.inputs, r.targets, r.B, r.T, 1.0f / (r.B * r.T));
+    llama_backward(&m);
+    if (llama_fp8_nonfinite(&m, what, sizeof(what))) failures += fail("after llama_fp8_begin_step, a finite step flagged '%s'", what);
+    else printf("    NaN norm weight: flagged wqkv[layer 1] X, sticky over micro-steps, cleared by llama_fp8_begin_step\n");
     /* and a NaN gradient is named by its tensor and layer */
     llama_zero_grads(&m);
     float nan = NAN;

@@ -152,6 +152,7 @@ static int prod_cast(ProdFp8Operand* o, const char* label, const float* x, size_
     kc_poison(o->d_codes_t, n);
     kc_poison(o->d_scale, sizeof(Fp8Scale));
     op_amax(o->d_scale, d_x, n);
+    op_fp8_clear_nonfinite(o->d_scale, 1);
     op_cast_transpose(o->d_codes, o->d_codes_t, d_x, rows, cols, f, o->d_scale, 0, NULL);
     o->codes = (uint8_t*)mallocCheck(n);
     o->codes_t = (uint8_t*)mallocCheck(n);
@@ -163,6 +164,7 @@ static int prod_cast(ProdFp8Operand* o, const char* label, const float* x, size_
     uint8_t* ref_t = (uint8_t*)mallocCheck(n);
     Fp8Scale sc;
     cpu_ref_amax(&sc, x, n);
+    sc.nonfinite = 0.0f;
     cpu_ref_cast_transpose(ref, ref_t, x, rows, cols, f, &sc, 0, NULL);
     char what[64];
     snprintf(what, sizeof(what), "cast %s (%zu, %zu) %s", label, rows, cols, fp8_format_name(f));

@@ -470,6 +470,10 @@ static inline void op_cast_transpose_master(uint8_t* out, uint8_t* out_t, const 
     backend_timer_stop(PROF_FP8_CAST);
 }
 
+static inline void op_fp8_clear_nonfinite(Fp8Scale* s, size_t n) {
+    for (size_t i = 0; i < n; i++) s[i].nonfinite = 0.0f;
+}
+
 static inline void op_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols) {
     backend_timer_start(PROF_FP8_CAST);
     fp8_transpose_cpu(out_t, in, rows, cols);

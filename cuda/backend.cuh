@@ -282,6 +282,12 @@ static inline void op_cast_transpose_master(uint8_t* out, uint8_t* out_t, const 
     fp8_cast_transpose_cuda(out, out_t, master, rows, cols, f, s, pow2, counts);
 }
 
+/* One strided memset: the nonfinite field of each 16-byte record. */
+static inline void op_fp8_clear_nonfinite(Fp8Scale* s, size_t n) {
+    if (n == 0) return;
+    cudaCheck(cudaMemset2DAsync(&s->nonfinite, sizeof(Fp8Scale), 0, sizeof(float), n, 0));
+}
+
 static inline void op_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols) {
     fp8_transpose_cuda(out_t, in, rows, cols);
 }

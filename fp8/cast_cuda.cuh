@@ -92,7 +92,8 @@ __device__ __forceinline__ float cast_input(float x) { return bf16_to_f(f_to_bf1
  * One block per 64 x 64 tile of x (rows, cols): each block derives the scale from s->amax itself (so no
  * grid-wide barrier is needed), casts its tile, writes the codes to out row-major, stages them in
  * shared memory and writes them to out_t (cols, rows) along the transposed rows, both coalesced.
- * Block 0 publishes scale and scale_inv; amax is only read.
+ * Block 0 publishes scale and scale_inv, and sets the sticky nonfinite flag for a non-finite amax;
+ * amax is only read.
  */
 template <typename In>
 __global__ void __launch_bounds__(CT_THREADS) cast_transpose_kernel(uint8_t* out, uint8_t* out_t, const In* x, size_t rows,
@@ -106,6 +107,7 @@ __global__ void __launch_bounds__(CT_THREADS) cast_transpose_kernel(uint8_t* out
         fp8_scale_set(&published, amax, f, pow2);
         s->scale = published.scale;
         s->scale_inv = published.scale_inv;
+        if (!fp8_amax_is_finite(amax)) s->nonfinite = 1.0f;
     }
     int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     size_t r0 = (blockIdx.x / tiles_x) * CT_TILE, c0 = (blockIdx.x % tiles_x) * CT_TILE;
@@ -151,7 +153,8 @@ __global__ void __launch_bounds__(CT_THREADS) cast_transpose_kernel(uint8_t* out
 }
 
 /*
- * Sets s->scale / s->scale_inv (device) from s->amax (fp8_compute_scale), then casts x (rows, cols) BF16,
+ * Sets s->scale / s->scale_inv (device) from s->amax (fp8_compute_scale) and s->nonfinite to 1 when that
+ * amax is not finite (sticky, fp8.h Fp8Scale), then casts x (rows, cols) BF16,
  * or FP32 master weights rounded to BF16, into FP8 codes out (rows, cols) and out_t (cols, rows); either
  * may be NULL. counts (device, may be NULL) accumulates the cast statistics (fp8.h Fp8Counts) with
  * integer atomics.

@@ -160,7 +160,8 @@ static inline void op_adamw(float* master, float* m, float* v, const float* grad
 
 /* s->amax = max |x| over n act values; NaN when any is NaN (fp8.h amax_combine). Timed as PROF_FP8_CAST. */
 static inline void op_amax(Fp8Scale* s, const act_t* x, size_t n);
-/* s->scale, s->scale_inv from s->amax (fp8_compute_scale); then x (rows, cols) cast to codes of format f,
+/* s->scale, s->scale_inv from s->amax (fp8_compute_scale), s->nonfinite = 1 when that amax is not finite
+   (sticky: never cleared here); then x (rows, cols) cast to codes of format f,
    written to out (rows, cols) and/or out_t (cols, rows) (either may be NULL); counts (may be NULL)
    accumulates the cast statistics. Codes are bit-identical across backends. Timed as PROF_FP8_CAST. */
 static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols, Fp8Format f,
@@ -172,6 +173,8 @@ static inline void op_amax_master(Fp8Scale* s, const float* master, size_t n);
    BF16 copy of it would give. rows or cols may be 0 (the scale is still set). */
 static inline void op_cast_transpose_master(uint8_t* out, uint8_t* out_t, const float* master, size_t rows, size_t cols,
                                             Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts);
+/* s[i].nonfinite = 0 for the n records s (the sticky flags the casts set); the other fields are kept. */
+static inline void op_fp8_clear_nonfinite(Fp8Scale* s, size_t n);
 /* out_t (cols, rows) = in (rows, cols) transposed: FP8 codes, copied. */
 static inline void op_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols);
 /* Runs a GEMM (fp8/gemm.h: build it with gemm_fprop / gemm_dgrad / gemm_wgrad); DT_ACT outputs are

@@ -589,6 +589,8 @@ static inline Fp8Scale* llama_fp8_weight_scales(Llama* m) { return m->fp8_scales
    every piece, else W's pieces (the layers' W^T then wait for the gather). Gathers no statistics: these
    are the next step's weights, which llama_fp8_stats_begin counts when that step gathers them. */
 static inline void llama_fp8_cast_weights(Llama* m) {
+    /* new weights: their casts alone decide the W flags (llama_fp8_nonfinite) */
+    if (m->precision == PRECISION_FP8) op_fp8_clear_nonfinite(llama_fp8_weight_scales(m), llama_fp8_slots(m));
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* s = &m->segs[i];
         if (!s->fp8) continue;
@@ -919,7 +921,9 @@ static inline float llama_forward(Llama* m, const int* inputs, const int* target
     m->last_B = B;
     m->last_T = T;
     m->inputs_host = inputs;
+    /* both token uploads before any op is queued: a synchronous copy waits for the queued work */
     dev_upload(m->inputs, inputs, N * sizeof(int));
+    if (targets != NULL) dev_upload(m->targets, targets, N * sizeof(int));
 
     llama_weights_needed(m, BUCKET_EMBEDDING);
     op_encoder_forward(a->resid, m->inputs, llama_param(m, P_TOK_EMBEDDINGS, 0), N, C);          /* (N, C) */
@@ -939,7 +943,6 @@ static inline float llama_forward(Llama* m, const int* inputs, const int* target
     }
     linear_forward(m, NO_LAYER, LIN_OUTPUT, a->logits, a->ln_final);                              /* (N, V) */
     if (targets == NULL) return 0.0f;
-    dev_upload(m->targets, targets, N * sizeof(int));
     op_classifier(a->logits, a->losses, m->targets, N, V, dloss);
     dev_download(m->losses_host, a->losses, N * sizeof(float));
     double sum = 0.0;
@@ -1087,8 +1090,25 @@ static inline int llama_slot_is_fp8(const Llama* m, size_t slot) {
     return llama_linear_is_fp8(m, (int)(slot / LIN_PER_LAYER), (LinearId)(slot % LIN_PER_LAYER));
 }
 
-/* Returns the first operand of a linear running FP8 whose amax is not finite, as "w13[layer 2] dY", or 0
-   when all are. */
+/*
+ * Non-finite FP8 operands (DESIGN.md section 7) are recorded on the device, not checked per cast: every
+ * cast sets its record's sticky nonfinite flag when its amax is not finite (fp8.h Fp8Scale). The W flags
+ * are cleared when new weights are cast (llama_fp8_cast_weights), the X and dY flags by
+ * llama_fp8_begin_step; llama_fp8_nonfinite reads them all once, after the step's last micro-step.
+ */
+
+/* Starts a step's record of non-finite FP8 activations and gradients: clears the X and dY flags of every
+   slot (the weights' flags stay, they describe the weights this step uses). Asynchronous. */
+static inline void llama_fp8_begin_step(Llama* m) {
+    if (m->precision != PRECISION_FP8) return;
+    /* operand-major records: the X rows, then the dY rows, contiguous */
+    op_fp8_clear_nonfinite(fp8_scale(m, 0, FP8_OP_X), (FP8_OPS - FP8_OP_X) * llama_fp8_slots(m));
+}
+
+/* Returns 1 and writes the first operand (slot order, then W, X, dY) of a linear running FP8 whose flag
+   is set, as "w13[layer 2] dY", or returns 0 when none is: any cast of the step so far (since
+   llama_fp8_begin_step) of X or dY, or the cast of the weights in use. One download of the records: call
+   it once per step. */
 static inline int llama_fp8_nonfinite(Llama* m, char* out, size_t len) {
     if (m->precision != PRECISION_FP8) return 0;
     size_t slots = llama_fp8_slots(m);
@@ -1098,7 +1118,7 @@ static inline int llama_fp8_nonfinite(Llama* m, char* out, size_t len) {
     for (size_t slot = 0; slot < slots && !found; slot++) {
         if (!llama_slot_is_fp8(m, slot)) continue;
         for (int op = 0; op < FP8_OPS && !found; op++) {
-            if (fp8_amax_is_finite(s[(size_t)op * slots + slot].amax)) continue;
+            if (s[(size_t)op * slots + slot].nonfinite == 0.0f) continue;
             snprintf(out, len, "%s[layer %zu] %s", LINEAR_NAMES[slot % LIN_PER_LAYER], slot / LIN_PER_LAYER, FP8_OPERAND_NAMES[op]);
             found = 1;
         }

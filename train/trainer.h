@@ -460,8 +460,6 @@ static inline void trainer_step(Trainer* tr) {
     dp_begin_step(&tr->dp);
     float dloss = 1.0f / ((float)a->B * a->T * A * W);
     double* slots = (double*)callocCheck((size_t)A * W + 1, sizeof(double)); /* the losses, then the FP8 flag */
-    char fp8_bad[128];
-    int fp8_nonfinite = 0;
     float first_loss = 0.0f; /* this rank's loss of its first micro-batch, for the shadow check */
     for (int micro = 0; micro < A; micro++) {
         if (!a->overfit || !tr->overfit_loaded) {
@@ -475,7 +473,9 @@ static inline void trainer_step(Trainer* tr) {
             watchdog_phase("shadow check", tr->step);
             shadow_run(&tr->shadow, tr->train.inputs, tr->train.targets, a->B, a->T);
         }
-        /* after the shadow passes, which must not count: the step's own casts gather the statistics */
+        /* after the shadow passes, which must not count: the step's own casts gather the statistics and
+           set the non-finite flags */
+        if (micro == 0) llama_fp8_begin_step(m);
         if (micro == 0 && stats_due) llama_fp8_stats_begin(m);
         tr->dp.last_micro = micro == A - 1;
         watchdog_phase("forward", tr->step);
@@ -488,9 +488,10 @@ static inline void trainer_step(Trainer* tr) {
         backend_timer_start(PROF_BACKWARD);
         llama_backward(m);
         backend_timer_stop(PROF_BACKWARD);
-        /* each micro-step recasts X and dY with fresh scales: check before the next one overwrites them */
-        if (!fp8_nonfinite) fp8_nonfinite = llama_fp8_nonfinite(m, fp8_bad, sizeof(fp8_bad));
     }
+    /* the casts of every micro-step set sticky flags on the device: one read for the whole step */
+    char fp8_bad[128];
+    int fp8_nonfinite = llama_fp8_nonfinite(m, fp8_bad, sizeof(fp8_bad));
     watchdog_phase("gradient reduction", tr->step);
     int bad;
     backend_timer_start(PROF_OPTIMIZER);

@@ -279,10 +279,12 @@ static inline int kc_compare_cast(const char* label, const uint8_t* got, const u
            bad || bad_t ? "  FAIL" : "");
     if (bad) printf("      FAIL: first code at %zu: gpu 0x%02x, cpu 0x%02x\n", first, got[first], ref[first]);
     if (bad_t) printf("      FAIL: first transposed code at %zu: gpu 0x%02x, cpu 0x%02x\n", first_t, got_t[first_t], ref_t[first_t]);
-    int scale_ok = kc_same_bits(sg.amax, sc.amax) && kc_same_bits(sg.scale, sc.scale) && kc_same_bits(sg.scale_inv, sc.scale_inv);
-    printf("    %s amax %.9g scale %.9g scale_inv %.9g, tol bit-identical%s\n", label, sc.amax, sc.scale, sc.scale_inv,
-           scale_ok ? "" : "  FAIL");
-    if (!scale_ok) printf("      FAIL: gpu amax %.9g scale %.9g scale_inv %.9g\n", sg.amax, sg.scale, sg.scale_inv);
+    int scale_ok = kc_same_bits(sg.amax, sc.amax) && kc_same_bits(sg.scale, sc.scale) &&
+                   kc_same_bits(sg.scale_inv, sc.scale_inv) && kc_same_bits(sg.nonfinite, sc.nonfinite);
+    printf("    %s amax %.9g scale %.9g scale_inv %.9g nonfinite %g, tol bit-identical%s\n", label, sc.amax, sc.scale,
+           sc.scale_inv, sc.nonfinite, scale_ok ? "" : "  FAIL");
+    if (!scale_ok)
+        printf("      FAIL: gpu amax %.9g scale %.9g scale_inv %.9g nonfinite %g\n", sg.amax, sg.scale, sg.scale_inv, sg.nonfinite);
     return (bad != 0) + (bad_t != 0) + !scale_ok;
 }
 
@@ -970,6 +972,7 @@ static int kc_case_fp8_cast(const KernelShape* s, int iters, uint64_t seed) {
             memset(codes, 0xFF, n);
             memset(codes_t, 0xFF, n);
             cpu_ref_amax(&sc, x, n);
+            sc.nonfinite = 0.0f; /* the cast sets the flag for the NaN and Inf tensors */
             cpu_ref_cast_transpose(va->out ? codes : NULL, va->out_t ? codes_t : NULL, x, ts->rows, ts->cols, va->f, &sc,
                                    va->pow2, va->counts ? &cc : NULL);
             /* GPU */
@@ -978,6 +981,7 @@ static int kc_case_fp8_cast(const KernelShape* s, int iters, uint64_t seed) {
             kc_poison(d_codes_t, n);
             dev_upload(d_counts, &counts0, sizeof(Fp8Counts));
             op_amax(d_scale, d_x, n);
+            op_fp8_clear_nonfinite(d_scale, 1);
             op_cast_transpose(va->out ? d_codes : NULL, va->out_t ? d_codes_t : NULL, d_x, ts->rows, ts->cols, va->f, d_scale,
                               va->pow2, va->counts ? d_counts : NULL);
             Fp8Scale sg;
