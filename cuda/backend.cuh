@@ -11,8 +11,7 @@
  *   cuda/swiglu.cuh      SwiGLU
  *   cuda/classifier.cuh  fused softmax cross-entropy
  * and the FP8 library's GPU half (fp8/cast_cuda.cuh amax and cast-transpose, fp8/gemm_cublaslt.cuh).
- * Ops are asynchronous on the default stream except where a host value is returned (op_sum_f64) or
- * host data is read (op_encoder_backward).
+ * Ops are asynchronous on the default stream except where a host value is returned (op_sum_f64).
  */
 #pragma once
 
