@@ -93,6 +93,7 @@ KERNEL_CHECK(attention)
 KERNEL_CHECK(swiglu)
 KERNEL_CHECK(classifier)
 KERNEL_CHECK(fp8_cast)
+KERNEL_CHECK(fp8_cast_vec)
 KERNEL_CHECK(fp8_weight)
 KERNEL_CHECK(gemm)
 
@@ -376,6 +377,7 @@ static Check CHECKS[] = {
     {"kernel_swiglu", check_kernel_swiglu, "SwiGLU forward/backward vs CPU"},
     {"kernel_classifier", check_kernel_classifier, "fused softmax cross-entropy vs CPU"},
     {"kernel_fp8_cast", check_kernel_fp8_cast, "amax + FP8 cast-transpose bit-identical to CPU"},
+    {"kernel_fp8_cast_vec", check_kernel_fp8_cast_vec, "element-wise and vectorized cast-transpose kernels bit-identical to CPU"},
     {"kernel_fp8_weight", check_kernel_fp8_weight, "FP8 weights from master weights (amax, cast, transpose) bit-identical to CPU"},
     {"kernel_gemm", check_kernel_gemm, "cuBLASLt BF16/FP8 GEMMs vs the CPU emulation"},
     {"resume_bit_identical", check_resume_bit_identical, "GPU save -> load -> continue reproduces losses and weights"},

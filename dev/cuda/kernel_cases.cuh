@@ -292,12 +292,12 @@ static inline int kc_compare_cast(const char* label, const uint8_t* got, const u
 
 /*
  * Mean time of `launch` over iters calls after one warm-up, with CUDA events on the default stream; prints
- * microseconds and TFLOP/s (flops > 0) or effective GB/s (bytes each call must move at least). iters <= 0:
- * nothing.
+ * microseconds and TFLOP/s (flops > 0) or effective GB/s (bytes each call must move at least); returns
+ * the microseconds. iters <= 0: nothing, returns 0.
  */
 template <typename Launch>
-static inline void kc_time(const char* op, int iters, double bytes, double flops, Launch launch) {
-    if (iters <= 0) return;
+static inline double kc_time(const char* op, int iters, double bytes, double flops, Launch launch) {
+    if (iters <= 0) return 0.0;
     launch();
     cudaCheck(cudaDeviceSynchronize());
     cudaEvent_t start, stop;
@@ -319,6 +319,7 @@ static inline void kc_time(const char* op, int iters, double bytes, double flops
         g_kernel_case_slowest_us = us;
         snprintf(g_kernel_case_slowest_op, sizeof(g_kernel_case_slowest_op), "%s", op);
     }
+    return us;
 }
 
 /* ------------------------------------------------------------ params: op_params_from_master, op_adamw */
@@ -1023,6 +1024,120 @@ static int kc_case_fp8_cast(const KernelShape* s, int iters, uint64_t seed) {
     return failed;
 }
 
+/* ------------------------------------------------------------ fp8_cast_vec: the two cast-transpose kernels */
+
+/* The cast-transpose kernels of fp8/cast_cuda.cuh: the element-wise one, and the vectorized one. */
+enum { KC_CT_TILED, KC_CT_VEC, KC_CT_KERNELS };
+static const char* const KC_CT_KERNEL_NAMES[KC_CT_KERNELS] = {"tiled", "vec"};
+
+static inline void kc_cast_transpose_with(int kernel, uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols,
+                                          Fp8Format f, Fp8Scale* s, Fp8Counts* counts) {
+    if (kernel == KC_CT_VEC) fp8_cast_transpose_vec_cuda(out, out_t, x, rows, cols, f, s, 0, counts);
+    else fp8_cast_transpose_tiled_cuda(out, out_t, x, rows, cols, f, s, 0, counts);
+}
+
+/*
+ * Tolerance: none, as fp8_cast. Each kernel that takes the tensor (the vectorized one needs cols % 8 == 0
+ * and rows % 4 == 0) casts it after op_amax, into both layouts, one or the other, with counts; codes,
+ * amax, scale, scale_inv, the nonfinite flag and the counts are compared with the CPU cast, bit for bit.
+ * Tensors: the shape's wqkv/w13 X (N, C), w13 dY (N, 2F) and w2 X (N, F); a 7B-like (4096, 4096); partial
+ * tiles (100, 72) with a NaN; the smallest vector shape (4, 8); and two the vectorized kernel refuses,
+ * (130, 64) and (64, 70), which op_cast_transpose sends to the element-wise one. With iters, the shape's
+ * three tensors are timed with both kernels (GB/s of 2 bytes read and 2 written per element).
+ */
+static int kc_case_fp8_cast_vec(const KernelShape* s, int iters, uint64_t seed) {
+    uint64_t stream = seed;
+    int failed = 0;
+    size_t N = (size_t)s->B * s->T;
+    struct {
+        const char* name;
+        size_t rows, cols;
+        Fp8Format f;
+        int timed, nan;
+    } tensors[] = {
+        {"X (N, C)", N, (size_t)s->C, FP8_E4M3, 1, 0},         {"dY (N, 2F)", N, 2 * (size_t)s->F, FP8_E5M2, 1, 0},
+        {"X (N, F)", N, (size_t)s->F, FP8_E4M3, 1, 0},         {"7B-like", 4096, 4096, FP8_E4M3, 0, 0},
+        {"partial tiles + NaN", 100, 72, FP8_E5M2, 0, 1},      {"smallest", 4, 8, FP8_E4M3, 0, 0},
+        {"rows % 4 != 0", 130, 64, FP8_E4M3, 0, 0},            {"cols % 8 != 0", 64, 70, FP8_E5M2, 0, 0},
+    };
+    /* written layouts: both, row-major only, transposed only */
+    const int layouts[3][2] = {{1, 1}, {1, 0}, {0, 1}};
+    Fp8Scale* d_scale = (Fp8Scale*)dev_alloc(sizeof(Fp8Scale));
+    Fp8Counts* d_counts = (Fp8Counts*)dev_alloc(sizeof(Fp8Counts));
+    for (size_t t = 0; t < sizeof(tensors) / sizeof(tensors[0]); t++) {
+        size_t rows = tensors[t].rows, cols = tensors[t].cols, n = rows * cols;
+        Fp8Format f = tensors[t].f;
+        float* x = kc_host(n);
+        kc_fill_normal(x, n, splitmix64(&stream), 0.0f, f == FP8_E5M2 ? 1e-3f : 1.0f, 1);
+        if (tensors[t].nan) x[37 * cols + 11] = NAN;
+        act_t* d_x = kc_dev_act(x, n);
+        uint8_t* codes = (uint8_t*)mallocCheck(n);
+        uint8_t* codes_t = (uint8_t*)mallocCheck(n);
+        uint8_t* got = (uint8_t*)mallocCheck(n);
+        uint8_t* got_t = (uint8_t*)mallocCheck(n);
+        uint8_t* d_codes = (uint8_t*)dev_alloc(n);
+        uint8_t* d_codes_t = (uint8_t*)dev_alloc(n);
+        Fp8Scale sc;
+        Fp8Counts cc;
+        memset(&cc, 0, sizeof(cc));
+        cpu_ref_amax(&sc, x, n);
+        sc.nonfinite = 0.0f;
+        cpu_ref_cast_transpose(codes, codes_t, x, rows, cols, f, &sc, 0, &cc);
+        int vec_ok = fp8_cast_transpose_vec_ok(d_codes, d_codes_t, d_x, rows, cols);
+        printf("    %s (%zu, %zu) %s: vectorized kernel %s\n", tensors[t].name, rows, cols, fp8_format_name(f),
+               vec_ok ? "takes it" : "refuses it (op_cast_transpose uses the element-wise one)");
+        for (int k = 0; k < KC_CT_KERNELS; k++) {
+            if (k == KC_CT_VEC && !vec_ok) continue;
+            for (int l = 0; l < 3; l++) {
+                int with_out = layouts[l][0], with_t = layouts[l][1];
+                kc_poison(d_scale, sizeof(Fp8Scale));
+                kc_poison(d_codes, n);
+                kc_poison(d_codes_t, n);
+                dev_zero(d_counts, sizeof(Fp8Counts));
+                op_amax(d_scale, d_x, n);
+                op_fp8_clear_nonfinite(d_scale, 1);
+                kc_cast_transpose_with(k, with_out ? d_codes : NULL, with_t ? d_codes_t : NULL, d_x, rows, cols, f, d_scale, d_counts);
+                Fp8Scale sg;
+                Fp8Counts cg;
+                dev_download(&sg, d_scale, sizeof(Fp8Scale));
+                dev_download(&cg, d_counts, sizeof(Fp8Counts));
+                dev_download(got, d_codes, n);
+                dev_download(got_t, d_codes_t, n);
+                char label[96];
+                snprintf(label, sizeof(label), "%s %s", KC_CT_KERNEL_NAMES[k], with_out && with_t ? "both" : with_out ? "out" : "out_t");
+                failed += kc_compare_cast(label, with_out ? got : NULL, with_t ? got_t : NULL, codes, codes_t, n, sg, sc);
+                int counts_ok = memcmp(&cg, &cc, sizeof(Fp8Counts)) == 0;
+                if (!counts_ok)
+                    printf("      FAIL: %s counts: gpu sat %llu under %llu nonzero %llu count %llu, cpu %llu %llu %llu %llu\n", label,
+                           cg.saturated, cg.underflow, cg.nonzero, cg.count, cc.saturated, cc.underflow, cc.nonzero, cc.count);
+                failed += !counts_ok;
+            }
+        }
+        if (tensors[t].timed && iters > 0) {
+            double us[KC_CT_KERNELS] = {0.0, 0.0};
+            for (int k = 0; k < KC_CT_KERNELS; k++) {
+                if (k == KC_CT_VEC && !vec_ok) continue;
+                char op[64];
+                snprintf(op, sizeof(op), "cast_transpose %s %s", KC_CT_KERNEL_NAMES[k], tensors[t].name);
+                us[k] = kc_time(op, iters, 4.0 * n, 0.0,
+                                [&] { kc_cast_transpose_with(k, d_codes, d_codes_t, d_x, rows, cols, f, d_scale, NULL); });
+            }
+            if (us[KC_CT_VEC] > 0.0) printf("    %s: vectorized %.2fx the element-wise kernel's speed\n", tensors[t].name, us[KC_CT_TILED] / us[KC_CT_VEC]);
+        }
+        free(x);
+        free(codes);
+        free(codes_t);
+        free(got);
+        free(got_t);
+        dev_free(d_x);
+        dev_free(d_codes);
+        dev_free(d_codes_t);
+    }
+    dev_free(d_scale);
+    dev_free(d_counts);
+    return failed;
+}
+
 /* ------------------------------------------------------------ gemm */
 
 /* One GEMM on both sides: the same call on host operands (CPU) and device operands (GPU); D is set by kc_gemm_run. */
@@ -1368,6 +1483,7 @@ static const KernelCase KERNEL_CASES[] = {
     {"swiglu", "op_swiglu_forward, op_swiglu_backward", kc_case_swiglu},
     {"classifier", "op_classifier (losses and dlogits)", kc_case_classifier},
     {"fp8_cast", "op_amax, op_cast_transpose (E4M3, E5M2)", kc_case_fp8_cast},
+    {"fp8_cast_vec", "the element-wise and vectorized cast-transpose kernels", kc_case_fp8_cast_vec},
     {"fp8_weight", "op_amax_master, op_cast_transpose_master, op_transpose_fp8", kc_case_fp8_weight},
     {"gemm", "op_gemm (BF16 and FP8 fprop, dgrad, wgrad)", kc_case_gemm},
 };
