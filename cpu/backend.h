@@ -32,6 +32,9 @@ static int g_round_bf16 = 0; /* set by backend_init from -p: activations are sto
 
 static inline float store(float x) { return g_round_bf16 ? bf16_round(x) : x; }
 
+/* OpenMP reduction `amax`: fp8.h's amax_combine (NaN wins), so a fused amax equals fp8_amax_cpu's in any order. */
+#pragma omp declare reduction(amax : float : omp_out = amax_combine(omp_out, omp_in)) initializer(omp_priv = 0.0f)
+
 /* ---------------------------------------------------------------- memory (host memory here) */
 
 static inline void* dev_alloc(size_t bytes) {
@@ -183,27 +186,38 @@ static inline float rms_rstd(const act_t* x, int C, float eps) {
 
 /* out (N, C) = inp * rstd * weight, rstd (N) = 1 / rms(inp). */
 static inline void op_rmsnorm_forward(act_t* out, float* rstd, const act_t* inp, const act_t* weight, size_t N, int C,
-                                      float eps) {
-#pragma omp parallel for schedule(static)
+                                      float eps, Fp8Scale* amax) {
+    float a = 0.0f;
+#pragma omp parallel for schedule(static) reduction(amax : a)
     for (size_t i = 0; i < N; i++) {
         const act_t* x = inp + i * C;
         float r = rms_rstd(x, C, eps);
         rstd[i] = r;
-        for (int c = 0; c < C; c++) out[i * C + c] = store(x[c] * r * weight[c]);
+        for (int c = 0; c < C; c++) {
+            out[i * C + c] = store(x[c] * r * weight[c]);
+            a = amax_combine(a, fabsf(out[i * C + c]));
+        }
     }
+    if (amax) amax->amax = a;
 }
 
 /* resid_out (N, C) = resid_in + branch (stored), then norm_out, rstd = RMSNorm(resid_out) as above. */
 static inline void op_residual_rmsnorm_forward(act_t* resid_out, act_t* norm_out, float* rstd, const act_t* resid_in,
-                                               const act_t* branch, const act_t* weight, size_t N, int C, float eps) {
-#pragma omp parallel for schedule(static)
+                                               const act_t* branch, const act_t* weight, size_t N, int C, float eps,
+                                               Fp8Scale* amax) {
+    float a = 0.0f;
+#pragma omp parallel for schedule(static) reduction(amax : a)
     for (size_t i = 0; i < N; i++) {
         act_t* x = resid_out + i * C;
         for (int c = 0; c < C; c++) x[c] = store(resid_in[i * C + c] + branch[i * C + c]);
         float r = rms_rstd(x, C, eps);
         rstd[i] = r;
-        for (int c = 0; c < C; c++) norm_out[i * C + c] = store(x[c] * r * weight[c]);
+        for (int c = 0; c < C; c++) {
+            norm_out[i * C + c] = store(x[c] * r * weight[c]);
+            a = amax_combine(a, fabsf(norm_out[i * C + c]));
+        }
     }
+    if (amax) amax->amax = a;
 }
 
 /*
@@ -372,13 +386,16 @@ static inline void op_attention_backward(act_t* dqkv, const act_t* dout, const a
 }
 
 /* out (N, F) = silu(a) * b with inp (N, 2F) = [a | b] per row (SwiGLU, Shazeer 2020). */
-static inline void op_swiglu_forward(act_t* out, const act_t* inp, size_t N, int F) {
-#pragma omp parallel for schedule(static)
+static inline void op_swiglu_forward(act_t* out, const act_t* inp, size_t N, int F, Fp8Scale* amax) {
+    float a = 0.0f;
+#pragma omp parallel for schedule(static) reduction(amax : a)
     for (size_t i = 0; i < N; i++) {
         for (int j = 0; j < F; j++) {
             out[i * F + j] = store(swiglu(inp[i * 2 * F + j], inp[i * 2 * F + F + j]));
+            a = amax_combine(a, fabsf(out[i * F + j]));
         }
     }
+    if (amax) amax->amax = a;
 }
 
 /* dinp (N, 2F) = [dout * b * silu'(a) | dout * silu(a)], silu'(a) = s (1 + a (1 - s)), s = sigmoid(a). */

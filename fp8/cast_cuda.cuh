@@ -77,6 +77,29 @@ static inline void fp8_amax_cuda(Fp8Scale* s, const float* x, size_t n) {
     launchCheck();
 }
 
+/*
+ * A producer kernel's fused amax (amax_bits from fp8_amax_fused_begin, NULL when not asked): each thread
+ * keeps fp8_amax_fold's running maximum of the BF16 values it writes, then every thread of the block
+ * calls fp8_amax_fused_block_end (the block reduction needs them all). Folds the same sign-cleared bit
+ * patterns as amax_kernel and publishes them as it does, so the amax is op_amax's, bit for bit.
+ */
+__device__ __forceinline__ unsigned int fp8_amax_fold(unsigned int m, __nv_bfloat16 y) {
+    return max(m, (unsigned int)(__bfloat16_as_ushort(y) & 0x7fffu));
+}
+
+template <int THREADS>
+__device__ __forceinline__ void fp8_amax_fused_block_end(unsigned int* amax_bits, unsigned int m) {
+    m = block_reduce<THREADS>(m, MaxOp());
+    if (threadIdx.x == 0 && m != 0) atomicMax(amax_bits, m << 16);
+}
+
+/* Resets s->amax (device) for a producer's fused amax and returns it as the kernel's amax_bits; NULL for s NULL. */
+static inline unsigned int* fp8_amax_fused_begin(Fp8Scale* s) {
+    if (s == NULL) return NULL;
+    cudaCheck(cudaMemsetAsync(&s->amax, 0, sizeof(float), 0));
+    return (unsigned int*)&s->amax;
+}
+
 /* The value a cast reads: a BF16 element, or the BF16 rounding of an FP32 master weight. */
 __device__ __forceinline__ float cast_input(__nv_bfloat16 x) { return bf16_to_f(x); }
 __device__ __forceinline__ float cast_input(float x) { return bf16_to_f(f_to_bf16(x)); }

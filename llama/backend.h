@@ -103,12 +103,16 @@ static inline void op_encoder_backward(float* dwte, const act_t* dout, const int
 
 /* ---------------------------------------------------------------- RMSNorm */
 
-/* out (N, C) = inp * rstd * weight, rstd (N) FP32 = 1 / sqrt(mean(inp^2) + eps) (HF LlamaRMSNorm). */
+/* out (N, C) = inp * rstd * weight, rstd (N) FP32 = 1 / sqrt(mean(inp^2) + eps) (HF LlamaRMSNorm).
+   amax (may be NULL): amax->amax = max |out| over the stored values, as op_amax(amax, out, N C) would set
+   it, bit for bit (NaN when any is NaN), computed as out is written; its other fields are kept. */
 static inline void op_rmsnorm_forward(act_t* out, float* rstd, const act_t* inp, const act_t* weight, size_t N, int C,
-                                      float eps);
-/* resid_out (N, C) = resid_in + branch (stored act), then norm_out, rstd = RMSNorm(resid_out), fused. */
+                                      float eps, Fp8Scale* amax);
+/* resid_out (N, C) = resid_in + branch (stored act), then norm_out, rstd = RMSNorm(resid_out), fused;
+   amax (may be NULL) as op_rmsnorm_forward's, of norm_out. */
 static inline void op_residual_rmsnorm_forward(act_t* resid_out, act_t* norm_out, float* rstd, const act_t* resid_in,
-                                               const act_t* branch, const act_t* weight, size_t N, int C, float eps);
+                                               const act_t* branch, const act_t* weight, size_t N, int C, float eps,
+                                               Fp8Scale* amax);
 /* With xh = inp * rstd: dinp (N, C) += rstd * (g - xh * mean(g * xh)), g = dout * weight (stored act);
    dweight (C) FP32 += sum over rows of dout * xh, deterministic. */
 static inline void op_rmsnorm_backward(act_t* dinp, float* dweight, const act_t* dout, const act_t* inp,
@@ -137,8 +141,9 @@ static inline void op_attention_backward(act_t* dqkv, const act_t* dout, const a
 
 /* ---------------------------------------------------------------- SwiGLU and classifier */
 
-/* out (N, F) = silu(a) * b with inp (N, 2F) = [a | b] per row (SwiGLU, Shazeer 2020). */
-static inline void op_swiglu_forward(act_t* out, const act_t* inp, size_t N, int F);
+/* out (N, F) = silu(a) * b with inp (N, 2F) = [a | b] per row (SwiGLU, Shazeer 2020); amax (may be
+   NULL) as op_rmsnorm_forward's, of out. */
+static inline void op_swiglu_forward(act_t* out, const act_t* inp, size_t N, int F, Fp8Scale* amax);
 /* dinp (N, 2F) = [dout * b * silu'(a) | dout * silu(a)]. */
 static inline void op_swiglu_backward(act_t* dinp, const act_t* dout, const act_t* inp, size_t N, int F);
 /* Fused softmax cross-entropy: losses (N) FP32 = logsumexp(logits_i) - logits_i[target_i]; logits (N, V)

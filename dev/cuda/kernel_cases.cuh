@@ -463,6 +463,33 @@ static int kc_case_encoder(const KernelShape* s, int iters, uint64_t seed) {
     return failed;
 }
 
+/* ------------------------------------------------------------ fused amax (rmsnorm, swiglu) */
+
+/*
+ * A producer's fused amax against op_amax of what it wrote, on each side: the GPU's fused amax (d_fused
+ * after the producer) against op_amax of its output d_out (n), and the CPU's (cpu_fused) against
+ * cpu_ref_amax of its output. Tolerance: none; the bits must match exactly (a NaN amax included: both
+ * take the largest sign-cleared BF16 pattern on the GPU, amax_combine's NaN on the CPU). Returns the
+ * failures.
+ */
+static inline int kc_compare_fused_amax(const char* label, const Fp8Scale* d_fused, const act_t* d_out, size_t n,
+                                        float cpu_fused, const float* cpu_out) {
+    Fp8Scale* d_separate = (Fp8Scale*)dev_alloc(sizeof(Fp8Scale));
+    kc_poison(d_separate, sizeof(Fp8Scale));
+    op_amax(d_separate, d_out, n);
+    Fp8Scale fused, separate, cpu_separate;
+    dev_download(&fused, d_fused, sizeof(Fp8Scale));
+    dev_download(&separate, d_separate, sizeof(Fp8Scale));
+    dev_free(d_separate);
+    cpu_ref_amax(&cpu_separate, cpu_out, n);
+    int gpu_ok = float_bits(fused.amax) == float_bits(separate.amax);
+    int cpu_ok = float_bits(cpu_fused) == float_bits(cpu_separate.amax);
+    printf("    %s fused amax: gpu %.9g (0x%08x) vs op_amax 0x%08x, cpu %.9g vs op_amax %.9g, tol bit-identical%s\n", label,
+           fused.amax, float_bits(fused.amax), float_bits(separate.amax), cpu_fused, cpu_separate.amax,
+           gpu_ok && cpu_ok ? "" : "  FAIL");
+    return !gpu_ok + !cpu_ok;
+}
+
 /* ------------------------------------------------------------ rmsnorm */
 
 /*
@@ -492,18 +519,44 @@ static int kc_case_rmsnorm(const KernelShape* s, int iters, uint64_t seed) {
     /* forward */
     kc_nan_fill(out, NC);
     kc_nan_fill(rstd, N);
-    cpu_ref_rmsnorm_forward(out, rstd, inp, weight, N, (int)C, KC_RMS_EPS);
+    Fp8Scale cpu_amax;
+    cpu_ref_rmsnorm_forward(out, rstd, inp, weight, N, (int)C, KC_RMS_EPS, &cpu_amax);
+    Fp8Scale* d_amax = (Fp8Scale*)dev_alloc(sizeof(Fp8Scale));
+    kc_poison(d_amax, sizeof(Fp8Scale));
     kc_poison(d_out, NC * sizeof(act_t));
     kc_poison(d_rstd, N * sizeof(float));
-    op_rmsnorm_forward(d_out, d_rstd, d_inp, d_weight, N, (int)C, KC_RMS_EPS);
+    op_rmsnorm_forward(d_out, d_rstd, d_inp, d_weight, N, (int)C, KC_RMS_EPS, d_amax);
     float* got = kc_get_act(d_out, NC);
     float* got_rstd = kc_get_f32(d_rstd, N);
     failed += kc_compare_ulps("rmsnorm_forward out", got, out, NC, KC_BF16_MANT, 2.0, 1e-6);
     failed += kc_compare_ulps("rmsnorm_forward rstd", got_rstd, rstd, N, KC_F32_MANT, 64.0, 0.0);
+    failed += kc_compare_fused_amax("rmsnorm_forward", d_amax, d_out, NC, cpu_amax.amax, out);
     kc_time("rmsnorm_forward", iters, 4.0 * NC + 4.0 * N, 0.0,
-            [&] { op_rmsnorm_forward(d_out, d_rstd, d_inp, d_weight, N, (int)C, KC_RMS_EPS); });
+            [&] { op_rmsnorm_forward(d_out, d_rstd, d_inp, d_weight, N, (int)C, KC_RMS_EPS, NULL); });
+    kc_time("rmsnorm_forward + fused amax", iters, 4.0 * NC + 4.0 * N, 0.0,
+            [&] { op_rmsnorm_forward(d_out, d_rstd, d_inp, d_weight, N, (int)C, KC_RMS_EPS, d_amax); });
     free(got);
     free(got_rstd);
+
+    /* a NaN input: its row is NaN, and so is the fused amax (into scratch: out and rstd serve below) */
+    float* inp_nan = kc_host(NC);
+    float* out_nan = kc_host(NC);
+    float* rstd_nan = kc_host(N);
+    memcpy(inp_nan, inp, NC * sizeof(float));
+    inp_nan[(N / 2) * C + 3] = NAN;
+    act_t* d_inp_nan = kc_dev_act(inp_nan, NC);
+    cpu_ref_rmsnorm_forward(out_nan, rstd_nan, inp_nan, weight, N, (int)C, KC_RMS_EPS, &cpu_amax);
+    kc_poison(d_amax, sizeof(Fp8Scale));
+    op_rmsnorm_forward(d_out, d_rstd, d_inp_nan, d_weight, N, (int)C, KC_RMS_EPS, d_amax);
+    failed += kc_compare_fused_amax("rmsnorm_forward (a NaN input)", d_amax, d_out, NC, cpu_amax.amax, out_nan);
+    if (fp8_amax_is_finite(cpu_amax.amax)) {
+        printf("      FAIL: rmsnorm_forward: a NaN input gave a finite fused amax %g\n", cpu_amax.amax);
+        failed++;
+    }
+    free(inp_nan);
+    free(out_nan);
+    free(rstd_nan);
+    dev_free(d_inp_nan);
 
     /* fused residual + forward */
     float* branch = kc_host(NC);
@@ -515,20 +568,25 @@ static int kc_case_rmsnorm(const KernelShape* s, int iters, uint64_t seed) {
     kc_nan_fill(resid, NC);
     kc_nan_fill(norm, NC);
     kc_nan_fill(rstd2, N);
-    cpu_ref_residual_rmsnorm_forward(resid, norm, rstd2, inp, branch, weight, N, (int)C, KC_RMS_EPS);
+    cpu_ref_residual_rmsnorm_forward(resid, norm, rstd2, inp, branch, weight, N, (int)C, KC_RMS_EPS, &cpu_amax);
     act_t* d_resid = (act_t*)dev_alloc(NC * sizeof(act_t));
     kc_poison(d_resid, NC * sizeof(act_t));
     kc_poison(d_out, NC * sizeof(act_t));
     kc_poison(d_rstd, N * sizeof(float));
-    op_residual_rmsnorm_forward(d_resid, d_out, d_rstd, d_inp, d_branch, d_weight, N, (int)C, KC_RMS_EPS);
+    kc_poison(d_amax, sizeof(Fp8Scale));
+    op_residual_rmsnorm_forward(d_resid, d_out, d_rstd, d_inp, d_branch, d_weight, N, (int)C, KC_RMS_EPS, d_amax);
     float* got_resid = kc_get_act(d_resid, NC);
     got = kc_get_act(d_out, NC);
     got_rstd = kc_get_f32(d_rstd, N);
     failed += kc_compare_ulps("residual_rmsnorm_forward resid_out", got_resid, resid, NC, KC_BF16_MANT, 0.0, 0.0);
     failed += kc_compare_ulps("residual_rmsnorm_forward norm_out", got, norm, NC, KC_BF16_MANT, 2.0, 1e-6);
     failed += kc_compare_ulps("residual_rmsnorm_forward rstd", got_rstd, rstd2, N, KC_F32_MANT, 64.0, 0.0);
+    failed += kc_compare_fused_amax("residual_rmsnorm_forward norm_out", d_amax, d_out, NC, cpu_amax.amax, norm);
     kc_time("residual_rmsnorm_forward", iters, 8.0 * NC + 4.0 * N, 0.0, [&] {
-        op_residual_rmsnorm_forward(d_resid, d_out, d_rstd, d_inp, d_branch, d_weight, N, (int)C, KC_RMS_EPS);
+        op_residual_rmsnorm_forward(d_resid, d_out, d_rstd, d_inp, d_branch, d_weight, N, (int)C, KC_RMS_EPS, NULL);
+    });
+    kc_time("residual_rmsnorm_forward + fused amax", iters, 8.0 * NC + 4.0 * N, 0.0, [&] {
+        op_residual_rmsnorm_forward(d_resid, d_out, d_rstd, d_inp, d_branch, d_weight, N, (int)C, KC_RMS_EPS, d_amax);
     });
     free(got);
     free(got_rstd);
@@ -539,6 +597,7 @@ static int kc_case_rmsnorm(const KernelShape* s, int iters, uint64_t seed) {
     free(rstd2);
     dev_free(d_branch);
     dev_free(d_resid);
+    dev_free(d_amax);
 
     /* backward, accumulating into non-zero dinp and dweight; rstd is the CPU forward's on both sides */
     float* dinp = kc_host(NC);
@@ -779,13 +838,34 @@ static int kc_case_swiglu(const KernelShape* s, int iters, uint64_t seed) {
     act_t* d_inp = kc_dev_act(inp, N * 2 * F);
     float* out = kc_host(N * F);
     kc_nan_fill(out, N * F);
-    cpu_ref_swiglu_forward(out, inp, N, (int)F);
+    Fp8Scale cpu_amax;
+    cpu_ref_swiglu_forward(out, inp, N, (int)F, &cpu_amax);
     act_t* d_out = (act_t*)dev_alloc(N * F * sizeof(act_t));
+    Fp8Scale* d_amax = (Fp8Scale*)dev_alloc(sizeof(Fp8Scale));
     kc_poison(d_out, N * F * sizeof(act_t));
-    op_swiglu_forward(d_out, d_inp, N, (int)F);
+    kc_poison(d_amax, sizeof(Fp8Scale));
+    op_swiglu_forward(d_out, d_inp, N, (int)F, d_amax);
     float* got = kc_get_act(d_out, N * F);
     failed += kc_compare_ulps("swiglu_forward out", got, out, N * F, KC_BF16_MANT, 2.0, 1e-5);
-    kc_time("swiglu_forward", iters, 6.0 * N * F, 0.0, [&] { op_swiglu_forward(d_out, d_inp, N, (int)F); });
+    failed += kc_compare_fused_amax("swiglu_forward", d_amax, d_out, N * F, cpu_amax.amax, out);
+    kc_time("swiglu_forward", iters, 6.0 * N * F, 0.0, [&] { op_swiglu_forward(d_out, d_inp, N, (int)F, NULL); });
+    kc_time("swiglu_forward + fused amax", iters, 6.0 * N * F, 0.0, [&] { op_swiglu_forward(d_out, d_inp, N, (int)F, d_amax); });
+    /* a NaN input: the fused amax is NaN */
+    float* inp_nan = kc_host(N * 2 * F);
+    memcpy(inp_nan, inp, N * 2 * F * sizeof(float));
+    inp_nan[(N / 2) * 2 * F + F + 5] = NAN;
+    act_t* d_inp_nan = kc_dev_act(inp_nan, N * 2 * F);
+    cpu_ref_swiglu_forward(out, inp_nan, N, (int)F, &cpu_amax);
+    kc_poison(d_amax, sizeof(Fp8Scale));
+    op_swiglu_forward(d_out, d_inp_nan, N, (int)F, d_amax);
+    failed += kc_compare_fused_amax("swiglu_forward (a NaN input)", d_amax, d_out, N * F, cpu_amax.amax, out);
+    if (fp8_amax_is_finite(cpu_amax.amax)) {
+        printf("      FAIL: swiglu_forward: a NaN input gave a finite fused amax %g\n", cpu_amax.amax);
+        failed++;
+    }
+    free(inp_nan);
+    dev_free(d_inp_nan);
+    dev_free(d_amax);
     free(got);
     free(out);
     dev_free(d_out);
