@@ -383,6 +383,9 @@ static int fused_amax_ops(void) {
     return failures;
 }
 
+/* The trainer's deferred losses equal llama_forward's. */
+static int check_forward_deferred(void) { return check_forward_deferred_in(PRECISION_FP8); }
+
 /* The producers' fused amax leaves an fp8 run bit-identical to separate op_amax reads. */
 static int check_fused_amax(void) {
     int failures = fused_amax_ops();
@@ -831,6 +834,7 @@ static Check CHECKS[] = {
     {"reference_bf16", check_reference_bf16, "bf16 recipe vs HF transformers"},
     {"reference_fp8", check_reference_fp8, "fp8 recipe vs HF transformers"},
     {"fp8_scale_policy", check_fp8_scale_policy, "current scaling: zero, zero row, subnormal, NaN, Inf, pow2"},
+    {"forward_deferred", check_forward_deferred, "losses summed on the device (llama_forward_deferred) equal llama_forward's"},
     {"fused_amax", check_fused_amax, "fused amax of the RMSNorm and SwiGLU outputs equals op_amax; fp8 runs bit-identical"},
     {"fp8_nonfinite_flagged", check_fp8_nonfinite_flagged, "a NaN weight and a NaN gradient are flagged and named"},
     {"fp8_gemm", check_fp8_gemm, "emulated FP8 GEMM vs float64 and the FP8 error bound; bad shapes rejected"},

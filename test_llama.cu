@@ -62,6 +62,9 @@ static int check_recompute_bf16(void) { return check_recompute_in(PRECISION_BF16
 
 static int check_recompute_fp8(void) { return check_recompute_in(PRECISION_FP8); }
 
+/* The losses summed on the device (llama_forward_deferred) equal llama_forward's, bit for bit. */
+static int check_forward_deferred(void) { return check_forward_deferred_in(PRECISION_FP8); }
+
 /* The RMSNorm and SwiGLU kernels' fused amax leaves an fp8 run (-r 0, -r 2) bit-identical to op_amax reads. */
 static int check_fused_amax(void) { return check_fused_amax_in(PRECISION_FP8); }
 
@@ -387,6 +390,7 @@ static Check CHECKS[] = {
     {"fp8_weights", check_fp8_weights, "GPU: E4M3 W, W^T cast from bf16(master weights); llama_bf16_weight"},
     {"recompute_bf16", check_recompute_bf16, "GPU bf16 -r 1 and -r 2: bit-identical losses, gradients, weights"},
     {"recompute_fp8", check_recompute_fp8, "GPU fp8 -r 1 and -r 2: bit-identical losses, gradients, weights, FP8 statistics"},
+    {"forward_deferred", check_forward_deferred, "GPU: losses summed on the device (llama_forward_deferred) equal llama_forward's"},
     {"fused_amax", check_fused_amax, "GPU fp8 with the producers' fused amax vs separate op_amax: bit-identical runs"},
     {"grad_accumulation", check_grad_accumulation, "GPU: 2 micro-batches accumulate the 1-batch gradient"},
     {"nccl_one_rank", check_nccl_one_rank, "GPU: ZeRO-1/2 over a one-rank NCCL communicator equal ZeRO-0 bit for bit"},

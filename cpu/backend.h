@@ -47,6 +47,7 @@ static inline void dev_upload(void* dst, const void* src, size_t bytes) { memcpy
 static inline void dev_download(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static inline void dev_zero(void* p, size_t bytes) { memset(p, 0, bytes); }
 static inline void dev_copy(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
+static inline void dev_upload_async(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static inline void act_to_float_host(float* out, const act_t* x, size_t n) { memcpy(out, x, n * sizeof(float)); }
 
 /* ---------------------------------------------------------------- backend */
@@ -450,6 +451,12 @@ static inline double op_sum_f64(const double* x, size_t n) {
     double total = 0.0;
     for (size_t i = 0; i < n; i++) total += x[i];
     return total;
+}
+
+static inline void op_sum_f32_in_order(double* sum, const float* x, size_t n) {
+    double total = 0.0;
+    for (size_t i = 0; i < n; i++) total += x[i];
+    *sum = total;
 }
 
 /* AdamW on n parameters (optim.h's adamw_update), gradients multiplied by grad_scale. */

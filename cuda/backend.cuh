@@ -61,6 +61,36 @@ static inline void dev_copy(void* dst, const void* src, size_t bytes) {
     cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0));
 }
 
+/* Pinned staging buffers of dev_upload_async, used in turn: a buffer is rewritten only after its last
+   upload has completed (its event), which with this many in turn is long done in the step loop (tokens,
+   targets and the embedding backward's bucketing: three uploads per micro-step). Grow-only. */
+#define UPLOAD_STAGES 8
+typedef struct {
+    void* host;
+    size_t bytes;
+    cudaEvent_t copied;
+    int used;
+} UploadStage;
+static UploadStage g_upload_stages[UPLOAD_STAGES];
+static int g_upload_next = 0;
+
+static inline void dev_upload_async(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    UploadStage* s = &g_upload_stages[g_upload_next];
+    g_upload_next = (g_upload_next + 1) % UPLOAD_STAGES;
+    if (s->used) cudaCheck(cudaEventSynchronize(s->copied));
+    else cudaCheck(cudaEventCreateWithFlags(&s->copied, cudaEventDisableTiming));
+    s->used = 1;
+    if (s->bytes < bytes) {
+        if (s->host) cudaCheck(cudaFreeHost(s->host));
+        cudaCheck(cudaMallocHost(&s->host, bytes));
+        s->bytes = bytes;
+    }
+    memcpy(s->host, src, bytes);
+    cudaCheck(cudaMemcpyAsync(dst, s->host, bytes, cudaMemcpyHostToDevice, 0));
+    cudaCheck(cudaEventRecord(s->copied, 0));
+}
+
 /* out (n) host floats = x (n) device BF16 values (exact). */
 static inline void act_to_float_host(float* out, const act_t* x, size_t n) {
     act_t* tmp = (act_t*)mallocCheck(n * sizeof(act_t));
@@ -173,7 +203,7 @@ static inline size_t backend_memory_total(const char** what) {
 
 static inline int backend_workspaces(const WorkspaceQuery* q, MemoryEstimate* out) {
     const LlamaConfig* c = q->cfg;
-    size_t N = (size_t)q->B * q->T, C = (size_t)c->dim, V = (size_t)c->vocab_size;
+    size_t N = (size_t)q->B * q->T, C = (size_t)c->dim;
     size_t NH = (size_t)c->n_heads, rows = (size_t)q->B * NH * (size_t)q->T;
     int n = 0;
     out[n++] = (MemoryEstimate){"cuda_context", CUDA_CONTEXT_ESTIMATE_BYTES, 1, "CUDA context, cuBLASLt/cuDNN handles and kernels"};
@@ -184,8 +214,8 @@ static inline int backend_workspaces(const WorkspaceQuery* q, MemoryEstimate* ou
 #else
     out[n++] = (MemoryEstimate){"attention", rows * sizeof(float), 0, "fallback attention backward row sums"};
 #endif
-    out[n++] = (MemoryEstimate){"encoder_backward", (2 * N + 1 + (N < V ? N : V)) * sizeof(int), 0,
-                                "embedding backward: positions, bucket starts and tokens (at most)"};
+    out[n++] = (MemoryEstimate){"encoder_backward", (3 * N + 1) * sizeof(int), 0,
+                                "embedding backward: positions, bucket starts and tokens (N distinct at most)"};
     out[n++] = (MemoryEstimate){"rmsnorm_backward", (N < RMSNORM_BWD_BLOCKS ? N : RMSNORM_BWD_BLOCKS) * C * sizeof(float), 0,
                                 "RMSNorm backward per-block weight-gradient partials"};
     out[n++] = (MemoryEstimate){"grad_norm_sum", 2 * ceil_div(q->grad_chunks, F64_SUM_BLOCK) * sizeof(double), 0,

@@ -37,6 +37,9 @@ static inline void dev_download(void* dst, const void* src, size_t bytes);
 static inline void dev_zero(void* p, size_t bytes);
 /* Backend -> backend copy, ordered with the ops (asynchronous on the GPU). */
 static inline void dev_copy(void* dst, const void* src, size_t bytes);
+/* Host -> backend copy ordered with the ops, like dev_copy (asynchronous on the GPU, which stages src in
+   pinned host memory first): src may be reused as soon as it returns. */
+static inline void dev_upload_async(void* dst, const void* src, size_t bytes);
 /* out (n) host floats = x (n) act values (exact). */
 static inline void act_to_float_host(float* out, const act_t* x, size_t n);
 
@@ -157,6 +160,9 @@ static inline void op_classifier(act_t* logits, float* losses, const int* target
 static inline void op_sum_squares_chunks(double* partials, const float* x, size_t n, size_t chunk);
 /* Sum of x (n) FP64, returned to the host, in an order that depends on n only (deterministic). */
 static inline double op_sum_f64(const double* x, size_t n);
+/* *sum (one FP64 in backend memory) = the sum of x (n) FP32 as FP64, added in index order: the bits of
+   the host loop `for i: s += x[i]`. Asynchronous on the GPU. */
+static inline void op_sum_f32_in_order(double* sum, const float* x, size_t n);
 /* AdamW (optim.h's adamw_update) on n FP32 master weights with moments m, v and grads * grad_scale. */
 static inline void op_adamw(float* master, float* m, float* v, const float* grads, size_t n, float lr, float wd, float bc1,
                             float bc2_sqrt, float grad_scale);

@@ -921,13 +921,10 @@ static inline void llama_replay_block(Llama* m, int l, const BlockActs* k) {
 }
 
 /*
- * Forward pass on a micro-batch of (B, T) tokens, B <= m->B, T <= m->T. inputs, targets: host (B, T)
- * int arrays; targets may be NULL (logits only, e.g. for sampling). With targets, returns the mean
- * cross-entropy and leaves dloss * d(loss_i)/d(logits) in acts.logits for backward (dloss: the
- * weight of one token's loss in the step's objective, 1 / (B*T*grad_accum_steps*ranks)); without,
- * returns 0. Calls the weights_needed hook for each bucket before its weights are first read.
+ * The forward pass of llama_forward, up to the per-token losses in acts.losses (with targets); queues
+ * its work and reads nothing back (the token uploads are asynchronous).
  */
-static inline float llama_forward(Llama* m, const int* inputs, const int* targets, int B, int T, float dloss) {
+static inline void llama_forward_pass(Llama* m, const int* inputs, const int* targets, int B, int T, float dloss) {
     const LlamaConfig* c = &m->cfg;
     if (B > m->B || T > m->T) die("forward on (B %d, T %d) exceeds the allocated (%d, %d)", B, T, m->B, m->T);
     size_t N = (size_t)B * T;
@@ -936,9 +933,8 @@ static inline float llama_forward(Llama* m, const int* inputs, const int* target
     m->last_B = B;
     m->last_T = T;
     m->inputs_host = inputs;
-    /* both token uploads before any op is queued: a synchronous copy waits for the queued work */
-    dev_upload(m->inputs, inputs, N * sizeof(int));
-    if (targets != NULL) dev_upload(m->targets, targets, N * sizeof(int));
+    dev_upload_async(m->inputs, inputs, N * sizeof(int));
+    if (targets != NULL) dev_upload_async(m->targets, targets, N * sizeof(int));
 
     llama_weights_needed(m, BUCKET_EMBEDDING);
     op_encoder_forward(a->resid, m->inputs, llama_param(m, P_TOK_EMBEDDINGS, 0), N, C);          /* (N, C) */
@@ -959,12 +955,38 @@ static inline float llama_forward(Llama* m, const int* inputs, const int* target
                                     last ? NULL : llama_fused_x_amax(m, l + 1, LIN_QKV));
     }
     linear_forward(m, NO_LAYER, LIN_OUTPUT, a->logits, a->ln_final);                              /* (N, V) */
+    if (targets != NULL) op_classifier(a->logits, a->losses, m->targets, N, V, dloss);
+}
+
+/*
+ * Forward pass on a micro-batch of (B, T) tokens, B <= m->B, T <= m->T. inputs, targets: host (B, T)
+ * int arrays; targets may be NULL (logits only, e.g. for sampling). With targets, returns the mean
+ * cross-entropy and leaves dloss * d(loss_i)/d(logits) in acts.logits for backward (dloss: the
+ * weight of one token's loss in the step's objective, 1 / (B*T*grad_accum_steps*ranks)); without,
+ * returns 0. Calls the weights_needed hook for each bucket before its weights are first read. Waits for
+ * the pass (it reads the losses); llama_forward_deferred does not.
+ */
+static inline float llama_forward(Llama* m, const int* inputs, const int* targets, int B, int T, float dloss) {
+    llama_forward_pass(m, inputs, targets, B, T, dloss);
     if (targets == NULL) return 0.0f;
-    op_classifier(a->logits, a->losses, m->targets, N, V, dloss);
-    dev_download(m->losses_host, a->losses, N * sizeof(float));
+    size_t N = (size_t)B * T;
+    dev_download(m->losses_host, m->acts.losses, N * sizeof(float));
     double sum = 0.0;
     for (size_t i = 0; i < N; i++) sum += m->losses_host[i];
     return (float)(sum / (double)N);
+}
+
+/*
+ * llama_forward with targets (not NULL) that reads nothing back: *loss_sum (one FP64 in backend memory)
+ * receives the sum of the B*T token losses, added in llama_forward's order, so (float)(*loss_sum / (B*T))
+ * is the loss llama_forward returns, bit for bit. Asynchronous on the GPU: the micro-steps of a training
+ * step queue their work without waiting.
+ */
+static inline void llama_forward_deferred(Llama* m, const int* inputs, const int* targets, int B, int T, float dloss,
+                                          double* loss_sum) {
+    if (targets == NULL) die("llama_forward_deferred needs targets");
+    llama_forward_pass(m, inputs, targets, B, T, dloss);
+    op_sum_f32_in_order(loss_sum, m->acts.losses, (size_t)B * T);
 }
 
 /*

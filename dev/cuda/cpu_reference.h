@@ -37,6 +37,7 @@ void cpu_ref_swiglu_backward(float* dinp, const float* dout, const float* inp, s
 void cpu_ref_classifier(float* logits, float* losses, const int* targets, size_t N, int V, float dloss);
 void cpu_ref_sum_squares_chunks(double* partials, const float* x, size_t n, size_t chunk);
 double cpu_ref_sum_f64(const double* x, size_t n);
+void cpu_ref_sum_f32_in_order(double* sum, const float* x, size_t n);
 void cpu_ref_adamw(float* master, float* m, float* v, const float* grads, size_t n, float lr, float wd, float bc1,
                    float bc2_sqrt, float grad_scale);
 void cpu_ref_amax(Fp8Scale* s, const float* x, size_t n);

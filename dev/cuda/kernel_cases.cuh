@@ -969,11 +969,25 @@ static int kc_case_sum_squares(const KernelShape* s, int iters, uint64_t seed) {
     printf("    sum_squares_chunks: %zu chunks, worst rel err %.3e; sum_f64: gpu %.17g, cpu %.17g, rel err %.3e; tol 1e-10%s\n",
            chunks, worst, total, total_ref, total_rel, failed ? "  FAIL" : "");
     kc_time("sum_squares_chunks", iters, 4.0 * n, 0.0, [&] { op_sum_squares_chunks(d_partials, d_x, n, ZERO_CHUNK); });
+    /* the in-order sum of a micro-batch's losses: the same additions on both sides, bit-identical */
+    size_t tokens = (size_t)s->B * s->T;
+    double in_order_ref, in_order;
+    double* d_in_order = (double*)dev_alloc(sizeof(double));
+    kc_poison(d_in_order, sizeof(double));
+    cpu_ref_sum_f32_in_order(&in_order_ref, x, tokens);
+    op_sum_f32_in_order(d_in_order, d_x, tokens);
+    dev_download(&in_order, d_in_order, sizeof(double));
+    int in_order_ok = memcmp(&in_order, &in_order_ref, sizeof(double)) == 0;
+    printf("    sum_f32_in_order of %zu: gpu %.17g, cpu %.17g, tol bit-identical%s\n", tokens, in_order, in_order_ref,
+           in_order_ok ? "" : "  FAIL");
+    failed += !in_order_ok;
+    kc_time("sum_f32_in_order", iters, 4.0 * tokens, 0.0, [&] { op_sum_f32_in_order(d_in_order, d_x, tokens); });
     free(x);
     free(ref);
     free(got);
     dev_free(d_x);
     dev_free(d_partials);
+    dev_free(d_in_order);
     return failed;
 }
 
@@ -1555,7 +1569,7 @@ static int kc_case_optimizer(const KernelShape* s, int iters, uint64_t seed) {
 /* ------------------------------------------------------------ the table */
 
 static const KernelCase KERNEL_CASES[] = {
-    {"optimizer", "op_params_from_master, op_sum_squares_chunks, op_sum_f64, op_adamw", kc_case_optimizer},
+    {"optimizer", "op_params_from_master, op_sum_squares_chunks, op_sum_f64, op_sum_f32_in_order, op_adamw", kc_case_optimizer},
     {"encoder", "op_encoder_forward, op_encoder_backward", kc_case_encoder},
     {"rmsnorm", "op_rmsnorm_forward, op_residual_rmsnorm_forward, op_rmsnorm_backward", kc_case_rmsnorm},
     {"rope", "op_rope_forward, op_rope_backward", kc_case_rope},

@@ -413,6 +413,47 @@ static inline int check_recompute_in(Precision p) {
 }
 
 /*
+ * llama_forward_deferred, as the trainer's micro-steps run it (the two halves of the reference batch,
+ * each forward and backward, the losses read afterwards), against llama_forward on the same micro-batches:
+ * the same losses, bit for bit, in precision p.
+ */
+static inline int check_forward_deferred_in(Precision p) {
+    LlamaConfig cfg;
+    checkpoint_read_config(REF_MODEL_PATH, &cfg);
+    RefState r;
+    ref_state_read(&r, REF_STATE_PATH, &cfg);
+    enum { MICRO = 2 };
+    int Bm = r.B / MICRO;
+    Llama m;
+    reference_model(&m, p, &cfg, &r, Bm, 0);
+    float dloss = 1.0f / (float)(r.B * r.T);
+    double* d_sums = (double*)dev_alloc(MICRO * sizeof(double));
+    double sums[MICRO];
+    float want[MICRO];
+    for (int k = 0; k < MICRO; k++) {
+        size_t off = (size_t)k * Bm * r.T;
+        llama_forward_deferred(&m, r.inputs + off, r.targets + off, Bm, r.T, dloss, d_sums + k);
+        llama_backward(&m);
+    }
+    dev_download(sums, d_sums, sizeof(sums));
+    for (int k = 0; k < MICRO; k++) {
+        size_t off = (size_t)k * Bm * r.T;
+        want[k] = llama_forward(&m, r.inputs + off, r.targets + off, Bm, r.T, dloss);
+    }
+    int failures = 0;
+    for (int k = 0; k < MICRO; k++) {
+        float got = (float)(sums[k] / ((double)Bm * r.T));
+        if (float_bits(got) != float_bits(want[k])) failures += fail("micro-step %d: deferred loss %.9g, llama_forward %.9g", k, got, want[k]);
+    }
+    if (!failures)
+        printf("    %s: deferred micro-step losses %.9g %.9g equal llama_forward's bit for bit\n", precision_name(p), want[0], want[1]);
+    dev_free(d_sums);
+    llama_free(&m);
+    ref_state_free(&r);
+    return failures != 0;
+}
+
+/*
  * The producers' fused amax (llama_fused_x_amax: RMSNorm for wqkv and w13, SwiGLU for w2) against a
  * separate op_amax of every X, at -r 0 and -r 2 (whose replay must keep the forward's scales): losses,
  * gradients, weights, the FP8 statistics rows (amax and scale of every operand) and counts bit for bit.
