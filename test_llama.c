@@ -127,6 +127,27 @@ static int check_fp8_nonfinite_flagged(void) {
     if (!llama_fp8_nonfinite(&m, what, sizeof(what))) failures += fail("NaN in wo[layer 1] not flagged (loss %f)", loss);
     else if (strcmp(what, "wo[layer 1] W") != 0) failures += fail("flagged '%s', want 'wo[layer 1] W'", what);
     else printf("    loss %f stays finite; flagged operand: %s\n", loss, what);
+    /* X and dY flags are sticky over the micro-steps of a step: a NaN norm weight makes wqkv[layer 1]'s X
+       non-finite in one forward; a later clean forward keeps the flag until llama_fp8_begin_step */
+    size_t norm_nan = offsets[P_ATTN_NORM] + (size_t)cfg.dim + 5; /* attention norm of layer 1 */
+    params[offsets[P_WO] + (size_t)cfg.dim * cfg.dim + 17] = 0.0f;
+    params[norm_nan] = NAN;
+    llama_set_params(&m, params);
+    llama_fp8_begin_step(&m);
+    llama_forward(&m, r.inputs, r.targets, r.B, r.T, 1.0f / (r.B * r.T));
+    int flagged = llama_fp8_nonfinite(&m, what, sizeof(what));
+    if (!flagged || strcmp(what, "wqkv[layer 1] X") != 0) failures += fail("NaN norm weight: flagged '%s', want 'wqkv[layer 1] X'", flagged ? what : "none");
+    params[norm_nan] = 1.0f;
+    llama_set_params(&m, params);
+    llama_forward(&m, r.inputs, r.targets, r.B, r.T, 1.0f / (r.B * r.T));
+    llama_backward(&m);
+    flagged = llama_fp8_nonfinite(&m, what, sizeof(what));
+    if (!flagged || strcmp(what, "wqkv[layer 1] X") != 0) failures += fail("a later finite micro-step cleared the flag (flagged '%s')", flagged ? what : "none");
+    llama_fp8_begin_step(&m);
+    llama_forward(&m, r.inputs, r.targets, r.B, r.T, 1.0f / (r.B * r.T));
+    llama_backward(&m);
+    if (llama_fp8_nonfinite(&m, what, sizeof(what))) failures += fail("after llama_fp8_begin_step, a finite step flagged '%s'", what);
+    else printf("    NaN norm weight: flagged wqkv[layer 1] X, sticky over micro-steps, cleared by llama_fp8_begin_step\n");
     /* and a NaN gradient is named by its tensor and layer */
     llama_zero_grads(&m);
     float nan = NAN;
@@ -325,6 +346,52 @@ static int check_fp8_weights(void) { return check_fp8_weights_in(); }
 static int check_recompute_bf16(void) { return check_recompute_in(PRECISION_BF16); }
 
 static int check_recompute_fp8(void) { return check_recompute_in(PRECISION_FP8); }
+
+/* op_rmsnorm_forward, op_residual_rmsnorm_forward and op_swiglu_forward: the fused amax of what each
+   wrote against op_amax of it, bit for bit, also with a NaN input (NaN amax); the record's other fields
+   are kept. */
+static int fused_amax_ops(void) {
+    enum { N = 37, C = 96, F = 72, X = 2 * N * C }; /* x: SwiGLU's (N, 2F) input, or the norm's input and branch (N, C) each */
+    backend_init(PRECISION_FP8);
+    Rng rng;
+    rng_seed(&rng, 7);
+    float *x = (float*)mallocCheck(X * sizeof(float)), *y = (float*)mallocCheck(X * sizeof(float));
+    float *resid = (float*)mallocCheck(N * C * sizeof(float)), *w = (float*)mallocCheck(C * sizeof(float));
+    float rstd[N];
+    for (int i = 0; i < X; i++) x[i] = bf16_round(3.0f * (rng_uniform(&rng) - 0.5f));
+    for (int c = 0; c < C; c++) w[c] = bf16_round(1.0f + 0.1f * rng_uniform(&rng));
+    int failures = 0;
+    for (int nan = 0; nan < 2; nan++) {
+        if (nan) x[5 * C + 7] = NAN;
+        const char* names[3] = {"rmsnorm_forward", "residual_rmsnorm_forward", "swiglu_forward"};
+        for (int op = 0; op < 3; op++) {
+            size_t n = op == 2 ? (size_t)N * F : (size_t)N * C;
+            Fp8Scale fused = {-1.0f, 3.0f, 5.0f, 1.0f}, separate;
+            if (op == 0) op_rmsnorm_forward(y, rstd, x, w, N, C, 1e-5f, &fused);
+            if (op == 1) op_residual_rmsnorm_forward(resid, y, rstd, x, x + N * C, w, N, C, 1e-5f, &fused);
+            if (op == 2) op_swiglu_forward(y, x, N, F, &fused);
+            op_amax(&separate, y, n);
+            if (float_bits(fused.amax) != float_bits(separate.amax) || fp8_amax_is_finite(fused.amax) == nan)
+                failures += fail("%s%s: fused amax %g, op_amax %g", names[op], nan ? " (NaN input)" : "", fused.amax, separate.amax);
+            if (fused.scale != 3.0f || fused.scale_inv != 5.0f || fused.nonfinite != 1.0f) failures += fail("%s: wrote more than amax", names[op]);
+        }
+    }
+    free(x);
+    free(y);
+    free(resid);
+    free(w);
+    return failures;
+}
+
+/* The trainer's deferred losses equal llama_forward's. */
+static int check_forward_deferred(void) { return check_forward_deferred_in(PRECISION_FP8); }
+
+/* The producers' fused amax leaves an fp8 run bit-identical to separate op_amax reads. */
+static int check_fused_amax(void) {
+    int failures = fused_amax_ops();
+    if (failures == 0) printf("    fused amax of RMSNorm, residual + RMSNorm, SwiGLU outputs: bit-identical to op_amax (finite and NaN)\n");
+    return (failures + check_fused_amax_in(PRECISION_FP8)) != 0;
+}
 
 static int check_resume_bit_identical(void) { return check_resume_in(PRECISION_FP8); }
 
@@ -767,6 +834,8 @@ static Check CHECKS[] = {
     {"reference_bf16", check_reference_bf16, "bf16 recipe vs HF transformers"},
     {"reference_fp8", check_reference_fp8, "fp8 recipe vs HF transformers"},
     {"fp8_scale_policy", check_fp8_scale_policy, "current scaling: zero, zero row, subnormal, NaN, Inf, pow2"},
+    {"forward_deferred", check_forward_deferred, "losses summed on the device (llama_forward_deferred) equal llama_forward's"},
+    {"fused_amax", check_fused_amax, "fused amax of the RMSNorm and SwiGLU outputs equals op_amax; fp8 runs bit-identical"},
     {"fp8_nonfinite_flagged", check_fp8_nonfinite_flagged, "a NaN weight and a NaN gradient are flagged and named"},
     {"fp8_gemm", check_fp8_gemm, "emulated FP8 GEMM vs float64 and the FP8 error bound; bad shapes rejected"},
     {"cast_transpose", check_cast_transpose, "cast-transpose layouts and cast statistics"},

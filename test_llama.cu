@@ -62,6 +62,12 @@ static int check_recompute_bf16(void) { return check_recompute_in(PRECISION_BF16
 
 static int check_recompute_fp8(void) { return check_recompute_in(PRECISION_FP8); }
 
+/* The losses summed on the device (llama_forward_deferred) equal llama_forward's, bit for bit. */
+static int check_forward_deferred(void) { return check_forward_deferred_in(PRECISION_FP8); }
+
+/* The RMSNorm and SwiGLU kernels' fused amax leaves an fp8 run (-r 0, -r 2) bit-identical to op_amax reads. */
+static int check_fused_amax(void) { return check_fused_amax_in(PRECISION_FP8); }
+
 /* BF16: the split changes GEMM shapes (other algorithms, other summation order), hence 1e-2. */
 static int check_grad_accumulation(void) { return check_grad_accumulation_in(PRECISION_BF16, 1e-2); }
 
@@ -93,6 +99,7 @@ KERNEL_CHECK(attention)
 KERNEL_CHECK(swiglu)
 KERNEL_CHECK(classifier)
 KERNEL_CHECK(fp8_cast)
+KERNEL_CHECK(fp8_cast_vec)
 KERNEL_CHECK(fp8_weight)
 KERNEL_CHECK(gemm)
 
@@ -152,6 +159,7 @@ static int prod_cast(ProdFp8Operand* o, const char* label, const float* x, size_
     kc_poison(o->d_codes_t, n);
     kc_poison(o->d_scale, sizeof(Fp8Scale));
     op_amax(o->d_scale, d_x, n);
+    op_fp8_clear_nonfinite(o->d_scale, 1);
     op_cast_transpose(o->d_codes, o->d_codes_t, d_x, rows, cols, f, o->d_scale, 0, NULL);
     o->codes = (uint8_t*)mallocCheck(n);
     o->codes_t = (uint8_t*)mallocCheck(n);
@@ -163,6 +171,7 @@ static int prod_cast(ProdFp8Operand* o, const char* label, const float* x, size_
     uint8_t* ref_t = (uint8_t*)mallocCheck(n);
     Fp8Scale sc;
     cpu_ref_amax(&sc, x, n);
+    sc.nonfinite = 0.0f;
     cpu_ref_cast_transpose(ref, ref_t, x, rows, cols, f, &sc, 0, NULL);
     char what[64];
     snprintf(what, sizeof(what), "cast %s (%zu, %zu) %s", label, rows, cols, fp8_format_name(f));
@@ -374,12 +383,15 @@ static Check CHECKS[] = {
     {"kernel_swiglu", check_kernel_swiglu, "SwiGLU forward/backward vs CPU"},
     {"kernel_classifier", check_kernel_classifier, "fused softmax cross-entropy vs CPU"},
     {"kernel_fp8_cast", check_kernel_fp8_cast, "amax + FP8 cast-transpose bit-identical to CPU"},
+    {"kernel_fp8_cast_vec", check_kernel_fp8_cast_vec, "element-wise and vectorized cast-transpose kernels bit-identical to CPU"},
     {"kernel_fp8_weight", check_kernel_fp8_weight, "FP8 weights from master weights (amax, cast, transpose) bit-identical to CPU"},
     {"kernel_gemm", check_kernel_gemm, "cuBLASLt BF16/FP8 GEMMs vs the CPU emulation"},
     {"resume_bit_identical", check_resume_bit_identical, "GPU save -> load -> continue reproduces losses and weights"},
     {"fp8_weights", check_fp8_weights, "GPU: E4M3 W, W^T cast from bf16(master weights); llama_bf16_weight"},
     {"recompute_bf16", check_recompute_bf16, "GPU bf16 -r 1 and -r 2: bit-identical losses, gradients, weights"},
     {"recompute_fp8", check_recompute_fp8, "GPU fp8 -r 1 and -r 2: bit-identical losses, gradients, weights, FP8 statistics"},
+    {"forward_deferred", check_forward_deferred, "GPU: losses summed on the device (llama_forward_deferred) equal llama_forward's"},
+    {"fused_amax", check_fused_amax, "GPU fp8 with the producers' fused amax vs separate op_amax: bit-identical runs"},
     {"grad_accumulation", check_grad_accumulation, "GPU: 2 micro-batches accumulate the 1-batch gradient"},
     {"nccl_one_rank", check_nccl_one_rank, "GPU: ZeRO-1/2 over a one-rank NCCL communicator equal ZeRO-0 bit for bit"},
     {"prod_attention", check_prod_attention, "attention at T 4096, HS 128, default (fastest) backward vs CPU on a slice"},

@@ -32,6 +32,9 @@ static int g_round_bf16 = 0; /* set by backend_init from -p: activations are sto
 
 static inline float store(float x) { return g_round_bf16 ? bf16_round(x) : x; }
 
+/* OpenMP reduction `amax`: fp8.h's amax_combine (NaN wins), so a fused amax equals fp8_amax_cpu's in any order. */
+#pragma omp declare reduction(amax : float : omp_out = amax_combine(omp_out, omp_in)) initializer(omp_priv = 0.0f)
+
 /* ---------------------------------------------------------------- memory (host memory here) */
 
 static inline void* dev_alloc(size_t bytes) {
@@ -44,6 +47,7 @@ static inline void dev_upload(void* dst, const void* src, size_t bytes) { memcpy
 static inline void dev_download(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static inline void dev_zero(void* p, size_t bytes) { memset(p, 0, bytes); }
 static inline void dev_copy(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
+static inline void dev_upload_async(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static inline void act_to_float_host(float* out, const act_t* x, size_t n) { memcpy(out, x, n * sizeof(float)); }
 
 /* ---------------------------------------------------------------- backend */
@@ -183,27 +187,38 @@ static inline float rms_rstd(const act_t* x, int C, float eps) {
 
 /* out (N, C) = inp * rstd * weight, rstd (N) = 1 / rms(inp). */
 static inline void op_rmsnorm_forward(act_t* out, float* rstd, const act_t* inp, const act_t* weight, size_t N, int C,
-                                      float eps) {
-#pragma omp parallel for schedule(static)
+                                      float eps, Fp8Scale* amax) {
+    float a = 0.0f;
+#pragma omp parallel for schedule(static) reduction(amax : a)
     for (size_t i = 0; i < N; i++) {
         const act_t* x = inp + i * C;
         float r = rms_rstd(x, C, eps);
         rstd[i] = r;
-        for (int c = 0; c < C; c++) out[i * C + c] = store(x[c] * r * weight[c]);
+        for (int c = 0; c < C; c++) {
+            out[i * C + c] = store(x[c] * r * weight[c]);
+            a = amax_combine(a, fabsf(out[i * C + c]));
+        }
     }
+    if (amax) amax->amax = a;
 }
 
 /* resid_out (N, C) = resid_in + branch (stored), then norm_out, rstd = RMSNorm(resid_out) as above. */
 static inline void op_residual_rmsnorm_forward(act_t* resid_out, act_t* norm_out, float* rstd, const act_t* resid_in,
-                                               const act_t* branch, const act_t* weight, size_t N, int C, float eps) {
-#pragma omp parallel for schedule(static)
+                                               const act_t* branch, const act_t* weight, size_t N, int C, float eps,
+                                               Fp8Scale* amax) {
+    float a = 0.0f;
+#pragma omp parallel for schedule(static) reduction(amax : a)
     for (size_t i = 0; i < N; i++) {
         act_t* x = resid_out + i * C;
         for (int c = 0; c < C; c++) x[c] = store(resid_in[i * C + c] + branch[i * C + c]);
         float r = rms_rstd(x, C, eps);
         rstd[i] = r;
-        for (int c = 0; c < C; c++) norm_out[i * C + c] = store(x[c] * r * weight[c]);
+        for (int c = 0; c < C; c++) {
+            norm_out[i * C + c] = store(x[c] * r * weight[c]);
+            a = amax_combine(a, fabsf(norm_out[i * C + c]));
+        }
     }
+    if (amax) amax->amax = a;
 }
 
 /*
@@ -372,13 +387,16 @@ static inline void op_attention_backward(act_t* dqkv, const act_t* dout, const a
 }
 
 /* out (N, F) = silu(a) * b with inp (N, 2F) = [a | b] per row (SwiGLU, Shazeer 2020). */
-static inline void op_swiglu_forward(act_t* out, const act_t* inp, size_t N, int F) {
-#pragma omp parallel for schedule(static)
+static inline void op_swiglu_forward(act_t* out, const act_t* inp, size_t N, int F, Fp8Scale* amax) {
+    float a = 0.0f;
+#pragma omp parallel for schedule(static) reduction(amax : a)
     for (size_t i = 0; i < N; i++) {
         for (int j = 0; j < F; j++) {
             out[i * F + j] = store(swiglu(inp[i * 2 * F + j], inp[i * 2 * F + F + j]));
+            a = amax_combine(a, fabsf(out[i * F + j]));
         }
     }
+    if (amax) amax->amax = a;
 }
 
 /* dinp (N, 2F) = [dout * b * silu'(a) | dout * silu(a)], silu'(a) = s (1 + a (1 - s)), s = sigmoid(a). */
@@ -435,6 +453,12 @@ static inline double op_sum_f64(const double* x, size_t n) {
     return total;
 }
 
+static inline void op_sum_f32_in_order(double* sum, const float* x, size_t n) {
+    double total = 0.0;
+    for (size_t i = 0; i < n; i++) total += x[i];
+    *sum = total;
+}
+
 /* AdamW on n parameters (optim.h's adamw_update), gradients multiplied by grad_scale. */
 static inline void op_adamw(float* master, float* m, float* v, const float* grads, size_t n, float lr, float wd, float bc1,
                             float bc2_sqrt, float grad_scale) {
@@ -468,6 +492,10 @@ static inline void op_cast_transpose_master(uint8_t* out, uint8_t* out_t, const 
     backend_timer_start(PROF_FP8_CAST);
     fp8_cast_transpose_cpu(out, out_t, master, rows, cols, f, s, pow2, counts, 1);
     backend_timer_stop(PROF_FP8_CAST);
+}
+
+static inline void op_fp8_clear_nonfinite(Fp8Scale* s, size_t n) {
+    for (size_t i = 0; i < n; i++) s[i].nonfinite = 0.0f;
 }
 
 static inline void op_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols) {

@@ -11,8 +11,7 @@
  *   cuda/swiglu.cuh      SwiGLU
  *   cuda/classifier.cuh  fused softmax cross-entropy
  * and the FP8 library's GPU half (fp8/cast_cuda.cuh amax and cast-transpose, fp8/gemm_cublaslt.cuh).
- * Ops are asynchronous on the default stream except where a host value is returned (op_sum_f64) or
- * host data is read (op_encoder_backward).
+ * Ops are asynchronous on the default stream except where a host value is returned (op_sum_f64).
  */
 #pragma once
 
@@ -60,6 +59,36 @@ static inline void dev_download(void* dst, const void* src, size_t bytes) {
 static inline void dev_zero(void* p, size_t bytes) { cudaCheck(cudaMemsetAsync(p, 0, bytes, 0)); }
 static inline void dev_copy(void* dst, const void* src, size_t bytes) {
     cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0));
+}
+
+/* Pinned staging buffers of dev_upload_async, used in turn: a buffer is rewritten only after its last
+   upload has completed (its event), which with this many in turn is long done in the step loop (tokens,
+   targets and the embedding backward's bucketing: three uploads per micro-step). Grow-only. */
+#define UPLOAD_STAGES 8
+typedef struct {
+    void* host;
+    size_t bytes;
+    cudaEvent_t copied;
+    int used;
+} UploadStage;
+static UploadStage g_upload_stages[UPLOAD_STAGES];
+static int g_upload_next = 0;
+
+static inline void dev_upload_async(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    UploadStage* s = &g_upload_stages[g_upload_next];
+    g_upload_next = (g_upload_next + 1) % UPLOAD_STAGES;
+    if (s->used) cudaCheck(cudaEventSynchronize(s->copied));
+    else cudaCheck(cudaEventCreateWithFlags(&s->copied, cudaEventDisableTiming));
+    s->used = 1;
+    if (s->bytes < bytes) {
+        if (s->host) cudaCheck(cudaFreeHost(s->host));
+        cudaCheck(cudaMallocHost(&s->host, bytes));
+        s->bytes = bytes;
+    }
+    memcpy(s->host, src, bytes);
+    cudaCheck(cudaMemcpyAsync(dst, s->host, bytes, cudaMemcpyHostToDevice, 0));
+    cudaCheck(cudaEventRecord(s->copied, 0));
 }
 
 /* out (n) host floats = x (n) device BF16 values (exact). */
@@ -174,7 +203,7 @@ static inline size_t backend_memory_total(const char** what) {
 
 static inline int backend_workspaces(const WorkspaceQuery* q, MemoryEstimate* out) {
     const LlamaConfig* c = q->cfg;
-    size_t N = (size_t)q->B * q->T, C = (size_t)c->dim, V = (size_t)c->vocab_size;
+    size_t N = (size_t)q->B * q->T, C = (size_t)c->dim;
     size_t NH = (size_t)c->n_heads, rows = (size_t)q->B * NH * (size_t)q->T;
     int n = 0;
     out[n++] = (MemoryEstimate){"cuda_context", CUDA_CONTEXT_ESTIMATE_BYTES, 1, "CUDA context, cuBLASLt/cuDNN handles and kernels"};
@@ -185,8 +214,8 @@ static inline int backend_workspaces(const WorkspaceQuery* q, MemoryEstimate* ou
 #else
     out[n++] = (MemoryEstimate){"attention", rows * sizeof(float), 0, "fallback attention backward row sums"};
 #endif
-    out[n++] = (MemoryEstimate){"encoder_backward", (2 * N + 1 + (N < V ? N : V)) * sizeof(int), 0,
-                                "embedding backward: positions, bucket starts and tokens (at most)"};
+    out[n++] = (MemoryEstimate){"encoder_backward", (3 * N + 1) * sizeof(int), 0,
+                                "embedding backward: positions, bucket starts and tokens (N distinct at most)"};
     out[n++] = (MemoryEstimate){"rmsnorm_backward", (N < RMSNORM_BWD_BLOCKS ? N : RMSNORM_BWD_BLOCKS) * C * sizeof(float), 0,
                                 "RMSNorm backward per-block weight-gradient partials"};
     out[n++] = (MemoryEstimate){"grad_norm_sum", 2 * ceil_div(q->grad_chunks, F64_SUM_BLOCK) * sizeof(double), 0,
@@ -280,6 +309,12 @@ static inline void op_amax_master(Fp8Scale* s, const float* master, size_t n) { 
 static inline void op_cast_transpose_master(uint8_t* out, uint8_t* out_t, const float* master, size_t rows, size_t cols,
                                             Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts) {
     fp8_cast_transpose_cuda(out, out_t, master, rows, cols, f, s, pow2, counts);
+}
+
+/* One strided memset: the nonfinite field of each 16-byte record. */
+static inline void op_fp8_clear_nonfinite(Fp8Scale* s, size_t n) {
+    if (n == 0) return;
+    cudaCheck(cudaMemset2DAsync(&s->nonfinite, sizeof(Fp8Scale), 0, sizeof(float), n, 0));
 }
 
 static inline void op_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols) {

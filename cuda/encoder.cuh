@@ -43,12 +43,16 @@ static DeviceScratch g_encoder_scratch;
 /*
  * dwte (V, C) FP32 += scatter of dout (N, C) by token. Deterministic without atomics: the host tokens
  * (N) are bucketed by token on the host (positions sorted by (token, position)), and each distinct token
- * is summed by one block column-strip. tokens (device copy) is unused; both backends take it.
+ * is summed by one block column-strip. tokens (device copy) is unused; both backends take it. The
+ * bucketing is uploaded asynchronously (dev_upload_async): the host does not wait for the backward.
  */
 static inline void op_encoder_backward(float* dwte, const act_t* dout, const int* tokens, const int* tokens_host, size_t N,
                                        int C) {
     (void)tokens;
     if (N == 0) return;
+    /* reserved for the most distinct tokens N can hold (U <= N): a batch with more distinct tokens than the
+       ones before never grows it, and growing waits for the device */
+    int* dev = (int*)scratch_reserve(&g_encoder_scratch, (3 * N + 1) * sizeof(int));
     std::vector<int> order(N);
     for (size_t i = 0; i < N; i++) order[i] = (int)i;
     std::sort(order.begin(), order.end(), [tokens_host](int a, int b) {
@@ -66,8 +70,7 @@ static inline void op_encoder_backward(float* dwte, const act_t* dout, const int
     size_t U = bucket_tokens.size();
     host.push_back((int)N);
     host.insert(host.end(), bucket_tokens.begin(), bucket_tokens.end());
-    int* dev = (int*)scratch_reserve(&g_encoder_scratch, host.size() * sizeof(int));
-    cudaCheck(cudaMemcpy(dev, host.data(), host.size() * sizeof(int), cudaMemcpyHostToDevice));
+    dev_upload_async(dev, host.data(), host.size() * sizeof(int));
     dim3 grid((unsigned int)U, (unsigned int)ceil_div((size_t)C, BLOCK_THREADS));
     encoder_backward_kernel<<<grid, BLOCK_THREADS>>>(dwte, dout, dev, dev + N, dev + N + U + 1, C);
     launchCheck();

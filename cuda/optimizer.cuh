@@ -1,7 +1,7 @@
 /*
  * The optimizer's kernels on the GPU: the BF16 working weights from the FP32 master weights, the
- * deterministic per-chunk sums of squares and their sum behind the gradient norm, and AdamW (optim.h's
- * adamw_update per element).
+ * deterministic per-chunk sums of squares and their sum behind the gradient norm, the in-order sum of a
+ * micro-batch's losses (op_sum_f32_in_order), and AdamW (optim.h's adamw_update per element).
  * Kernel family "optimizer".
  */
 #pragma once
@@ -72,6 +72,20 @@ static inline double op_sum_f64(const double* x, size_t n) {
     double total;
     cudaCheck(cudaMemcpy(&total, out, sizeof(double), cudaMemcpyDeviceToHost));
     return total;
+}
+
+/* One thread: the host loop's order, so the bits are the host sum's. */
+__global__ void sum_f32_in_order_kernel(double* sum, const float* x, size_t n) {
+    double total = 0.0;
+    for (size_t i = 0; i < n; i++) total += (double)x[i];
+    *sum = total;
+}
+
+/* *sum (device) = sum of x (n) FP32 as FP64 in index order, asynchronously; n is a micro-batch's tokens
+   (a few thousand), so one thread is enough. */
+static inline void op_sum_f32_in_order(double* sum, const float* x, size_t n) {
+    sum_f32_in_order_kernel<<<1, 1>>>(sum, x, n);
+    launchCheck();
 }
 
 __global__ void adamw_kernel(float* master, float* m, float* v, const float* grads, size_t n, float lr, float wd, float bc1,

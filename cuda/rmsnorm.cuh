@@ -5,18 +5,27 @@
 #pragma once
 
 #include "../core/cuda_utils.cuh"
+#include "../fp8/cast_cuda.cuh"
 #include "../llama/op_math.h"
 
-/* Shared by the two forward kernels: normalizes row x (C) already in memory; returns rstd. */
+/* Shared by the two forward kernels: normalizes row x (C) already in memory, folding the row's output
+   into the fused amax when amax_bits is not NULL (fp8/cast_cuda.cuh); returns rstd. */
 __device__ __forceinline__ float rmsnorm_row(act_t* out, const act_t* x, const act_t* weight, int C, float eps,
-                                             float sum_sq) {
+                                             float sum_sq, unsigned int* amax_bits) {
     float ss = block_reduce<BLOCK_THREADS>(sum_sq, SumOp());
     float r = 1.0f / sqrtf(ss / (float)C + eps);
-    for (int c = threadIdx.x; c < C; c += blockDim.x) out[c] = f_to_bf16(bf16_to_f(x[c]) * r * bf16_to_f(weight[c]));
+    unsigned int m = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        act_t y = f_to_bf16(bf16_to_f(x[c]) * r * bf16_to_f(weight[c]));
+        out[c] = y;
+        m = fp8_amax_fold(m, y);
+    }
+    if (amax_bits) fp8_amax_fused_block_end<BLOCK_THREADS>(amax_bits, m);
     return r;
 }
 
-__global__ void rmsnorm_forward_kernel(act_t* out, float* rstd, const act_t* inp, const act_t* weight, int C, float eps) {
+__global__ void rmsnorm_forward_kernel(act_t* out, float* rstd, const act_t* inp, const act_t* weight, int C, float eps,
+                                       unsigned int* amax_bits) {
     size_t row = blockIdx.x;
     const act_t* x = inp + row * C;
     float ss = 0.0f;
@@ -24,20 +33,23 @@ __global__ void rmsnorm_forward_kernel(act_t* out, float* rstd, const act_t* inp
         float v = bf16_to_f(x[c]);
         ss += v * v;
     }
-    float r = rmsnorm_row(out + row * C, x, weight, C, eps, ss);
+    float r = rmsnorm_row(out + row * C, x, weight, C, eps, ss, amax_bits);
     if (threadIdx.x == 0) rstd[row] = r;
 }
 
-/* out (N, C) = inp * rstd * weight, rstd (N) = 1 / sqrt(mean(inp^2) + eps) (HF LlamaRMSNorm). One block per row. */
+/* out (N, C) = inp * rstd * weight, rstd (N) = 1 / sqrt(mean(inp^2) + eps) (HF LlamaRMSNorm). One block per row.
+   amax (may be NULL): the fused amax of out (llama/backend.h). */
 static inline void op_rmsnorm_forward(act_t* out, float* rstd, const act_t* inp, const act_t* weight, size_t N, int C,
-                                      float eps) {
+                                      float eps, Fp8Scale* amax) {
+    unsigned int* amax_bits = fp8_amax_fused_begin(amax);
     if (N == 0) return;
-    rmsnorm_forward_kernel<<<(unsigned int)N, BLOCK_THREADS>>>(out, rstd, inp, weight, C, eps);
+    rmsnorm_forward_kernel<<<(unsigned int)N, BLOCK_THREADS>>>(out, rstd, inp, weight, C, eps, amax_bits);
     launchCheck();
 }
 
 __global__ void residual_rmsnorm_forward_kernel(act_t* resid_out, act_t* norm_out, float* rstd, const act_t* resid_in,
-                                                const act_t* branch, const act_t* weight, int C, float eps) {
+                                                const act_t* branch, const act_t* weight, int C, float eps,
+                                                unsigned int* amax_bits) {
     size_t row = blockIdx.x;
     act_t* x = resid_out + row * C;
     float ss = 0.0f;
@@ -48,16 +60,19 @@ __global__ void residual_rmsnorm_forward_kernel(act_t* resid_out, act_t* norm_ou
         float f = bf16_to_f(v);
         ss += f * f;
     }
-    float r = rmsnorm_row(norm_out + row * C, x, weight, C, eps, ss);
+    float r = rmsnorm_row(norm_out + row * C, x, weight, C, eps, ss, amax_bits);
     if (threadIdx.x == 0) rstd[row] = r;
 }
 
-/* resid_out (N, C) = resid_in + branch (stored BF16), then norm_out, rstd = RMSNorm(resid_out), fused. */
+/* resid_out (N, C) = resid_in + branch (stored BF16), then norm_out, rstd = RMSNorm(resid_out), fused;
+   amax (may be NULL): the fused amax of norm_out. */
 static inline void op_residual_rmsnorm_forward(act_t* resid_out, act_t* norm_out, float* rstd, const act_t* resid_in,
-                                               const act_t* branch, const act_t* weight, size_t N, int C, float eps) {
+                                               const act_t* branch, const act_t* weight, size_t N, int C, float eps,
+                                               Fp8Scale* amax) {
+    unsigned int* amax_bits = fp8_amax_fused_begin(amax);
     if (N == 0) return;
     residual_rmsnorm_forward_kernel<<<(unsigned int)N, BLOCK_THREADS>>>(resid_out, norm_out, rstd, resid_in, branch, weight,
-                                                                        C, eps);
+                                                                        C, eps, amax_bits);
     launchCheck();
 }
 

@@ -5,19 +5,26 @@
 #pragma once
 
 #include "../core/cuda_utils.cuh"
+#include "../fp8/cast_cuda.cuh"
 #include "../llama/op_math.h"
 
-__global__ void swiglu_forward_kernel(act_t* out, const act_t* inp, size_t N, int F) {
+__global__ void swiglu_forward_kernel(act_t* out, const act_t* inp, size_t N, int F, unsigned int* amax_bits) {
     size_t total = N * (size_t)F;
+    unsigned int m = 0;
     for (size_t i = grid_index(); i < total; i += grid_stride()) {
         size_t row = i / (size_t)F, j = i % (size_t)F;
-        out[i] = f_to_bf16(swiglu(bf16_to_f(inp[row * 2 * F + j]), bf16_to_f(inp[row * 2 * F + F + j])));
+        act_t y = f_to_bf16(swiglu(bf16_to_f(inp[row * 2 * F + j]), bf16_to_f(inp[row * 2 * F + F + j])));
+        out[i] = y;
+        m = fp8_amax_fold(m, y);
     }
+    if (amax_bits) fp8_amax_fused_block_end<BLOCK_THREADS>(amax_bits, m);
 }
 
-/* out (N, F) = silu(a) * b with inp (N, 2F) = [a | b] per row (SwiGLU, Shazeer 2020). */
-static inline void op_swiglu_forward(act_t* out, const act_t* inp, size_t N, int F) {
-    swiglu_forward_kernel<<<grid_for(N * (size_t)F, BLOCK_THREADS), BLOCK_THREADS>>>(out, inp, N, F);
+/* out (N, F) = silu(a) * b with inp (N, 2F) = [a | b] per row (SwiGLU, Shazeer 2020); amax (may be NULL):
+   the fused amax of out (llama/backend.h). */
+static inline void op_swiglu_forward(act_t* out, const act_t* inp, size_t N, int F, Fp8Scale* amax) {
+    unsigned int* amax_bits = fp8_amax_fused_begin(amax);
+    swiglu_forward_kernel<<<grid_for(N * (size_t)F, BLOCK_THREADS), BLOCK_THREADS>>>(out, inp, N, F, amax_bits);
     launchCheck();
 }
 

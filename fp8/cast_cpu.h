@@ -36,13 +36,15 @@ static inline void fp8_amax_cpu(Fp8Scale* s, const float* x, size_t n, int round
 }
 
 /*
- * Sets s->scale / s->scale_inv from s->amax (fp8_compute_scale), then casts x (rows, cols), each value
- * rounded to BF16 first when round_bf16, into codes out (rows, cols) and out_t (cols, rows); either may
- * be NULL. counts (may be NULL) accumulates the cast statistics (fp8.h Fp8Counts).
+ * Sets s->scale / s->scale_inv from s->amax (fp8_compute_scale) and s->nonfinite to 1 when that amax is
+ * not finite (sticky, fp8.h Fp8Scale), then casts x (rows, cols), each value rounded to BF16 first when
+ * round_bf16, into codes out (rows, cols) and out_t (cols, rows); either may be NULL. counts (may be
+ * NULL) accumulates the cast statistics (fp8.h Fp8Counts).
  */
 static inline void fp8_cast_transpose_cpu(uint8_t* out, uint8_t* out_t, const float* x, size_t rows, size_t cols,
                                           Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts, int round_bf16) {
     fp8_scale_set(s, s->amax, f, pow2);
+    if (!fp8_amax_is_finite(s->amax)) s->nonfinite = 1.0f;
     float scale = s->scale;
     unsigned long long sat = 0, under = 0, nonzero = 0;
 #pragma omp parallel for schedule(static) reduction(+ : sat, under, nonzero)

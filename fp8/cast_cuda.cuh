@@ -1,8 +1,9 @@
 /*
  * The FP8 current-scaling kernels of the GPU: fp8_amax_cuda (max |x| of a BF16 tensor into its
  * device-side Fp8Scale) and fp8_cast_transpose_cuda (scale from that amax, then the cast to E4M3/E5M2
- * codes written row-major and/or transposed in one pass), both also for FP32 master weights, which are
- * rounded to BF16 first (the value a BF16 copy would hold); and fp8_transpose_cuda (codes transposed).
+ * codes written row-major and/or transposed in one pass, by a vectorized kernel where the shape allows,
+ * else element by element), both also for FP32 master weights, which are rounded to BF16 first (the
+ * value a BF16 copy would hold); and fp8_transpose_cuda (codes transposed).
  * The policy and the cast are fp8.h's functions, the same ones the CPU emulation (cast_cpu.h) runs, so
  * the codes are bit-identical to the CPU's. None synchronizes with the host: the scale lives in device
  * memory and the GEMM reads it there.
@@ -76,6 +77,29 @@ static inline void fp8_amax_cuda(Fp8Scale* s, const float* x, size_t n) {
     launchCheck();
 }
 
+/*
+ * A producer kernel's fused amax (amax_bits from fp8_amax_fused_begin, NULL when not asked): each thread
+ * keeps fp8_amax_fold's running maximum of the BF16 values it writes, then every thread of the block
+ * calls fp8_amax_fused_block_end (the block reduction needs them all). Folds the same sign-cleared bit
+ * patterns as amax_kernel and publishes them as it does, so the amax is op_amax's, bit for bit.
+ */
+__device__ __forceinline__ unsigned int fp8_amax_fold(unsigned int m, __nv_bfloat16 y) {
+    return max(m, (unsigned int)(__bfloat16_as_ushort(y) & 0x7fffu));
+}
+
+template <int THREADS>
+__device__ __forceinline__ void fp8_amax_fused_block_end(unsigned int* amax_bits, unsigned int m) {
+    m = block_reduce<THREADS>(m, MaxOp());
+    if (threadIdx.x == 0 && m != 0) atomicMax(amax_bits, m << 16);
+}
+
+/* Resets s->amax (device) for a producer's fused amax and returns it as the kernel's amax_bits; NULL for s NULL. */
+static inline unsigned int* fp8_amax_fused_begin(Fp8Scale* s) {
+    if (s == NULL) return NULL;
+    cudaCheck(cudaMemsetAsync(&s->amax, 0, sizeof(float), 0));
+    return (unsigned int*)&s->amax;
+}
+
 /* The value a cast reads: a BF16 element, or the BF16 rounding of an FP32 master weight. */
 __device__ __forceinline__ float cast_input(__nv_bfloat16 x) { return bf16_to_f(x); }
 __device__ __forceinline__ float cast_input(float x) { return bf16_to_f(f_to_bf16(x)); }
@@ -92,7 +116,8 @@ __device__ __forceinline__ float cast_input(float x) { return bf16_to_f(f_to_bf1
  * One block per 64 x 64 tile of x (rows, cols): each block derives the scale from s->amax itself (so no
  * grid-wide barrier is needed), casts its tile, writes the codes to out row-major, stages them in
  * shared memory and writes them to out_t (cols, rows) along the transposed rows, both coalesced.
- * Block 0 publishes scale and scale_inv; amax is only read.
+ * Block 0 publishes scale and scale_inv, and sets the sticky nonfinite flag for a non-finite amax;
+ * amax is only read.
  */
 template <typename In>
 __global__ void __launch_bounds__(CT_THREADS) cast_transpose_kernel(uint8_t* out, uint8_t* out_t, const In* x, size_t rows,
@@ -106,6 +131,7 @@ __global__ void __launch_bounds__(CT_THREADS) cast_transpose_kernel(uint8_t* out
         fp8_scale_set(&published, amax, f, pow2);
         s->scale = published.scale;
         s->scale_inv = published.scale_inv;
+        if (!fp8_amax_is_finite(amax)) s->nonfinite = 1.0f;
     }
     int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     size_t r0 = (blockIdx.x / tiles_x) * CT_TILE, c0 = (blockIdx.x % tiles_x) * CT_TILE;
@@ -151,19 +177,153 @@ __global__ void __launch_bounds__(CT_THREADS) cast_transpose_kernel(uint8_t* out
 }
 
 /*
- * Sets s->scale / s->scale_inv (device) from s->amax (fp8_compute_scale), then casts x (rows, cols) BF16,
- * or FP32 master weights rounded to BF16, into FP8 codes out (rows, cols) and out_t (cols, rows); either
- * may be NULL. counts (device, may be NULL) accumulates the cast statistics (fp8.h Fp8Counts) with
- * integer atomics.
+ * fp8_cast_transpose_cuda with cast_transpose_kernel, element by element: for every shape and input type
+ * (the vectorized kernel below takes BF16 tensors of suitable shapes only). Same arguments.
  */
 template <typename In>
-static inline void fp8_cast_transpose_cuda(uint8_t* out, uint8_t* out_t, const In* x, size_t rows, size_t cols,
-                                           Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts) {
+static inline void fp8_cast_transpose_tiled_cuda(uint8_t* out, uint8_t* out_t, const In* x, size_t rows, size_t cols,
+                                                 Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts) {
     /* an empty tensor still gets one block, which publishes the scale */
     size_t tiles_x = cols > 0 ? ceil_div(cols, CT_TILE) : 1, tiles = rows > 0 ? ceil_div(rows, CT_TILE) * tiles_x : 1;
     if (tiles > INT32_MAX) die("cast-transpose of a (%zu, %zu) tensor needs more than 2^31 tiles", rows, cols);
     cast_transpose_kernel<<<(unsigned int)tiles, CT_THREADS>>>(out, out_t, x, rows, cols, tiles_x, s, f, pow2, counts);
     launchCheck();
+}
+
+/*
+ * The vectorized cast-transpose: the same 64 x 64 tiles, blocks and results as cast_transpose_kernel,
+ * with wide memory accesses. Loads: 16 bytes (8 BF16) per thread and pass, a warp reading 4 rows of 128
+ * bytes. Stores: 8 codes (8 bytes) row-major; the transposed codes as 4-byte words, each thread
+ * transposing a 4 x 4 byte micro-tile in registers (__byte_perm) so that it reads 4 words of shared
+ * memory and writes 4 words of out_t. The shared tile is 64 rows of 17 words (68 bytes): a warp's
+ * micro-tiles are 8 rows of micro-tiles by 4 columns, whose words then fall in 8 x 4 distinct banks
+ * (row stride 4 words, column stride 1), so the transposed read has no bank conflicts.
+ * Needs cols % 8 == 0, rows % 4 == 0, x 16-byte, out 8-byte and out_t 4-byte aligned
+ * (fp8_cast_transpose_vec_ok); partial tiles are bounds-checked by whole vectors and words.
+ */
+#define CTV_PITCH_WORDS (CT_TILE / 4 + 1)   /* 17: a shared tile row, padded by one word */
+#define CTV_LOAD_PASSES (CT_TILE * CT_TILE / BF16_PER_VEC / CT_THREADS) /* 2 */
+#define CTV_MICRO 4                         /* the micro-tile of the transposed write: 4 x 4 codes */
+
+/* Casts the 8 BF16 of one 16-byte vector: code i in byte i % 4 of codes->x (i < 4) or codes->y (memory
+   order); adds to the three statistics counters as cast_transpose_kernel does. */
+__device__ __forceinline__ void ctv_cast8(uint2* codes, uint4 v, float scale, Fp8Format f, unsigned int* saturated,
+                                          unsigned int* underflow, unsigned int* nonzero) {
+    unsigned int w[4] = {v.x, v.y, v.z, v.w};
+    unsigned int packed[2] = {0u, 0u};
+#pragma unroll
+    for (int i = 0; i < BF16_PER_VEC; i++) {
+        /* a BF16 pattern shifted up is the FP32 pattern of the same value (bf16_to_f, exactly) */
+        unsigned int bits = i % 2 ? w[i / 2] & 0xffff0000u : w[i / 2] << 16;
+        float x = __uint_as_float(bits);
+        uint8_t code = fp8_quantize(x, scale, f);
+        packed[i / 4] |= (unsigned int)code << (8 * (i % 4));
+        *saturated += (unsigned int)fp8_is_max(code, f);
+        *nonzero += x != 0.0f;
+        *underflow += x != 0.0f && fp8_is_zero(code);
+    }
+    *codes = make_uint2(packed[0], packed[1]);
+}
+
+__global__ void __launch_bounds__(CT_THREADS) cast_transpose_vec_kernel(uint8_t* out, uint8_t* out_t, const __nv_bfloat16* x,
+                                                                        size_t rows, size_t cols, size_t tiles_x, Fp8Scale* s,
+                                                                        Fp8Format f, int pow2, Fp8Counts* counts) {
+    __shared__ uint32_t tile[CT_TILE * CTV_PITCH_WORDS];
+    float amax = s->amax;
+    float scale = fp8_compute_scale(amax, f, pow2);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        Fp8Scale published;
+        fp8_scale_set(&published, amax, f, pow2);
+        s->scale = published.scale;
+        s->scale_inv = published.scale_inv;
+        if (!fp8_amax_is_finite(amax)) s->nonfinite = 1.0f;
+    }
+    size_t r0 = (blockIdx.x / tiles_x) * CT_TILE, c0 = (blockIdx.x % tiles_x) * CT_TILE;
+    unsigned int saturated = 0, underflow = 0, nonzero = 0;
+    for (int pass = 0; pass < CTV_LOAD_PASSES; pass++) {
+        int v = pass * CT_THREADS + threadIdx.x;
+        int lr = v / (CT_TILE / BF16_PER_VEC), lc = (v % (CT_TILE / BF16_PER_VEC)) * BF16_PER_VEC;
+        size_t r = r0 + lr, c = c0 + lc;
+        if (r >= rows || c >= cols) continue; /* cols % 8 == 0: a vector is wholly inside or outside */
+        uint4 in = *(const uint4*)(x + r * cols + c);
+        uint2 codes;
+        ctv_cast8(&codes, in, scale, f, &saturated, &underflow, &nonzero);
+        if (out) *(uint2*)(out + r * cols + c) = codes;
+        tile[lr * CTV_PITCH_WORDS + lc / 4] = codes.x;
+        tile[lr * CTV_PITCH_WORDS + lc / 4 + 1] = codes.y;
+    }
+    if (out_t) {
+        __syncthreads();
+        /* warp w: micro-tile rows (w % 2) * 8 + lane % 8, micro-tile columns (w / 2) * 4 + lane / 8 */
+        int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+        int mr = (warp % 2) * 8 + lane % 8, mc = (warp / 2) * 4 + lane / 8;
+        size_t r = r0 + (size_t)mr * CTV_MICRO;
+        if (r < rows) { /* rows % 4 == 0: a micro-tile row is wholly inside or outside */
+            uint32_t w0 = tile[(mr * CTV_MICRO + 0) * CTV_PITCH_WORDS + mc];
+            uint32_t w1 = tile[(mr * CTV_MICRO + 1) * CTV_PITCH_WORDS + mc];
+            uint32_t w2 = tile[(mr * CTV_MICRO + 2) * CTV_PITCH_WORDS + mc];
+            uint32_t w3 = tile[(mr * CTV_MICRO + 3) * CTV_PITCH_WORDS + mc];
+            /* byte j of word i (tile row i, column j) becomes byte i of output word j */
+            uint32_t lo01 = __byte_perm(w0, w1, 0x5140), lo23 = __byte_perm(w2, w3, 0x5140);
+            uint32_t hi01 = __byte_perm(w0, w1, 0x7362), hi23 = __byte_perm(w2, w3, 0x7362);
+            uint32_t t[CTV_MICRO] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
+                                     __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
+#pragma unroll
+            for (int j = 0; j < CTV_MICRO; j++) {
+                size_t c = c0 + (size_t)mc * CTV_MICRO + j;
+                if (c < cols) *(uint32_t*)(out_t + c * rows + r) = t[j];
+            }
+        }
+    }
+    if (counts) {
+        unsigned long long sat = block_reduce<CT_THREADS>((unsigned long long)saturated, SumOp());
+        unsigned long long under = block_reduce<CT_THREADS>((unsigned long long)underflow, SumOp());
+        unsigned long long nz = block_reduce<CT_THREADS>((unsigned long long)nonzero, SumOp());
+        if (threadIdx.x == 0) {
+            atomicAdd(&counts->saturated, sat);
+            atomicAdd(&counts->underflow, under);
+            atomicAdd(&counts->nonzero, nz);
+            if (blockIdx.x == 0) atomicAdd(&counts->count, (unsigned long long)rows * cols);
+        }
+    }
+}
+
+/* Can cast_transpose_vec_kernel cast x (rows, cols) into out / out_t (either may be NULL)? */
+static inline int fp8_cast_transpose_vec_ok(const uint8_t* out, const uint8_t* out_t, const __nv_bfloat16* x, size_t rows,
+                                            size_t cols) {
+    return rows > 0 && cols > 0 && cols % BF16_PER_VEC == 0 && rows % CTV_MICRO == 0 && (uintptr_t)x % 16 == 0 &&
+           (uintptr_t)out % 8 == 0 && (uintptr_t)out_t % 4 == 0;
+}
+
+/* fp8_cast_transpose_cuda with cast_transpose_vec_kernel; stops when fp8_cast_transpose_vec_ok is false. */
+static inline void fp8_cast_transpose_vec_cuda(uint8_t* out, uint8_t* out_t, const __nv_bfloat16* x, size_t rows,
+                                               size_t cols, Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts) {
+    if (!fp8_cast_transpose_vec_ok(out, out_t, x, rows, cols))
+        die("vectorized cast-transpose of a (%zu, %zu) tensor: needs cols %% %d == 0, rows %% %d == 0 and aligned pointers",
+            rows, cols, BF16_PER_VEC, CTV_MICRO);
+    size_t tiles_x = ceil_div(cols, CT_TILE), tiles = ceil_div(rows, CT_TILE) * tiles_x;
+    if (tiles > INT32_MAX) die("cast-transpose of a (%zu, %zu) tensor needs more than 2^31 tiles", rows, cols);
+    cast_transpose_vec_kernel<<<(unsigned int)tiles, CT_THREADS>>>(out, out_t, x, rows, cols, tiles_x, s, f, pow2, counts);
+    launchCheck();
+}
+
+/*
+ * Sets s->scale / s->scale_inv (device) from s->amax (fp8_compute_scale) and s->nonfinite to 1 when that
+ * amax is not finite (sticky, fp8.h Fp8Scale), then casts x (rows, cols) BF16, or FP32 master weights
+ * rounded to BF16, into FP8 codes out (rows, cols) and out_t (cols, rows); either may be NULL. counts
+ * (device, may be NULL) accumulates the cast statistics (fp8.h Fp8Counts) with integer atomics. A BF16
+ * tensor whose shape and pointers allow it takes the vectorized kernel, anything else the element-wise
+ * one: the same codes, scale and counts.
+ */
+static inline void fp8_cast_transpose_cuda(uint8_t* out, uint8_t* out_t, const __nv_bfloat16* x, size_t rows, size_t cols,
+                                           Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts) {
+    if (fp8_cast_transpose_vec_ok(out, out_t, x, rows, cols)) fp8_cast_transpose_vec_cuda(out, out_t, x, rows, cols, f, s, pow2, counts);
+    else fp8_cast_transpose_tiled_cuda(out, out_t, x, rows, cols, f, s, pow2, counts);
+}
+
+static inline void fp8_cast_transpose_cuda(uint8_t* out, uint8_t* out_t, const float* x, size_t rows, size_t cols,
+                                           Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts) {
+    fp8_cast_transpose_tiled_cuda(out, out_t, x, rows, cols, f, s, pow2, counts);
 }
 
 /* One CT_TILE x CT_TILE tile per block, staged in shared memory so that reads and writes are coalesced. */

@@ -127,12 +127,18 @@ LLM8_HD static inline float fp8_compute_scale(float amax, Fp8Format f, int pow2)
     return scale;
 }
 
-/* Per-tensor FP8 scaling state, one per GEMM operand. Lives in device memory on the GPU. */
+/*
+ * Per-tensor FP8 scaling state, one per GEMM operand. Lives in device memory on the GPU. `nonfinite` is
+ * sticky: every cast sets it to 1 when the amax it casts with is not finite and nothing but its owner
+ * clears it, so one read after many casts tells whether any of them was flagged, without a host round
+ * trip per cast. A float (0 or 1) so that a MAX reduction over whole records (the sharded weights' amax
+ * all-reduce) ORs it.
+ */
 typedef struct {
     float amax;      /* max |x| of the tensor as cast (NaN if any element is NaN) */
     float scale;     /* multiplies x before the cast */
     float scale_inv; /* 1 / scale: what the GEMM multiplies the product by */
-    float pad;       /* unused: keeps the record four floats (16 bytes) */
+    float nonfinite; /* 1 once a cast used a non-finite amax since the owner last cleared it, else 0 */
 } Fp8Scale;
 
 /* Fills scale and scale_inv from amax. */

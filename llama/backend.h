@@ -37,6 +37,9 @@ static inline void dev_download(void* dst, const void* src, size_t bytes);
 static inline void dev_zero(void* p, size_t bytes);
 /* Backend -> backend copy, ordered with the ops (asynchronous on the GPU). */
 static inline void dev_copy(void* dst, const void* src, size_t bytes);
+/* Host -> backend copy ordered with the ops, like dev_copy (asynchronous on the GPU, which stages src in
+   pinned host memory first): src may be reused as soon as it returns. */
+static inline void dev_upload_async(void* dst, const void* src, size_t bytes);
 /* out (n) host floats = x (n) act values (exact). */
 static inline void act_to_float_host(float* out, const act_t* x, size_t n);
 
@@ -103,12 +106,16 @@ static inline void op_encoder_backward(float* dwte, const act_t* dout, const int
 
 /* ---------------------------------------------------------------- RMSNorm */
 
-/* out (N, C) = inp * rstd * weight, rstd (N) FP32 = 1 / sqrt(mean(inp^2) + eps) (HF LlamaRMSNorm). */
+/* out (N, C) = inp * rstd * weight, rstd (N) FP32 = 1 / sqrt(mean(inp^2) + eps) (HF LlamaRMSNorm).
+   amax (may be NULL): amax->amax = max |out| over the stored values, as op_amax(amax, out, N C) would set
+   it, bit for bit (NaN when any is NaN), computed as out is written; its other fields are kept. */
 static inline void op_rmsnorm_forward(act_t* out, float* rstd, const act_t* inp, const act_t* weight, size_t N, int C,
-                                      float eps);
-/* resid_out (N, C) = resid_in + branch (stored act), then norm_out, rstd = RMSNorm(resid_out), fused. */
+                                      float eps, Fp8Scale* amax);
+/* resid_out (N, C) = resid_in + branch (stored act), then norm_out, rstd = RMSNorm(resid_out), fused;
+   amax (may be NULL) as op_rmsnorm_forward's, of norm_out. */
 static inline void op_residual_rmsnorm_forward(act_t* resid_out, act_t* norm_out, float* rstd, const act_t* resid_in,
-                                               const act_t* branch, const act_t* weight, size_t N, int C, float eps);
+                                               const act_t* branch, const act_t* weight, size_t N, int C, float eps,
+                                               Fp8Scale* amax);
 /* With xh = inp * rstd: dinp (N, C) += rstd * (g - xh * mean(g * xh)), g = dout * weight (stored act);
    dweight (C) FP32 += sum over rows of dout * xh, deterministic. */
 static inline void op_rmsnorm_backward(act_t* dinp, float* dweight, const act_t* dout, const act_t* inp,
@@ -137,8 +144,9 @@ static inline void op_attention_backward(act_t* dqkv, const act_t* dout, const a
 
 /* ---------------------------------------------------------------- SwiGLU and classifier */
 
-/* out (N, F) = silu(a) * b with inp (N, 2F) = [a | b] per row (SwiGLU, Shazeer 2020). */
-static inline void op_swiglu_forward(act_t* out, const act_t* inp, size_t N, int F);
+/* out (N, F) = silu(a) * b with inp (N, 2F) = [a | b] per row (SwiGLU, Shazeer 2020); amax (may be
+   NULL) as op_rmsnorm_forward's, of out. */
+static inline void op_swiglu_forward(act_t* out, const act_t* inp, size_t N, int F, Fp8Scale* amax);
 /* dinp (N, 2F) = [dout * b * silu'(a) | dout * silu(a)]. */
 static inline void op_swiglu_backward(act_t* dinp, const act_t* dout, const act_t* inp, size_t N, int F);
 /* Fused softmax cross-entropy: losses (N) FP32 = logsumexp(logits_i) - logits_i[target_i]; logits (N, V)
@@ -152,6 +160,9 @@ static inline void op_classifier(act_t* logits, float* losses, const int* target
 static inline void op_sum_squares_chunks(double* partials, const float* x, size_t n, size_t chunk);
 /* Sum of x (n) FP64, returned to the host, in an order that depends on n only (deterministic). */
 static inline double op_sum_f64(const double* x, size_t n);
+/* *sum (one FP64 in backend memory) = the sum of x (n) FP32 as FP64, added in index order: the bits of
+   the host loop `for i: s += x[i]`. Asynchronous on the GPU. */
+static inline void op_sum_f32_in_order(double* sum, const float* x, size_t n);
 /* AdamW (optim.h's adamw_update) on n FP32 master weights with moments m, v and grads * grad_scale. */
 static inline void op_adamw(float* master, float* m, float* v, const float* grads, size_t n, float lr, float wd, float bc1,
                             float bc2_sqrt, float grad_scale);
@@ -160,7 +171,8 @@ static inline void op_adamw(float* master, float* m, float* v, const float* grad
 
 /* s->amax = max |x| over n act values; NaN when any is NaN (fp8.h amax_combine). Timed as PROF_FP8_CAST. */
 static inline void op_amax(Fp8Scale* s, const act_t* x, size_t n);
-/* s->scale, s->scale_inv from s->amax (fp8_compute_scale); then x (rows, cols) cast to codes of format f,
+/* s->scale, s->scale_inv from s->amax (fp8_compute_scale), s->nonfinite = 1 when that amax is not finite
+   (sticky: never cleared here); then x (rows, cols) cast to codes of format f,
    written to out (rows, cols) and/or out_t (cols, rows) (either may be NULL); counts (may be NULL)
    accumulates the cast statistics. Codes are bit-identical across backends. Timed as PROF_FP8_CAST. */
 static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols, Fp8Format f,
@@ -172,6 +184,8 @@ static inline void op_amax_master(Fp8Scale* s, const float* master, size_t n);
    BF16 copy of it would give. rows or cols may be 0 (the scale is still set). */
 static inline void op_cast_transpose_master(uint8_t* out, uint8_t* out_t, const float* master, size_t rows, size_t cols,
                                             Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts);
+/* s[i].nonfinite = 0 for the n records s (the sticky flags the casts set); the other fields are kept. */
+static inline void op_fp8_clear_nonfinite(Fp8Scale* s, size_t n);
 /* out_t (cols, rows) = in (rows, cols) transposed: FP8 codes, copied. */
 static inline void op_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols);
 /* Runs a GEMM (fp8/gemm.h: build it with gemm_fprop / gemm_dgrad / gemm_wgrad); DT_ACT outputs are

@@ -146,6 +146,7 @@ typedef struct {
     int pow2_scales;           /* round FP8 scales down to powers of two */
     int recompute;             /* -r: RECOMPUTE_* (see Recompute) */
     int replaying;             /* backward is replaying a block's forward (-r 2) */
+    int unfused_amax;          /* tests: every FP8 X amax by a separate op_amax read (see llama_fused_x_amax) */
     int B, T;                  /* the largest micro-batch the buffers hold */
     Sharding sharding;
     int shard_index;           /* the shard this rank holds: its rank, or 0 under ZeRO-0 */
@@ -589,6 +590,8 @@ static inline Fp8Scale* llama_fp8_weight_scales(Llama* m) { return m->fp8_scales
    every piece, else W's pieces (the layers' W^T then wait for the gather). Gathers no statistics: these
    are the next step's weights, which llama_fp8_stats_begin counts when that step gathers them. */
 static inline void llama_fp8_cast_weights(Llama* m) {
+    /* new weights: their casts alone decide the W flags (llama_fp8_nonfinite) */
+    if (m->precision == PRECISION_FP8) op_fp8_clear_nonfinite(llama_fp8_weight_scales(m), llama_fp8_slots(m));
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* s = &m->segs[i];
         if (!s->fp8) continue;
@@ -767,10 +770,23 @@ static inline void llama_weights_needed(Llama* m, int bucket) {
 }
 
 /*
+ * Where the forward's producer of linear `lin`'s input computes its amax as it writes it (a fused amax,
+ * llama/backend.h): the X scale record of block `layer`'s linear when it runs FP8 and its input comes from
+ * an RMSNorm (wqkv, w13) or the SwiGLU (w2), so that linear_forward needs no separate op_amax read; NULL
+ * for every other linear, during a replay (which keeps the forward's scale), and with unfused_amax. The
+ * producers' calls in the forward pass it; calls that rebuild an input in backward pass NULL.
+ */
+static inline Fp8Scale* llama_fused_x_amax(Llama* m, int layer, LinearId lin) {
+    if (lin == LIN_WO || lin == LIN_OUTPUT || m->replaying || m->unfused_amax || !llama_linear_is_fp8(m, layer, lin)) return NULL;
+    return fp8_scale(m, llama_slot(layer, lin), FP8_OP_X);
+}
+
+/*
  * fprop of linear layer `lin` of block `layer`: out (N, OC) = inp (N, C) W^T, N = the forward's B*T.
- * An FP8 layer casts inp to E4M3 with its just-in-time scale, keeping the X^T copy for wgrad when the
- * run keeps it, and runs E4M3 x E4M3 with fast accumulation; a replay (-r 2) casts with the scale of the
- * forward it repeats. Any other layer runs a GEMM in the activation type.
+ * An FP8 layer casts inp to E4M3 with its just-in-time scale (amax by the input's producer, fused, or
+ * by op_amax here), keeping the X^T copy for wgrad when the run keeps it, and runs E4M3 x E4M3 with fast
+ * accumulation; a replay (-r 2) casts with the scale of the forward it repeats. Any other layer runs a
+ * GEMM in the activation type.
  */
 static inline void linear_forward(Llama* m, int layer, LinearId lin, act_t* out, const act_t* inp) {
     Linear x = llama_linear(m, layer, lin);
@@ -783,7 +799,7 @@ static inline void linear_forward(Llama* m, int layer, LinearId lin, act_t* out,
     }
     Fp8Scale* sw = fp8_scale(m, x.slot, FP8_OP_W);
     Fp8Scale* sx = fp8_scale(m, x.slot, FP8_OP_X);
-    if (!m->replaying) op_amax(sx, inp, N * C);
+    if (!m->replaying && llama_fused_x_amax(m, layer, lin) == NULL) op_amax(sx, inp, N * C);
     op_cast_transpose(m->fp8_operand, x.fp8->xt, inp, N, C, FP8_E4M3, sx, m->pow2_scales, fp8_counts(m, x.slot, FP8_OP_X));
     GemmCall g = gemm_fprop(out, DT_ACT, gemm_operand_fp8(x.fp8->w, DT_E4M3, &sw->scale_inv),
                             gemm_operand_fp8(m->fp8_operand, DT_E4M3, &sx->scale_inv), N, C, OC);
@@ -886,9 +902,9 @@ static inline void llama_block_forward(Llama* m, int l, const BlockActs* k) {
     op_attention_forward(k->att, k->stats, k->qkv, B, T, NH, NKV, HS);                           /* (N, C) */
     linear_forward(m, l, LIN_WO, m->acts.branch, k->att);                                         /* (N, C) */
     op_residual_rmsnorm_forward(k->mid, k->ln_ffn, k->rstd_ffn, k->x, m->acts.branch, llama_param(m, P_FFN_NORM, l), N,
-                                c->dim, c->norm_eps);                                             /* (N, C) */
+                                c->dim, c->norm_eps, llama_fused_x_amax(m, l, LIN_W13));          /* (N, C) */
     linear_forward(m, l, LIN_W13, k->fc, k->ln_ffn);                                              /* (N, 2F) */
-    op_swiglu_forward(k->sw, k->fc, N, c->ffn_dim);                                               /* (N, F) */
+    op_swiglu_forward(k->sw, k->fc, N, c->ffn_dim, llama_fused_x_amax(m, l, LIN_W2));             /* (N, F) */
 }
 
 /*
@@ -897,20 +913,18 @@ static inline void llama_block_forward(Llama* m, int l, const BlockActs* k) {
  */
 static inline void llama_replay_block(Llama* m, int l, const BlockActs* k) {
     const LlamaConfig* c = &m->cfg;
-    op_rmsnorm_forward(k->ln_attn, k->rstd_attn, k->x, llama_param(m, P_ATTN_NORM, l), llama_tokens(m), c->dim, c->norm_eps);
+    op_rmsnorm_forward(k->ln_attn, k->rstd_attn, k->x, llama_param(m, P_ATTN_NORM, l), llama_tokens(m), c->dim, c->norm_eps,
+                       NULL);
     m->replaying = 1;
     llama_block_forward(m, l, k);
     m->replaying = 0;
 }
 
 /*
- * Forward pass on a micro-batch of (B, T) tokens, B <= m->B, T <= m->T. inputs, targets: host (B, T)
- * int arrays; targets may be NULL (logits only, e.g. for sampling). With targets, returns the mean
- * cross-entropy and leaves dloss * d(loss_i)/d(logits) in acts.logits for backward (dloss: the
- * weight of one token's loss in the step's objective, 1 / (B*T*grad_accum_steps*ranks)); without,
- * returns 0. Calls the weights_needed hook for each bucket before its weights are first read.
+ * The forward pass of llama_forward, up to the per-token losses in acts.losses (with targets); queues
+ * its work and reads nothing back (the token uploads are asynchronous).
  */
-static inline float llama_forward(Llama* m, const int* inputs, const int* targets, int B, int T, float dloss) {
+static inline void llama_forward_pass(Llama* m, const int* inputs, const int* targets, int B, int T, float dloss) {
     const LlamaConfig* c = &m->cfg;
     if (B > m->B || T > m->T) die("forward on (B %d, T %d) exceeds the allocated (%d, %d)", B, T, m->B, m->T);
     size_t N = (size_t)B * T;
@@ -919,12 +933,14 @@ static inline float llama_forward(Llama* m, const int* inputs, const int* target
     m->last_B = B;
     m->last_T = T;
     m->inputs_host = inputs;
-    dev_upload(m->inputs, inputs, N * sizeof(int));
+    dev_upload_async(m->inputs, inputs, N * sizeof(int));
+    if (targets != NULL) dev_upload_async(m->targets, targets, N * sizeof(int));
 
     llama_weights_needed(m, BUCKET_EMBEDDING);
     op_encoder_forward(a->resid, m->inputs, llama_param(m, P_TOK_EMBEDDINGS, 0), N, C);          /* (N, C) */
     llama_weights_needed(m, bucket_of_layer(0));
-    op_rmsnorm_forward(a->ln_attn, a->rstd_attn, a->resid, llama_param(m, P_ATTN_NORM, 0), N, C, c->norm_eps); /* (N, C) */
+    op_rmsnorm_forward(a->ln_attn, a->rstd_attn, a->resid, llama_param(m, P_ATTN_NORM, 0), N, C, c->norm_eps,
+                       llama_fused_x_amax(m, 0, LIN_QKV));                                        /* (N, C) */
     for (int l = 0; l < L; l++) {
         BlockActs k = llama_block_acts(m, l);
         int last = l == L - 1;
@@ -935,16 +951,42 @@ static inline float llama_forward(Llama* m, const int* inputs, const int* target
         llama_weights_needed(m, bucket_of_layer(l + 1));
         const act_t* next_norm = last ? llama_param(m, P_NORM, 0) : llama_param(m, P_ATTN_NORM, l + 1);
         op_residual_rmsnorm_forward(LAYER(a->resid, l + 1, N * C), last ? a->ln_final : next.ln_attn,
-                                    last ? a->rstd_final : next.rstd_attn, k.mid, a->branch, next_norm, N, C, c->norm_eps);
+                                    last ? a->rstd_final : next.rstd_attn, k.mid, a->branch, next_norm, N, C, c->norm_eps,
+                                    last ? NULL : llama_fused_x_amax(m, l + 1, LIN_QKV));
     }
     linear_forward(m, NO_LAYER, LIN_OUTPUT, a->logits, a->ln_final);                              /* (N, V) */
+    if (targets != NULL) op_classifier(a->logits, a->losses, m->targets, N, V, dloss);
+}
+
+/*
+ * Forward pass on a micro-batch of (B, T) tokens, B <= m->B, T <= m->T. inputs, targets: host (B, T)
+ * int arrays; targets may be NULL (logits only, e.g. for sampling). With targets, returns the mean
+ * cross-entropy and leaves dloss * d(loss_i)/d(logits) in acts.logits for backward (dloss: the
+ * weight of one token's loss in the step's objective, 1 / (B*T*grad_accum_steps*ranks)); without,
+ * returns 0. Calls the weights_needed hook for each bucket before its weights are first read. Waits for
+ * the pass (it reads the losses); llama_forward_deferred does not.
+ */
+static inline float llama_forward(Llama* m, const int* inputs, const int* targets, int B, int T, float dloss) {
+    llama_forward_pass(m, inputs, targets, B, T, dloss);
     if (targets == NULL) return 0.0f;
-    dev_upload(m->targets, targets, N * sizeof(int));
-    op_classifier(a->logits, a->losses, m->targets, N, V, dloss);
-    dev_download(m->losses_host, a->losses, N * sizeof(float));
+    size_t N = (size_t)B * T;
+    dev_download(m->losses_host, m->acts.losses, N * sizeof(float));
     double sum = 0.0;
     for (size_t i = 0; i < N; i++) sum += m->losses_host[i];
     return (float)(sum / (double)N);
+}
+
+/*
+ * llama_forward with targets (not NULL) that reads nothing back: *loss_sum (one FP64 in backend memory)
+ * receives the sum of the B*T token losses, added in llama_forward's order, so (float)(*loss_sum / (B*T))
+ * is the loss llama_forward returns, bit for bit. Asynchronous on the GPU: the micro-steps of a training
+ * step queue their work without waiting.
+ */
+static inline void llama_forward_deferred(Llama* m, const int* inputs, const int* targets, int B, int T, float dloss,
+                                          double* loss_sum) {
+    if (targets == NULL) die("llama_forward_deferred needs targets");
+    llama_forward_pass(m, inputs, targets, B, T, dloss);
+    op_sum_f32_in_order(loss_sum, m->acts.losses, (size_t)B * T);
 }
 
 /*
@@ -981,8 +1023,8 @@ static inline void llama_backward(Llama* m) {
         if (!llama_keeps_blocks(m)) llama_replay_block(m, l, &k);
         /* the inputs of the linear layers that backward reads but the run did not keep (-r 1; a BF16 linear
            of an fp8 run, which has no X^T copy) are rebuilt with the forward's kernels: the same bytes */
-        if (llama_rebuilds_input(m, l, LIN_W13, keep)) op_rmsnorm_forward(k.ln_ffn, k.rstd_ffn, k.mid, ffn_norm, N, C, c->norm_eps);
-        if (llama_rebuilds_input(m, l, LIN_W2, keep)) op_swiglu_forward(k.sw, k.fc, N, F);
+        if (llama_rebuilds_input(m, l, LIN_W13, keep)) op_rmsnorm_forward(k.ln_ffn, k.rstd_ffn, k.mid, ffn_norm, N, C, c->norm_eps, NULL);
+        if (llama_rebuilds_input(m, l, LIN_W2, keep)) op_swiglu_forward(k.sw, k.fc, N, F, NULL);
         llama_grads_needed(m, bucket_of_layer(l));
         linear_backward(m, l, LIN_W2, a->d_swiglu, a->d_resid, k.sw);                             /* (N, F) */
         op_swiglu_backward(a->d_fc, a->d_swiglu, k.fc, N, F);                                     /* (N, 2F) */
@@ -991,7 +1033,7 @@ static inline void llama_backward(Llama* m) {
         linear_backward(m, l, LIN_WO, a->d_att, a->d_resid, k.att);                               /* (N, C) */
         op_attention_backward(a->d_qkv, a->d_att, k.qkv, k.att, k.stats, B, T, NH, NKV, HS);      /* (N, QKV) */
         op_rope_backward(a->d_qkv, m->rope_cos, m->rope_sin, B, T, NH, NKV, HS);
-        if (llama_rebuilds_input(m, l, LIN_QKV, keep)) op_rmsnorm_forward(k.ln_attn, k.rstd_attn, k.x, attn_norm, N, C, c->norm_eps);
+        if (llama_rebuilds_input(m, l, LIN_QKV, keep)) op_rmsnorm_forward(k.ln_attn, k.rstd_attn, k.x, attn_norm, N, C, c->norm_eps, NULL);
         linear_backward(m, l, LIN_QKV, a->d_ln, a->d_qkv, k.ln_attn);                             /* (N, C) */
         op_rmsnorm_backward(a->d_resid, llama_grad(m, P_ATTN_NORM, l), a->d_ln, k.x, attn_norm, k.rstd_attn, N, C);
         llama_grads_ready(m, bucket_of_layer(l));
@@ -1087,8 +1129,25 @@ static inline int llama_slot_is_fp8(const Llama* m, size_t slot) {
     return llama_linear_is_fp8(m, (int)(slot / LIN_PER_LAYER), (LinearId)(slot % LIN_PER_LAYER));
 }
 
-/* Returns the first operand of a linear running FP8 whose amax is not finite, as "w13[layer 2] dY", or 0
-   when all are. */
+/*
+ * Non-finite FP8 operands (DESIGN.md section 7) are recorded on the device, not checked per cast: every
+ * cast sets its record's sticky nonfinite flag when its amax is not finite (fp8.h Fp8Scale). The W flags
+ * are cleared when new weights are cast (llama_fp8_cast_weights), the X and dY flags by
+ * llama_fp8_begin_step; llama_fp8_nonfinite reads them all once, after the step's last micro-step.
+ */
+
+/* Starts a step's record of non-finite FP8 activations and gradients: clears the X and dY flags of every
+   slot (the weights' flags stay, they describe the weights this step uses). Asynchronous. */
+static inline void llama_fp8_begin_step(Llama* m) {
+    if (m->precision != PRECISION_FP8) return;
+    /* operand-major records: the X rows, then the dY rows, contiguous */
+    op_fp8_clear_nonfinite(fp8_scale(m, 0, FP8_OP_X), (FP8_OPS - FP8_OP_X) * llama_fp8_slots(m));
+}
+
+/* Returns 1 and writes the first operand (slot order, then W, X, dY) of a linear running FP8 whose flag
+   is set, as "w13[layer 2] dY", or returns 0 when none is: any cast of the step so far (since
+   llama_fp8_begin_step) of X or dY, or the cast of the weights in use. One download of the records: call
+   it once per step. */
 static inline int llama_fp8_nonfinite(Llama* m, char* out, size_t len) {
     if (m->precision != PRECISION_FP8) return 0;
     size_t slots = llama_fp8_slots(m);
@@ -1098,7 +1157,7 @@ static inline int llama_fp8_nonfinite(Llama* m, char* out, size_t len) {
     for (size_t slot = 0; slot < slots && !found; slot++) {
         if (!llama_slot_is_fp8(m, slot)) continue;
         for (int op = 0; op < FP8_OPS && !found; op++) {
-            if (fp8_amax_is_finite(s[(size_t)op * slots + slot].amax)) continue;
+            if (s[(size_t)op * slots + slot].nonfinite == 0.0f) continue;
             snprintf(out, len, "%s[layer %zu] %s", LINEAR_NAMES[slot % LIN_PER_LAYER], slot / LIN_PER_LAYER, FP8_OPERAND_NAMES[op]);
             found = 1;
         }

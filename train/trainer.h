@@ -66,6 +66,8 @@ typedef struct {
     Fp8Alerts alerts;
     int shadow_checks;      /* checks run by this process, their time, and the time of all its steps */
     double shadow_ms, step_ms;
+    double* loss_sums;      /* (grad_accum_steps) backend FP64: each micro-step's sum of token losses, read once a
+                               step (8 bytes per micro-step, outside the memory plan) */
 } Trainer;
 
 /* Mixed into --seed for the sampling generator, so samples do not replay the init's draws ("sample" in ASCII). */
@@ -380,6 +382,7 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args) {
     Sharding sharding = {tr->world, tr->rank, a->zero_stage};
     llama_build(&tr->model, &tr->cfg, (Precision)a->precision, a->B, a->T, a->pow2_scales, a->recompute, sharding);
     llama_set_bf16_blocks(&tr->model, tr->bf16_blocks);
+    tr->loss_sums = (double*)dev_alloc((size_t)tr->grad_accum_steps * sizeof(double));
     shadow_init(&tr->shadow, &tr->model, a->shadow_grad);
     Fp8AlertThresholds th = {a->alert_saturated, a->alert_underflow, a->alert_amax_growth};
     fp8_alerts_init(&tr->alerts, th, tr->cfg.n_layers);
@@ -462,8 +465,6 @@ static inline void trainer_step(Trainer* tr) {
     dp_begin_step(&tr->dp);
     float dloss = 1.0f / ((float)a->B * a->T * A * W);
     double* slots = (double*)callocCheck((size_t)A * W + 1, sizeof(double)); /* the losses, then the FP8 flag */
-    char fp8_bad[128];
-    int fp8_nonfinite = 0;
     float first_loss = 0.0f; /* this rank's loss of its first micro-batch, for the shadow check */
     for (int micro = 0; micro < A; micro++) {
         if (!a->overfit || !tr->overfit_loaded) {
@@ -477,23 +478,33 @@ static inline void trainer_step(Trainer* tr) {
             watchdog_phase("shadow check", tr->step);
             shadow_run(&tr->shadow, tr->train.inputs, tr->train.targets, a->B, a->T);
         }
-        /* after the shadow passes, which must not count: the step's own casts gather the statistics */
+        /* after the shadow passes, which must not count: the step's own casts gather the statistics and
+           set the non-finite flags */
+        if (micro == 0) llama_fp8_begin_step(m);
         if (micro == 0 && stats_due) llama_fp8_stats_begin(m);
         tr->dp.last_micro = micro == A - 1;
         watchdog_phase("forward", tr->step);
         backend_timer_start(PROF_FORWARD);
-        float micro_loss = llama_forward(m, tr->train.inputs, tr->train.targets, a->B, a->T, dloss);
+        llama_forward_deferred(m, tr->train.inputs, tr->train.targets, a->B, a->T, dloss, tr->loss_sums + micro);
         backend_timer_stop(PROF_FORWARD);
-        slots[(size_t)micro * W + tr->rank] = micro_loss;
-        if (micro == 0) first_loss = micro_loss;
         watchdog_phase("backward", tr->step);
         backend_timer_start(PROF_BACKWARD);
         llama_backward(m);
         backend_timer_stop(PROF_BACKWARD);
-        /* each micro-step recasts X and dY with fresh scales: check before the next one overwrites them */
-        if (!fp8_nonfinite) fp8_nonfinite = llama_fp8_nonfinite(m, fp8_bad, sizeof(fp8_bad));
     }
+    /* the micro-steps read nothing back: the losses and the FP8 flags (sticky, set by every micro-step's
+       casts) are read once for the whole step, once the device (and the last reductions) are done */
     watchdog_phase("gradient reduction", tr->step);
+    double* loss_sums = (double*)mallocCheck((size_t)A * sizeof(double));
+    dev_download(loss_sums, tr->loss_sums, (size_t)A * sizeof(double));
+    for (int micro = 0; micro < A; micro++) {
+        float micro_loss = (float)(loss_sums[micro] / ((double)a->B * a->T)); /* llama_forward's mean, bit for bit */
+        slots[(size_t)micro * W + tr->rank] = micro_loss;
+        if (micro == 0) first_loss = micro_loss;
+    }
+    free(loss_sums);
+    char fp8_bad[128];
+    int fp8_nonfinite = llama_fp8_nonfinite(m, fp8_bad, sizeof(fp8_bad));
     int bad;
     backend_timer_start(PROF_OPTIMIZER);
     float norm = dp_grad_norm(&tr->dp, &bad);
@@ -573,6 +584,7 @@ static inline void share_cores(void) {
 }
 
 static inline void trainer_free(Trainer* tr) {
+    if (tr->loss_sums) dev_free(tr->loss_sums);
     logger_free(&tr->logger);
     shadow_free(&tr->shadow);
     fp8_alerts_free(&tr->alerts);

@@ -5,8 +5,10 @@
  *
  *   ./dev/cuda/bench_kernels [family ...] [--shape 7b|13b|small] [--iters N] [--seed S]
  *
- * Families (default all): optimizer encoder rmsnorm rope attention swiglu classifier fp8_cast gemm. Shapes: 7b (default: B 1, T 4096, C 4096, NH 32, NKV 32, F 11008, V 32000), 13b (C 5120, NH 40,
- * NKV 40, F 13824), small (B 2, T 256, C 512, NH 8, NKV 2, F 1376: GQA, seconds on any host).
+ * Families (default all): optimizer encoder rmsnorm rope attention swiglu classifier fp8_cast fp8_cast_vec
+ * fp8_weight gemm (fp8_cast_vec: the element-wise and the vectorized cast-transpose kernel, GB/s of each
+ * and the speed-up). Shapes: 7b (default: B 1, T 4096, C 4096, NH 32, NKV 32, F 11008, V 32000), 13b
+ * (C 5120, NH 40, NKV 40, F 13824), small (B 2, T 256, C 512, NH 8, NKV 2, F 1376: GQA, seconds on any host).
  * --iters: timed launches per op after one warm-up (default 20; 0 checks only). --seed: replay a run.
  * Exit status 1 when any comparison fails.
  *

@@ -28,13 +28,14 @@ void cpu_ref_encoder_backward(float* dwte, const float* dout, const int* tokens,
     op_encoder_backward(dwte, dout, tokens, tokens, N, C);
 }
 
-void cpu_ref_rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, size_t N, int C, float eps) {
-    op_rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
+void cpu_ref_rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, size_t N, int C, float eps,
+                             Fp8Scale* amax) {
+    op_rmsnorm_forward(out, rstd, inp, weight, N, C, eps, amax);
 }
 
 void cpu_ref_residual_rmsnorm_forward(float* resid_out, float* norm_out, float* rstd, const float* resid_in,
-                                      const float* branch, const float* weight, size_t N, int C, float eps) {
-    op_residual_rmsnorm_forward(resid_out, norm_out, rstd, resid_in, branch, weight, N, C, eps);
+                                      const float* branch, const float* weight, size_t N, int C, float eps, Fp8Scale* amax) {
+    op_residual_rmsnorm_forward(resid_out, norm_out, rstd, resid_in, branch, weight, N, C, eps, amax);
 }
 
 void cpu_ref_rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
@@ -59,7 +60,9 @@ void cpu_ref_attention_backward(float* dqkv, const float* dout, const float* qkv
     op_attention_backward(dqkv, dout, qkv, out, stats, B, T, NH, NKV, HS);
 }
 
-void cpu_ref_swiglu_forward(float* out, const float* inp, size_t N, int F) { op_swiglu_forward(out, inp, N, F); }
+void cpu_ref_swiglu_forward(float* out, const float* inp, size_t N, int F, Fp8Scale* amax) {
+    op_swiglu_forward(out, inp, N, F, amax);
+}
 
 void cpu_ref_swiglu_backward(float* dinp, const float* dout, const float* inp, size_t N, int F) {
     op_swiglu_backward(dinp, dout, inp, N, F);
@@ -74,6 +77,8 @@ void cpu_ref_sum_squares_chunks(double* partials, const float* x, size_t n, size
 }
 
 double cpu_ref_sum_f64(const double* x, size_t n) { return op_sum_f64(x, n); }
+
+void cpu_ref_sum_f32_in_order(double* sum, const float* x, size_t n) { op_sum_f32_in_order(sum, x, n); }
 
 void cpu_ref_adamw(float* master, float* m, float* v, const float* grads, size_t n, float lr, float wd, float bc1,
                    float bc2_sqrt, float grad_scale) {

@@ -21,9 +21,10 @@ size_t cpu_ref_att_stats_size(size_t B, int NH, int T);
 void cpu_ref_params_from_master(float* out, const float* master, size_t n);
 void cpu_ref_encoder_forward(float* out, const int* tokens, const float* wte, size_t N, int C);
 void cpu_ref_encoder_backward(float* dwte, const float* dout, const int* tokens, size_t N, int C);
-void cpu_ref_rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, size_t N, int C, float eps);
+void cpu_ref_rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, size_t N, int C, float eps,
+                             Fp8Scale* amax);
 void cpu_ref_residual_rmsnorm_forward(float* resid_out, float* norm_out, float* rstd, const float* resid_in,
-                                      const float* branch, const float* weight, size_t N, int C, float eps);
+                                      const float* branch, const float* weight, size_t N, int C, float eps, Fp8Scale* amax);
 void cpu_ref_rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                               const float* rstd, size_t N, int C);
 void cpu_ref_rope_forward(float* qkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int NKV, int HS);
@@ -31,11 +32,12 @@ void cpu_ref_rope_backward(float* dqkv, const float* cos_t, const float* sin_t, 
 void cpu_ref_attention_forward(float* out, float* stats, const float* qkv, int B, int T, int NH, int NKV, int HS);
 void cpu_ref_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* stats, int B,
                                 int T, int NH, int NKV, int HS);
-void cpu_ref_swiglu_forward(float* out, const float* inp, size_t N, int F);
+void cpu_ref_swiglu_forward(float* out, const float* inp, size_t N, int F, Fp8Scale* amax);
 void cpu_ref_swiglu_backward(float* dinp, const float* dout, const float* inp, size_t N, int F);
 void cpu_ref_classifier(float* logits, float* losses, const int* targets, size_t N, int V, float dloss);
 void cpu_ref_sum_squares_chunks(double* partials, const float* x, size_t n, size_t chunk);
 double cpu_ref_sum_f64(const double* x, size_t n);
+void cpu_ref_sum_f32_in_order(double* sum, const float* x, size_t n);
 void cpu_ref_adamw(float* master, float* m, float* v, const float* grads, size_t n, float lr, float wd, float bc1,
                    float bc2_sqrt, float grad_scale);
 void cpu_ref_amax(Fp8Scale* s, const float* x, size_t n);

@@ -279,10 +279,12 @@ static inline int kc_compare_cast(const char* label, const uint8_t* got, const u
            bad || bad_t ? "  FAIL" : "");
     if (bad) printf("      FAIL: first code at %zu: gpu 0x%02x, cpu 0x%02x\n", first, got[first], ref[first]);
     if (bad_t) printf("      FAIL: first transposed code at %zu: gpu 0x%02x, cpu 0x%02x\n", first_t, got_t[first_t], ref_t[first_t]);
-    int scale_ok = kc_same_bits(sg.amax, sc.amax) && kc_same_bits(sg.scale, sc.scale) && kc_same_bits(sg.scale_inv, sc.scale_inv);
-    printf("    %s amax %.9g scale %.9g scale_inv %.9g, tol bit-identical%s\n", label, sc.amax, sc.scale, sc.scale_inv,
-           scale_ok ? "" : "  FAIL");
-    if (!scale_ok) printf("      FAIL: gpu amax %.9g scale %.9g scale_inv %.9g\n", sg.amax, sg.scale, sg.scale_inv);
+    int scale_ok = kc_same_bits(sg.amax, sc.amax) && kc_same_bits(sg.scale, sc.scale) &&
+                   kc_same_bits(sg.scale_inv, sc.scale_inv) && kc_same_bits(sg.nonfinite, sc.nonfinite);
+    printf("    %s amax %.9g scale %.9g scale_inv %.9g nonfinite %g, tol bit-identical%s\n", label, sc.amax, sc.scale,
+           sc.scale_inv, sc.nonfinite, scale_ok ? "" : "  FAIL");
+    if (!scale_ok)
+        printf("      FAIL: gpu amax %.9g scale %.9g scale_inv %.9g nonfinite %g\n", sg.amax, sg.scale, sg.scale_inv, sg.nonfinite);
     return (bad != 0) + (bad_t != 0) + !scale_ok;
 }
 
@@ -290,12 +292,12 @@ static inline int kc_compare_cast(const char* label, const uint8_t* got, const u
 
 /*
  * Mean time of `launch` over iters calls after one warm-up, with CUDA events on the default stream; prints
- * microseconds and TFLOP/s (flops > 0) or effective GB/s (bytes each call must move at least). iters <= 0:
- * nothing.
+ * microseconds and TFLOP/s (flops > 0) or effective GB/s (bytes each call must move at least); returns
+ * the microseconds. iters <= 0: nothing, returns 0.
  */
 template <typename Launch>
-static inline void kc_time(const char* op, int iters, double bytes, double flops, Launch launch) {
-    if (iters <= 0) return;
+static inline double kc_time(const char* op, int iters, double bytes, double flops, Launch launch) {
+    if (iters <= 0) return 0.0;
     launch();
     cudaCheck(cudaDeviceSynchronize());
     cudaEvent_t start, stop;
@@ -317,6 +319,7 @@ static inline void kc_time(const char* op, int iters, double bytes, double flops
         g_kernel_case_slowest_us = us;
         snprintf(g_kernel_case_slowest_op, sizeof(g_kernel_case_slowest_op), "%s", op);
     }
+    return us;
 }
 
 /* ------------------------------------------------------------ params: op_params_from_master, op_adamw */
@@ -460,6 +463,33 @@ static int kc_case_encoder(const KernelShape* s, int iters, uint64_t seed) {
     return failed;
 }
 
+/* ------------------------------------------------------------ fused amax (rmsnorm, swiglu) */
+
+/*
+ * A producer's fused amax against op_amax of what it wrote, on each side: the GPU's fused amax (d_fused
+ * after the producer) against op_amax of its output d_out (n), and the CPU's (cpu_fused) against
+ * cpu_ref_amax of its output. Tolerance: none; the bits must match exactly (a NaN amax included: both
+ * take the largest sign-cleared BF16 pattern on the GPU, amax_combine's NaN on the CPU). Returns the
+ * failures.
+ */
+static inline int kc_compare_fused_amax(const char* label, const Fp8Scale* d_fused, const act_t* d_out, size_t n,
+                                        float cpu_fused, const float* cpu_out) {
+    Fp8Scale* d_separate = (Fp8Scale*)dev_alloc(sizeof(Fp8Scale));
+    kc_poison(d_separate, sizeof(Fp8Scale));
+    op_amax(d_separate, d_out, n);
+    Fp8Scale fused, separate, cpu_separate;
+    dev_download(&fused, d_fused, sizeof(Fp8Scale));
+    dev_download(&separate, d_separate, sizeof(Fp8Scale));
+    dev_free(d_separate);
+    cpu_ref_amax(&cpu_separate, cpu_out, n);
+    int gpu_ok = float_bits(fused.amax) == float_bits(separate.amax);
+    int cpu_ok = float_bits(cpu_fused) == float_bits(cpu_separate.amax);
+    printf("    %s fused amax: gpu %.9g (0x%08x) vs op_amax 0x%08x, cpu %.9g vs op_amax %.9g, tol bit-identical%s\n", label,
+           fused.amax, float_bits(fused.amax), float_bits(separate.amax), cpu_fused, cpu_separate.amax,
+           gpu_ok && cpu_ok ? "" : "  FAIL");
+    return !gpu_ok + !cpu_ok;
+}
+
 /* ------------------------------------------------------------ rmsnorm */
 
 /*
@@ -489,18 +519,44 @@ static int kc_case_rmsnorm(const KernelShape* s, int iters, uint64_t seed) {
     /* forward */
     kc_nan_fill(out, NC);
     kc_nan_fill(rstd, N);
-    cpu_ref_rmsnorm_forward(out, rstd, inp, weight, N, (int)C, KC_RMS_EPS);
+    Fp8Scale cpu_amax;
+    cpu_ref_rmsnorm_forward(out, rstd, inp, weight, N, (int)C, KC_RMS_EPS, &cpu_amax);
+    Fp8Scale* d_amax = (Fp8Scale*)dev_alloc(sizeof(Fp8Scale));
+    kc_poison(d_amax, sizeof(Fp8Scale));
     kc_poison(d_out, NC * sizeof(act_t));
     kc_poison(d_rstd, N * sizeof(float));
-    op_rmsnorm_forward(d_out, d_rstd, d_inp, d_weight, N, (int)C, KC_RMS_EPS);
+    op_rmsnorm_forward(d_out, d_rstd, d_inp, d_weight, N, (int)C, KC_RMS_EPS, d_amax);
     float* got = kc_get_act(d_out, NC);
     float* got_rstd = kc_get_f32(d_rstd, N);
     failed += kc_compare_ulps("rmsnorm_forward out", got, out, NC, KC_BF16_MANT, 2.0, 1e-6);
     failed += kc_compare_ulps("rmsnorm_forward rstd", got_rstd, rstd, N, KC_F32_MANT, 64.0, 0.0);
+    failed += kc_compare_fused_amax("rmsnorm_forward", d_amax, d_out, NC, cpu_amax.amax, out);
     kc_time("rmsnorm_forward", iters, 4.0 * NC + 4.0 * N, 0.0,
-            [&] { op_rmsnorm_forward(d_out, d_rstd, d_inp, d_weight, N, (int)C, KC_RMS_EPS); });
+            [&] { op_rmsnorm_forward(d_out, d_rstd, d_inp, d_weight, N, (int)C, KC_RMS_EPS, NULL); });
+    kc_time("rmsnorm_forward + fused amax", iters, 4.0 * NC + 4.0 * N, 0.0,
+            [&] { op_rmsnorm_forward(d_out, d_rstd, d_inp, d_weight, N, (int)C, KC_RMS_EPS, d_amax); });
     free(got);
     free(got_rstd);
+
+    /* a NaN input: its row is NaN, and so is the fused amax (into scratch: out and rstd serve below) */
+    float* inp_nan = kc_host(NC);
+    float* out_nan = kc_host(NC);
+    float* rstd_nan = kc_host(N);
+    memcpy(inp_nan, inp, NC * sizeof(float));
+    inp_nan[(N / 2) * C + 3] = NAN;
+    act_t* d_inp_nan = kc_dev_act(inp_nan, NC);
+    cpu_ref_rmsnorm_forward(out_nan, rstd_nan, inp_nan, weight, N, (int)C, KC_RMS_EPS, &cpu_amax);
+    kc_poison(d_amax, sizeof(Fp8Scale));
+    op_rmsnorm_forward(d_out, d_rstd, d_inp_nan, d_weight, N, (int)C, KC_RMS_EPS, d_amax);
+    failed += kc_compare_fused_amax("rmsnorm_forward (a NaN input)", d_amax, d_out, NC, cpu_amax.amax, out_nan);
+    if (fp8_amax_is_finite(cpu_amax.amax)) {
+        printf("      FAIL: rmsnorm_forward: a NaN input gave a finite fused amax %g\n", cpu_amax.amax);
+        failed++;
+    }
+    free(inp_nan);
+    free(out_nan);
+    free(rstd_nan);
+    dev_free(d_inp_nan);
 
     /* fused residual + forward */
     float* branch = kc_host(NC);
@@ -512,20 +568,25 @@ static int kc_case_rmsnorm(const KernelShape* s, int iters, uint64_t seed) {
     kc_nan_fill(resid, NC);
     kc_nan_fill(norm, NC);
     kc_nan_fill(rstd2, N);
-    cpu_ref_residual_rmsnorm_forward(resid, norm, rstd2, inp, branch, weight, N, (int)C, KC_RMS_EPS);
+    cpu_ref_residual_rmsnorm_forward(resid, norm, rstd2, inp, branch, weight, N, (int)C, KC_RMS_EPS, &cpu_amax);
     act_t* d_resid = (act_t*)dev_alloc(NC * sizeof(act_t));
     kc_poison(d_resid, NC * sizeof(act_t));
     kc_poison(d_out, NC * sizeof(act_t));
     kc_poison(d_rstd, N * sizeof(float));
-    op_residual_rmsnorm_forward(d_resid, d_out, d_rstd, d_inp, d_branch, d_weight, N, (int)C, KC_RMS_EPS);
+    kc_poison(d_amax, sizeof(Fp8Scale));
+    op_residual_rmsnorm_forward(d_resid, d_out, d_rstd, d_inp, d_branch, d_weight, N, (int)C, KC_RMS_EPS, d_amax);
     float* got_resid = kc_get_act(d_resid, NC);
     got = kc_get_act(d_out, NC);
     got_rstd = kc_get_f32(d_rstd, N);
     failed += kc_compare_ulps("residual_rmsnorm_forward resid_out", got_resid, resid, NC, KC_BF16_MANT, 0.0, 0.0);
     failed += kc_compare_ulps("residual_rmsnorm_forward norm_out", got, norm, NC, KC_BF16_MANT, 2.0, 1e-6);
     failed += kc_compare_ulps("residual_rmsnorm_forward rstd", got_rstd, rstd2, N, KC_F32_MANT, 64.0, 0.0);
+    failed += kc_compare_fused_amax("residual_rmsnorm_forward norm_out", d_amax, d_out, NC, cpu_amax.amax, norm);
     kc_time("residual_rmsnorm_forward", iters, 8.0 * NC + 4.0 * N, 0.0, [&] {
-        op_residual_rmsnorm_forward(d_resid, d_out, d_rstd, d_inp, d_branch, d_weight, N, (int)C, KC_RMS_EPS);
+        op_residual_rmsnorm_forward(d_resid, d_out, d_rstd, d_inp, d_branch, d_weight, N, (int)C, KC_RMS_EPS, NULL);
+    });
+    kc_time("residual_rmsnorm_forward + fused amax", iters, 8.0 * NC + 4.0 * N, 0.0, [&] {
+        op_residual_rmsnorm_forward(d_resid, d_out, d_rstd, d_inp, d_branch, d_weight, N, (int)C, KC_RMS_EPS, d_amax);
     });
     free(got);
     free(got_rstd);
@@ -536,6 +597,7 @@ static int kc_case_rmsnorm(const KernelShape* s, int iters, uint64_t seed) {
     free(rstd2);
     dev_free(d_branch);
     dev_free(d_resid);
+    dev_free(d_amax);
 
     /* backward, accumulating into non-zero dinp and dweight; rstd is the CPU forward's on both sides */
     float* dinp = kc_host(NC);
@@ -776,13 +838,34 @@ static int kc_case_swiglu(const KernelShape* s, int iters, uint64_t seed) {
     act_t* d_inp = kc_dev_act(inp, N * 2 * F);
     float* out = kc_host(N * F);
     kc_nan_fill(out, N * F);
-    cpu_ref_swiglu_forward(out, inp, N, (int)F);
+    Fp8Scale cpu_amax;
+    cpu_ref_swiglu_forward(out, inp, N, (int)F, &cpu_amax);
     act_t* d_out = (act_t*)dev_alloc(N * F * sizeof(act_t));
+    Fp8Scale* d_amax = (Fp8Scale*)dev_alloc(sizeof(Fp8Scale));
     kc_poison(d_out, N * F * sizeof(act_t));
-    op_swiglu_forward(d_out, d_inp, N, (int)F);
+    kc_poison(d_amax, sizeof(Fp8Scale));
+    op_swiglu_forward(d_out, d_inp, N, (int)F, d_amax);
     float* got = kc_get_act(d_out, N * F);
     failed += kc_compare_ulps("swiglu_forward out", got, out, N * F, KC_BF16_MANT, 2.0, 1e-5);
-    kc_time("swiglu_forward", iters, 6.0 * N * F, 0.0, [&] { op_swiglu_forward(d_out, d_inp, N, (int)F); });
+    failed += kc_compare_fused_amax("swiglu_forward", d_amax, d_out, N * F, cpu_amax.amax, out);
+    kc_time("swiglu_forward", iters, 6.0 * N * F, 0.0, [&] { op_swiglu_forward(d_out, d_inp, N, (int)F, NULL); });
+    kc_time("swiglu_forward + fused amax", iters, 6.0 * N * F, 0.0, [&] { op_swiglu_forward(d_out, d_inp, N, (int)F, d_amax); });
+    /* a NaN input: the fused amax is NaN */
+    float* inp_nan = kc_host(N * 2 * F);
+    memcpy(inp_nan, inp, N * 2 * F * sizeof(float));
+    inp_nan[(N / 2) * 2 * F + F + 5] = NAN;
+    act_t* d_inp_nan = kc_dev_act(inp_nan, N * 2 * F);
+    cpu_ref_swiglu_forward(out, inp_nan, N, (int)F, &cpu_amax);
+    kc_poison(d_amax, sizeof(Fp8Scale));
+    op_swiglu_forward(d_out, d_inp_nan, N, (int)F, d_amax);
+    failed += kc_compare_fused_amax("swiglu_forward (a NaN input)", d_amax, d_out, N * F, cpu_amax.amax, out);
+    if (fp8_amax_is_finite(cpu_amax.amax)) {
+        printf("      FAIL: swiglu_forward: a NaN input gave a finite fused amax %g\n", cpu_amax.amax);
+        failed++;
+    }
+    free(inp_nan);
+    dev_free(d_inp_nan);
+    dev_free(d_amax);
     free(got);
     free(out);
     dev_free(d_out);
@@ -886,11 +969,25 @@ static int kc_case_sum_squares(const KernelShape* s, int iters, uint64_t seed) {
     printf("    sum_squares_chunks: %zu chunks, worst rel err %.3e; sum_f64: gpu %.17g, cpu %.17g, rel err %.3e; tol 1e-10%s\n",
            chunks, worst, total, total_ref, total_rel, failed ? "  FAIL" : "");
     kc_time("sum_squares_chunks", iters, 4.0 * n, 0.0, [&] { op_sum_squares_chunks(d_partials, d_x, n, ZERO_CHUNK); });
+    /* the in-order sum of a micro-batch's losses: the same additions on both sides, bit-identical */
+    size_t tokens = (size_t)s->B * s->T;
+    double in_order_ref, in_order;
+    double* d_in_order = (double*)dev_alloc(sizeof(double));
+    kc_poison(d_in_order, sizeof(double));
+    cpu_ref_sum_f32_in_order(&in_order_ref, x, tokens);
+    op_sum_f32_in_order(d_in_order, d_x, tokens);
+    dev_download(&in_order, d_in_order, sizeof(double));
+    int in_order_ok = memcmp(&in_order, &in_order_ref, sizeof(double)) == 0;
+    printf("    sum_f32_in_order of %zu: gpu %.17g, cpu %.17g, tol bit-identical%s\n", tokens, in_order, in_order_ref,
+           in_order_ok ? "" : "  FAIL");
+    failed += !in_order_ok;
+    kc_time("sum_f32_in_order", iters, 4.0 * tokens, 0.0, [&] { op_sum_f32_in_order(d_in_order, d_x, tokens); });
     free(x);
     free(ref);
     free(got);
     dev_free(d_x);
     dev_free(d_partials);
+    dev_free(d_in_order);
     return failed;
 }
 
@@ -970,6 +1067,7 @@ static int kc_case_fp8_cast(const KernelShape* s, int iters, uint64_t seed) {
             memset(codes, 0xFF, n);
             memset(codes_t, 0xFF, n);
             cpu_ref_amax(&sc, x, n);
+            sc.nonfinite = 0.0f; /* the cast sets the flag for the NaN and Inf tensors */
             cpu_ref_cast_transpose(va->out ? codes : NULL, va->out_t ? codes_t : NULL, x, ts->rows, ts->cols, va->f, &sc,
                                    va->pow2, va->counts ? &cc : NULL);
             /* GPU */
@@ -978,6 +1076,7 @@ static int kc_case_fp8_cast(const KernelShape* s, int iters, uint64_t seed) {
             kc_poison(d_codes_t, n);
             dev_upload(d_counts, &counts0, sizeof(Fp8Counts));
             op_amax(d_scale, d_x, n);
+            op_fp8_clear_nonfinite(d_scale, 1);
             op_cast_transpose(va->out ? d_codes : NULL, va->out_t ? d_codes_t : NULL, d_x, ts->rows, ts->cols, va->f, d_scale,
                               va->pow2, va->counts ? d_counts : NULL);
             Fp8Scale sg;
@@ -1004,6 +1103,120 @@ static int kc_case_fp8_cast(const KernelShape* s, int iters, uint64_t seed) {
                                       d_scale, va->pow2, va->counts ? d_counts : NULL);
                 });
             }
+        }
+        free(x);
+        free(codes);
+        free(codes_t);
+        free(got);
+        free(got_t);
+        dev_free(d_x);
+        dev_free(d_codes);
+        dev_free(d_codes_t);
+    }
+    dev_free(d_scale);
+    dev_free(d_counts);
+    return failed;
+}
+
+/* ------------------------------------------------------------ fp8_cast_vec: the two cast-transpose kernels */
+
+/* The cast-transpose kernels of fp8/cast_cuda.cuh: the element-wise one, and the vectorized one. */
+enum { KC_CT_TILED, KC_CT_VEC, KC_CT_KERNELS };
+static const char* const KC_CT_KERNEL_NAMES[KC_CT_KERNELS] = {"tiled", "vec"};
+
+static inline void kc_cast_transpose_with(int kernel, uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols,
+                                          Fp8Format f, Fp8Scale* s, Fp8Counts* counts) {
+    if (kernel == KC_CT_VEC) fp8_cast_transpose_vec_cuda(out, out_t, x, rows, cols, f, s, 0, counts);
+    else fp8_cast_transpose_tiled_cuda(out, out_t, x, rows, cols, f, s, 0, counts);
+}
+
+/*
+ * Tolerance: none, as fp8_cast. Each kernel that takes the tensor (the vectorized one needs cols % 8 == 0
+ * and rows % 4 == 0) casts it after op_amax, into both layouts, one or the other, with counts; codes,
+ * amax, scale, scale_inv, the nonfinite flag and the counts are compared with the CPU cast, bit for bit.
+ * Tensors: the shape's wqkv/w13 X (N, C), w13 dY (N, 2F) and w2 X (N, F); a 7B-like (4096, 4096); partial
+ * tiles (100, 72) with a NaN; the smallest vector shape (4, 8); and two the vectorized kernel refuses,
+ * (130, 64) and (64, 70), which op_cast_transpose sends to the element-wise one. With iters, the shape's
+ * three tensors are timed with both kernels (GB/s of 2 bytes read and 2 written per element).
+ */
+static int kc_case_fp8_cast_vec(const KernelShape* s, int iters, uint64_t seed) {
+    uint64_t stream = seed;
+    int failed = 0;
+    size_t N = (size_t)s->B * s->T;
+    struct {
+        const char* name;
+        size_t rows, cols;
+        Fp8Format f;
+        int timed, nan;
+    } tensors[] = {
+        {"X (N, C)", N, (size_t)s->C, FP8_E4M3, 1, 0},         {"dY (N, 2F)", N, 2 * (size_t)s->F, FP8_E5M2, 1, 0},
+        {"X (N, F)", N, (size_t)s->F, FP8_E4M3, 1, 0},         {"7B-like", 4096, 4096, FP8_E4M3, 0, 0},
+        {"partial tiles + NaN", 100, 72, FP8_E5M2, 0, 1},      {"smallest", 4, 8, FP8_E4M3, 0, 0},
+        {"rows % 4 != 0", 130, 64, FP8_E4M3, 0, 0},            {"cols % 8 != 0", 64, 70, FP8_E5M2, 0, 0},
+    };
+    /* written layouts: both, row-major only, transposed only */
+    const int layouts[3][2] = {{1, 1}, {1, 0}, {0, 1}};
+    Fp8Scale* d_scale = (Fp8Scale*)dev_alloc(sizeof(Fp8Scale));
+    Fp8Counts* d_counts = (Fp8Counts*)dev_alloc(sizeof(Fp8Counts));
+    for (size_t t = 0; t < sizeof(tensors) / sizeof(tensors[0]); t++) {
+        size_t rows = tensors[t].rows, cols = tensors[t].cols, n = rows * cols;
+        Fp8Format f = tensors[t].f;
+        float* x = kc_host(n);
+        kc_fill_normal(x, n, splitmix64(&stream), 0.0f, f == FP8_E5M2 ? 1e-3f : 1.0f, 1);
+        if (tensors[t].nan) x[37 * cols + 11] = NAN;
+        act_t* d_x = kc_dev_act(x, n);
+        uint8_t* codes = (uint8_t*)mallocCheck(n);
+        uint8_t* codes_t = (uint8_t*)mallocCheck(n);
+        uint8_t* got = (uint8_t*)mallocCheck(n);
+        uint8_t* got_t = (uint8_t*)mallocCheck(n);
+        uint8_t* d_codes = (uint8_t*)dev_alloc(n);
+        uint8_t* d_codes_t = (uint8_t*)dev_alloc(n);
+        Fp8Scale sc;
+        Fp8Counts cc;
+        memset(&cc, 0, sizeof(cc));
+        cpu_ref_amax(&sc, x, n);
+        sc.nonfinite = 0.0f;
+        cpu_ref_cast_transpose(codes, codes_t, x, rows, cols, f, &sc, 0, &cc);
+        int vec_ok = fp8_cast_transpose_vec_ok(d_codes, d_codes_t, d_x, rows, cols);
+        printf("    %s (%zu, %zu) %s: vectorized kernel %s\n", tensors[t].name, rows, cols, fp8_format_name(f),
+               vec_ok ? "takes it" : "refuses it (op_cast_transpose uses the element-wise one)");
+        for (int k = 0; k < KC_CT_KERNELS; k++) {
+            if (k == KC_CT_VEC && !vec_ok) continue;
+            for (int l = 0; l < 3; l++) {
+                int with_out = layouts[l][0], with_t = layouts[l][1];
+                kc_poison(d_scale, sizeof(Fp8Scale));
+                kc_poison(d_codes, n);
+                kc_poison(d_codes_t, n);
+                dev_zero(d_counts, sizeof(Fp8Counts));
+                op_amax(d_scale, d_x, n);
+                op_fp8_clear_nonfinite(d_scale, 1);
+                kc_cast_transpose_with(k, with_out ? d_codes : NULL, with_t ? d_codes_t : NULL, d_x, rows, cols, f, d_scale, d_counts);
+                Fp8Scale sg;
+                Fp8Counts cg;
+                dev_download(&sg, d_scale, sizeof(Fp8Scale));
+                dev_download(&cg, d_counts, sizeof(Fp8Counts));
+                dev_download(got, d_codes, n);
+                dev_download(got_t, d_codes_t, n);
+                char label[96];
+                snprintf(label, sizeof(label), "%s %s", KC_CT_KERNEL_NAMES[k], with_out && with_t ? "both" : with_out ? "out" : "out_t");
+                failed += kc_compare_cast(label, with_out ? got : NULL, with_t ? got_t : NULL, codes, codes_t, n, sg, sc);
+                int counts_ok = memcmp(&cg, &cc, sizeof(Fp8Counts)) == 0;
+                if (!counts_ok)
+                    printf("      FAIL: %s counts: gpu sat %llu under %llu nonzero %llu count %llu, cpu %llu %llu %llu %llu\n", label,
+                           cg.saturated, cg.underflow, cg.nonzero, cg.count, cc.saturated, cc.underflow, cc.nonzero, cc.count);
+                failed += !counts_ok;
+            }
+        }
+        if (tensors[t].timed && iters > 0) {
+            double us[KC_CT_KERNELS] = {0.0, 0.0};
+            for (int k = 0; k < KC_CT_KERNELS; k++) {
+                if (k == KC_CT_VEC && !vec_ok) continue;
+                char op[64];
+                snprintf(op, sizeof(op), "cast_transpose %s %s", KC_CT_KERNEL_NAMES[k], tensors[t].name);
+                us[k] = kc_time(op, iters, 4.0 * n, 0.0,
+                                [&] { kc_cast_transpose_with(k, d_codes, d_codes_t, d_x, rows, cols, f, d_scale, NULL); });
+            }
+            if (us[KC_CT_VEC] > 0.0) printf("    %s: vectorized %.2fx the element-wise kernel's speed\n", tensors[t].name, us[KC_CT_TILED] / us[KC_CT_VEC]);
         }
         free(x);
         free(codes);
@@ -1356,7 +1569,7 @@ static int kc_case_optimizer(const KernelShape* s, int iters, uint64_t seed) {
 /* ------------------------------------------------------------ the table */
 
 static const KernelCase KERNEL_CASES[] = {
-    {"optimizer", "op_params_from_master, op_sum_squares_chunks, op_sum_f64, op_adamw", kc_case_optimizer},
+    {"optimizer", "op_params_from_master, op_sum_squares_chunks, op_sum_f64, op_sum_f32_in_order, op_adamw", kc_case_optimizer},
     {"encoder", "op_encoder_forward, op_encoder_backward", kc_case_encoder},
     {"rmsnorm", "op_rmsnorm_forward, op_residual_rmsnorm_forward, op_rmsnorm_backward", kc_case_rmsnorm},
     {"rope", "op_rope_forward, op_rope_backward", kc_case_rope},
@@ -1364,6 +1577,7 @@ static const KernelCase KERNEL_CASES[] = {
     {"swiglu", "op_swiglu_forward, op_swiglu_backward", kc_case_swiglu},
     {"classifier", "op_classifier (losses and dlogits)", kc_case_classifier},
     {"fp8_cast", "op_amax, op_cast_transpose (E4M3, E5M2)", kc_case_fp8_cast},
+    {"fp8_cast_vec", "the element-wise and vectorized cast-transpose kernels", kc_case_fp8_cast_vec},
     {"fp8_weight", "op_amax_master, op_cast_transpose_master, op_transpose_fp8", kc_case_fp8_weight},
     {"gemm", "op_gemm (BF16 and FP8 fprop, dgrad, wgrad)", kc_case_gemm},
 };

@@ -320,9 +320,9 @@ typedef struct {
 /*
  * RECOMPUTE_STEPS AdamW steps of two accumulated micro-batches on the reference batch at recompute level
  * `level`, FP8 statistics gathered on the first and read before its update, in the trainer's order (every
- * cast counted once, a replayed one not at all).
+ * cast counted once, a replayed one not at all); unfused: every X amax by a separate op_amax.
  */
-static inline RecomputeRun recompute_run(Precision p, int level) {
+static inline RecomputeRun recompute_run(Precision p, int level, int unfused) {
     LlamaConfig cfg;
     checkpoint_read_config(REF_MODEL_PATH, &cfg);
     RefState r;
@@ -331,6 +331,7 @@ static inline RecomputeRun recompute_run(Precision p, int level) {
     int Bm = r.B / MICRO;
     Llama m;
     reference_model(&m, p, &cfg, &r, Bm, level);
+    m.unfused_amax = unfused;
     RecomputeRun out;
     memset(&out, 0, sizeof(out));
     out.grads = (float*)mallocCheck(m.num_params * sizeof(float));
@@ -371,7 +372,7 @@ static inline int check_recompute_in(Precision p) {
     checkpoint_read_config(REF_MODEL_PATH, &cfg);
     size_t P = param_count(&cfg);
     RecomputeRun runs[RECOMPUTE_LEVELS];
-    for (int level = 0; level < RECOMPUTE_LEVELS; level++) runs[level] = recompute_run(p, level);
+    for (int level = 0; level < RECOMPUTE_LEVELS; level++) runs[level] = recompute_run(p, level, 0);
     int failures = 0;
     if (p == PRECISION_FP8 && runs[0].stats.n != (size_t)cfg.n_layers * LIN_PER_LAYER * FP8_OPS)
         failures += fail("%zu FP8 statistics rows, want one per operand", runs[0].stats.n);
@@ -409,6 +410,81 @@ static inline int check_recompute_in(Precision p) {
         free(runs[level].weights);
         free(runs[level].stats.rows);
         free(runs[level].counts);
+    }
+    return failures != 0;
+}
+
+/*
+ * llama_forward_deferred, as the trainer's micro-steps run it (the two halves of the reference batch,
+ * each forward and backward, the losses read afterwards), against llama_forward on the same micro-batches:
+ * the same losses, bit for bit, in precision p.
+ */
+static inline int check_forward_deferred_in(Precision p) {
+    LlamaConfig cfg;
+    checkpoint_read_config(REF_MODEL_PATH, &cfg);
+    RefState r;
+    ref_state_read(&r, REF_STATE_PATH, &cfg);
+    enum { MICRO = 2 };
+    int Bm = r.B / MICRO;
+    Llama m;
+    reference_model(&m, p, &cfg, &r, Bm, 0);
+    float dloss = 1.0f / (float)(r.B * r.T);
+    double* d_sums = (double*)dev_alloc(MICRO * sizeof(double));
+    double sums[MICRO];
+    float want[MICRO];
+    for (int k = 0; k < MICRO; k++) {
+        size_t off = (size_t)k * Bm * r.T;
+        llama_forward_deferred(&m, r.inputs + off, r.targets + off, Bm, r.T, dloss, d_sums + k);
+        llama_backward(&m);
+    }
+    dev_download(sums, d_sums, sizeof(sums));
+    for (int k = 0; k < MICRO; k++) {
+        size_t off = (size_t)k * Bm * r.T;
+        want[k] = llama_forward(&m, r.inputs + off, r.targets + off, Bm, r.T, dloss);
+    }
+    int failures = 0;
+    for (int k = 0; k < MICRO; k++) {
+        float got = (float)(sums[k] / ((double)Bm * r.T));
+        if (float_bits(got) != float_bits(want[k])) failures += fail("micro-step %d: deferred loss %.9g, llama_forward %.9g", k, got, want[k]);
+    }
+    if (!failures)
+        printf("    %s: deferred micro-step losses %.9g %.9g equal llama_forward's bit for bit\n", precision_name(p), want[0], want[1]);
+    dev_free(d_sums);
+    llama_free(&m);
+    ref_state_free(&r);
+    return failures != 0;
+}
+
+/*
+ * The producers' fused amax (llama_fused_x_amax: RMSNorm for wqkv and w13, SwiGLU for w2) against a
+ * separate op_amax of every X, at -r 0 and -r 2 (whose replay must keep the forward's scales): losses,
+ * gradients, weights, the FP8 statistics rows (amax and scale of every operand) and counts bit for bit.
+ */
+static inline int check_fused_amax_in(Precision p) {
+    LlamaConfig cfg;
+    checkpoint_read_config(REF_MODEL_PATH, &cfg);
+    size_t P = param_count(&cfg);
+    int failures = 0;
+    const int levels[] = {RECOMPUTE_NONE, RECOMPUTE_BLOCKS};
+    for (int i = 0; i < 2; i++) {
+        RecomputeRun fused = recompute_run(p, levels[i], 0), unfused = recompute_run(p, levels[i], 1);
+        printf("    -r %d: step losses fused %.9g %.9g, separate op_amax %.9g %.9g\n", levels[i], fused.losses[0],
+               fused.losses[1], unfused.losses[0], unfused.losses[1]);
+        if (memcmp(fused.losses, unfused.losses, sizeof(fused.losses)) != 0) failures += fail("-r %d: step losses differ", levels[i]);
+        if (memcmp(fused.grads, unfused.grads, P * sizeof(float)) != 0) failures += fail("-r %d: gradients differ", levels[i]);
+        if (memcmp(fused.weights, unfused.weights, P * sizeof(float)) != 0) failures += fail("-r %d: weights differ", levels[i]);
+        if (fused.stats.n != unfused.stats.n ||
+            (fused.stats.n && memcmp(fused.stats.rows, unfused.stats.rows, fused.stats.n * 4 * sizeof(double)) != 0))
+            failures += fail("-r %d: FP8 statistics rows differ (another amax or scale)", levels[i]);
+        if (fused.num_counts && memcmp(fused.counts, unfused.counts, fused.num_counts * sizeof(Fp8Counts)) != 0)
+            failures += fail("-r %d: FP8 cast counts differ", levels[i]);
+        RecomputeRun* runs[2] = {&fused, &unfused};
+        for (int k = 0; k < 2; k++) {
+            free(runs[k]->grads);
+            free(runs[k]->weights);
+            free(runs[k]->stats.rows);
+            free(runs[k]->counts);
+        }
     }
     return failures != 0;
 }

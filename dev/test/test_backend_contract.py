@@ -16,10 +16,10 @@ from conftest import REPO
 SOURCE_SUFFIXES = (".h", ".cuh", ".c", ".cu", ".cpp")
 # The N of op_swiglu_forward becomes an int: a plausible drift that C would otherwise convert silently.
 DRIFTS = {
-    "cpu/backend.h": ("static inline void op_swiglu_forward(act_t* out, const act_t* inp, size_t N, int F) {",
-                      "static inline void op_swiglu_forward(act_t* out, const act_t* inp, int N, int F) {"),
-    "cuda/swiglu.cuh": ("static inline void op_swiglu_forward(act_t* out, const act_t* inp, size_t N, int F) {",
-                        "static inline void op_swiglu_forward(act_t* out, const act_t* inp, int N, int F) {"),
+    "cpu/backend.h": ("static inline void op_swiglu_forward(act_t* out, const act_t* inp, size_t N, int F, Fp8Scale* amax) {",
+                      "static inline void op_swiglu_forward(act_t* out, const act_t* inp, int N, int F, Fp8Scale* amax) {"),
+    "cuda/swiglu.cuh": ("static inline void op_swiglu_forward(act_t* out, const act_t* inp, size_t N, int F, Fp8Scale* amax) {",
+                        "static inline void op_swiglu_forward(act_t* out, const act_t* inp, int N, int F, Fp8Scale* amax) {"),
 }
 
 
