@@ -304,11 +304,17 @@ static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* 
     backend_timer_stop(PROF_FP8_CAST);
 }
 
-static inline void op_amax_master(Fp8Scale* s, const float* master, size_t n) { fp8_amax_cuda(s, master, n); }
+static inline void op_amax_master(Fp8Scale* s, const float* master, size_t n) {
+    backend_timer_start(PROF_FP8_CAST);
+    fp8_amax_cuda(s, master, n);
+    backend_timer_stop(PROF_FP8_CAST);
+}
 
 static inline void op_cast_transpose_master(uint8_t* out, uint8_t* out_t, const float* master, size_t rows, size_t cols,
                                             Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts) {
+    backend_timer_start(PROF_FP8_CAST);
     fp8_cast_transpose_cuda(out, out_t, master, rows, cols, f, s, pow2, counts);
+    backend_timer_stop(PROF_FP8_CAST);
 }
 
 /* One strided memset: the nonfinite field of each 16-byte record. */
@@ -318,7 +324,9 @@ static inline void op_fp8_clear_nonfinite(Fp8Scale* s, size_t n) {
 }
 
 static inline void op_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols) {
+    backend_timer_start(PROF_FP8_CAST);
     fp8_transpose_cuda(out_t, in, rows, cols);
+    backend_timer_stop(PROF_FP8_CAST);
 }
 
 static inline void op_gemm(const GemmCall* g) { gemm_cublaslt(g); }
