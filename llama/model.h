@@ -188,7 +188,8 @@ typedef struct {
     float* rope_sin;           /* (T, HS/2) */
     int* inputs;               /* (B, T) device copy of the micro-batch's tokens */
     int* targets;              /* (B, T) */
-    act_t* bf16_scratch;       /* (bf16_scratch_elems) llama_bf16_weight's (fp8: a block linear running BF16) */
+    act_t* bf16_scratch;       /* (bf16_scratch_elems) llama_bf16_weight's, allocated on first use (fp8: a block
+                                  linear running BF16; the memory plan counts it when the flags allow one) */
     const int* inputs_host;    /* the host tokens of the last forward */
     float* losses_host;        /* (B*T) */
     int last_B, last_T;        /* shape of the last forward */
@@ -277,7 +278,7 @@ static inline int llama_acts_table(Llama* m, BufferSpec* s) {
 }
 
 /* Weights, gradients and optimizer state (this rank's, as sharding lays them out): at most NUM_STATE_BUFFERS. */
-#define NUM_STATE_BUFFERS 12
+#define NUM_STATE_BUFFERS 11
 static inline int llama_state_table(Llama* m, BufferSpec* s) {
     size_t full = m->layout.full, shard = m->layout.shard;
     int z = m->sharding.zero_stage, n = 0;
@@ -293,7 +294,6 @@ static inline int llama_state_table(Llama* m, BufferSpec* s) {
     s[n++] = (BufferSpec){"grad_bucket_2", (void**)&m->grad_buffer[GRAD_BUFFER_OTHER], z == 2 ? gb[GRAD_BUFFER_OTHER] : 0, sizeof(float), "gradients"};
     s[n++] = (BufferSpec){"grad_shard", (void**)&m->grad_shard, z > 0 ? shard : 0, sizeof(float), "gradients"};
     s[n++] = (BufferSpec){"norm_partials", (void**)&m->norm_partials, m->layout.chunks, sizeof(double), "workspaces"};
-    s[n++] = (BufferSpec){"bf16_scratch", (void**)&m->bf16_scratch, m->bf16_scratch_elems, sizeof(act_t), "workspaces"};
     if (n != NUM_STATE_BUFFERS) die("state table has %d buffers, NUM_STATE_BUFFERS is %d", n, NUM_STATE_BUFFERS);
     return n;
 }
@@ -539,6 +539,7 @@ static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision preci
 static inline void llama_free(Llama* m) {
     if (m->state_memory) dev_free(m->state_memory);
     if (m->acts_memory) dev_free(m->acts_memory);
+    if (m->bf16_scratch) dev_free(m->bf16_scratch);
     if (m->small_memory) dev_free(m->small_memory);
     free(m->fp8_linear);
     free(m->fp8_wt_pending);
@@ -726,7 +727,8 @@ static inline int llama_rebuilds_input(const Llama* m, int layer, LinearId lin, 
  * an FP8 layer): the one way to read it, whether or not the layer keeps a working copy. Read-only.
  * A layer with a working copy returns it (no cost; valid until the next update). An FP8 layer has none:
  * the BF16 rounding of its master weights is rebuilt into bf16_scratch (the largest FP8 weight, padded;
- * Llama-2 7B: w13, 172 MiB; a "workspaces" buffer of the state table, so in the memory plan) and, under
+ * Llama-2 7B: w13, 172 MiB; allocated on the first call, and in the memory plan of a run whose flags can
+ * run a block linear in BF16: --bf16-layers, --shadow-every) and, under
  * ZeRO-1/2, all-gathered through the all_gather hook (2 bytes per element over the wire, waited for: a
  * sharded run pays a blocking gather per call). Every rank must then call it, in the same order. Valid
  * until the next call.
@@ -734,6 +736,7 @@ static inline int llama_rebuilds_input(const Llama* m, int layer, LinearId lin, 
 static inline const act_t* llama_bf16_weight(Llama* m, int layer, LinearId lin) {
     ModelSegment* s = llama_segment(m, llama_linear_tensor(lin), layer);
     if (!s->fp8) return m->weights + s->weight_offset;
+    if (m->bf16_scratch == NULL) m->bf16_scratch = (act_t*)dev_alloc(m->bf16_scratch_elems * sizeof(act_t));
     size_t b, n;
     llama_own_piece(m, s, &b, &n);
     if (n > 0) op_params_from_master(m->bf16_scratch + b, m->master + s->shard.shard_offset, n);

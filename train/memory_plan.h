@@ -21,7 +21,7 @@
 static const char* const PLAN_CATEGORIES[] = {"master weights", "working weights", "FP8 weight copies", "gradients",
                                               "AdamW moments", "activations", "other", "workspaces"};
 #define NUM_PLAN_CATEGORIES (sizeof(PLAN_CATEGORIES) / sizeof(PLAN_CATEGORIES[0]))
-#define MAX_PLAN_WORKSPACES (MAX_BACKEND_WORKSPACES + MAX_COMM_WORKSPACES)
+#define MAX_PLAN_WORKSPACES (MAX_BACKEND_WORKSPACES + MAX_COMM_WORKSPACES + 1)
 /* The largest micro-batch the search tries (a bound, not a limit anyone meets). */
 #define PLAN_MAX_B (1 << 20)
 /* A run fits when it leaves this fraction of the memory free: the context and library workspaces are
@@ -41,6 +41,7 @@ typedef struct {
     int B, T, recompute;
     Sharding sharding;
     CommWire wire;
+    int bf16_linears; /* fp8: the flags can run a block linear in BF16 (--bf16-layers, --shadow-every) */
 } PlanSettings;
 
 static inline size_t plan_category(const char* name) {
@@ -74,6 +75,9 @@ static inline MemoryPlan memory_plan(const PlanSettings* s, int print) {
     WorkspaceQuery q = {s->cfg, s->B, s->T, s->precision, m.layout.chunks};
     int nws = backend_workspaces(&q, ws);
     nws += comm_workspaces(s->sharding.world, s->sharding.zero_stage, s->wire, piece, segment, ws + nws);
+    if (s->precision == PRECISION_FP8 && s->bf16_linears)
+        ws[nws++] = (MemoryEstimate){"bf16_scratch", m.bf16_scratch_elems * sizeof(act_t), 0,
+                                     "BF16 weight of a block linear running BF16 (llama_bf16_weight)"};
     for (int i = 0; i < nws; i++) p.by_category[plan_category("workspaces")] += ws[i].bytes;
     for (size_t c = 0; c < NUM_PLAN_CATEGORIES; c++) p.total += p.by_category[c];
     if (print) {
@@ -137,7 +141,8 @@ static inline int memory_plan_main(const TrainArgs* a) {
     int accum = train_args_grad_accum(a, ranks);
     Sharding sh = {ranks, 0, a->zero_stage};
     PlanSettings s = {&cfg, (Precision)a->precision, a->B, a->T, a->recompute, sh,
-                      strcmp(a->grad_reduce, "bf16") == 0 ? WIRE_BF16 : WIRE_F32};
+                      strcmp(a->grad_reduce, "bf16") == 0 ? WIRE_BF16 : WIRE_F32,
+                      strcmp(a->bf16_layers, "none") != 0 || a->shadow_every > 0};
     const char* memory_what = "--gpu-mem";
     size_t memory = a->gpu_mem_gib > 0.0f ? (size_t)((double)a->gpu_mem_gib * (double)(1ull << 30)) : backend_memory_total(&memory_what);
 

@@ -27,7 +27,7 @@
  *
  * Cost of a check, against the grad_accum_steps forward + backward passes of a step: one BF16 forward;
  * with --shadow-grad 1 also its backward and two FP8 forward + backward passes. Memory: on the device
- * only the BF16 weight scratch every fp8 run has (llama_bf16_weight; the norm's chunk partials are
+ * only the BF16 weight scratch (llama_bf16_weight, in the memory plan; the norm's chunk partials are
  * reused), one double per gradient chunk and three per parameter segment on the host. Under ZeRO-1/2
  * each BF16 GEMM of the check waits for an all-gather of its weight.
  * Included after a backend, a communication implementation and llama/model.h.
