@@ -112,6 +112,21 @@ __device__ __forceinline__ float cast_input(float x) { return bf16_to_f(f_to_bf1
 #define CT_COLS_PER_THREAD 2
 #define CT_ROWS_PER_PASS (CT_THREADS / WARP_SIZE)
 
+/* Adds one block's cast statistics to *counts (a block of CT_THREADS threads; every thread calls it); block 0
+   also adds the element count rows * cols. */
+__device__ inline void add_cast_counts(Fp8Counts* counts, unsigned int saturated, unsigned int underflow,
+                                       unsigned int nonzero, size_t rows, size_t cols) {
+    unsigned long long sat = block_reduce<CT_THREADS>((unsigned long long)saturated, SumOp());
+    unsigned long long under = block_reduce<CT_THREADS>((unsigned long long)underflow, SumOp());
+    unsigned long long nz = block_reduce<CT_THREADS>((unsigned long long)nonzero, SumOp());
+    if (threadIdx.x == 0) {
+        atomicAdd(&counts->saturated, sat);
+        atomicAdd(&counts->underflow, under);
+        atomicAdd(&counts->nonzero, nz);
+        if (blockIdx.x == 0) atomicAdd(&counts->count, (unsigned long long)rows * cols);
+    }
+}
+
 /*
  * One block per 64 x 64 tile of x (rows, cols): each block derives the scale from s->amax itself (so no
  * grid-wide barrier is needed), casts its tile, writes the codes to out row-major, stages them in
@@ -163,17 +178,7 @@ __global__ void __launch_bounds__(CT_THREADS) cast_transpose_kernel(uint8_t* out
             }
         }
     }
-    if (counts) {
-        unsigned long long sat = block_reduce<CT_THREADS>((unsigned long long)saturated, SumOp());
-        unsigned long long under = block_reduce<CT_THREADS>((unsigned long long)underflow, SumOp());
-        unsigned long long nz = block_reduce<CT_THREADS>((unsigned long long)nonzero, SumOp());
-        if (threadIdx.x == 0) {
-            atomicAdd(&counts->saturated, sat);
-            atomicAdd(&counts->underflow, under);
-            atomicAdd(&counts->nonzero, nz);
-            if (blockIdx.x == 0) atomicAdd(&counts->count, (unsigned long long)rows * cols);
-        }
-    }
+    if (counts) add_cast_counts(counts, saturated, underflow, nonzero, rows, cols);
 }
 
 /*
@@ -275,17 +280,7 @@ __global__ void __launch_bounds__(CT_THREADS) cast_transpose_vec_kernel(uint8_t*
             }
         }
     }
-    if (counts) {
-        unsigned long long sat = block_reduce<CT_THREADS>((unsigned long long)saturated, SumOp());
-        unsigned long long under = block_reduce<CT_THREADS>((unsigned long long)underflow, SumOp());
-        unsigned long long nz = block_reduce<CT_THREADS>((unsigned long long)nonzero, SumOp());
-        if (threadIdx.x == 0) {
-            atomicAdd(&counts->saturated, sat);
-            atomicAdd(&counts->underflow, under);
-            atomicAdd(&counts->nonzero, nz);
-            if (blockIdx.x == 0) atomicAdd(&counts->count, (unsigned long long)rows * cols);
-        }
-    }
+    if (counts) add_cast_counts(counts, saturated, underflow, nonzero, rows, cols);
 }
 
 /* Can cast_transpose_vec_kernel cast x (rows, cols) into out / out_t (either may be NULL)? */
