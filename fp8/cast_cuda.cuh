@@ -112,6 +112,20 @@ __device__ __forceinline__ float cast_input(float x) { return bf16_to_f(f_to_bf1
 #define CT_COLS_PER_THREAD 2
 #define CT_ROWS_PER_PASS (CT_THREADS / WARP_SIZE)
 
+/* The scale of a cast from s->amax, computed by every thread of every block (no grid-wide barrier);
+   block 0's first thread publishes scale, scale_inv and the sticky non-finite flag. */
+__device__ inline float cast_scale_from_amax(Fp8Scale* s, Fp8Format f, int pow2) {
+    float amax = s->amax;
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        Fp8Scale published;
+        fp8_scale_set(&published, amax, f, pow2);
+        s->scale = published.scale;
+        s->scale_inv = published.scale_inv;
+        if (!fp8_amax_is_finite(amax)) s->nonfinite = 1.0f;
+    }
+    return fp8_compute_scale(amax, f, pow2);
+}
+
 /* Adds one block's cast statistics to *counts (a block of CT_THREADS threads; every thread calls it); block 0
    also adds the element count rows * cols. */
 __device__ inline void add_cast_counts(Fp8Counts* counts, unsigned int saturated, unsigned int underflow,
@@ -139,15 +153,7 @@ __global__ void __launch_bounds__(CT_THREADS) cast_transpose_kernel(uint8_t* out
                                                                     size_t cols, size_t tiles_x, Fp8Scale* s, Fp8Format f,
                                                                     int pow2, Fp8Counts* counts) {
     __shared__ uint8_t tile[CT_TILE][CT_TILE + CT_PAD];
-    float amax = s->amax;
-    float scale = fp8_compute_scale(amax, f, pow2);
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        Fp8Scale published;
-        fp8_scale_set(&published, amax, f, pow2);
-        s->scale = published.scale;
-        s->scale_inv = published.scale_inv;
-        if (!fp8_amax_is_finite(amax)) s->nonfinite = 1.0f;
-    }
+    float scale = cast_scale_from_amax(s, f, pow2);
     int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     size_t r0 = (blockIdx.x / tiles_x) * CT_TILE, c0 = (blockIdx.x % tiles_x) * CT_TILE;
     unsigned int saturated = 0, underflow = 0, nonzero = 0;
@@ -234,15 +240,7 @@ __global__ void __launch_bounds__(CT_THREADS) cast_transpose_vec_kernel(uint8_t*
                                                                         size_t rows, size_t cols, size_t tiles_x, Fp8Scale* s,
                                                                         Fp8Format f, int pow2, Fp8Counts* counts) {
     __shared__ uint32_t tile[CT_TILE * CTV_PITCH_WORDS];
-    float amax = s->amax;
-    float scale = fp8_compute_scale(amax, f, pow2);
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        Fp8Scale published;
-        fp8_scale_set(&published, amax, f, pow2);
-        s->scale = published.scale;
-        s->scale_inv = published.scale_inv;
-        if (!fp8_amax_is_finite(amax)) s->nonfinite = 1.0f;
-    }
+    float scale = cast_scale_from_amax(s, f, pow2);
     size_t r0 = (blockIdx.x / tiles_x) * CT_TILE, c0 = (blockIdx.x % tiles_x) * CT_TILE;
     unsigned int saturated = 0, underflow = 0, nonzero = 0;
     for (int pass = 0; pass < CTV_LOAD_PASSES; pass++) {
