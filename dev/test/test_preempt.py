@@ -81,7 +81,8 @@ def test_signal_checkpoints_and_resume_continues_exactly(tmp_path, sig):
 
 def test_second_sigint_stops_at_once(tmp_path):
     out = tmp_path / "run"
-    job = start(out)
+    # steps of 4096 tokens (about a second each): the run is still in its step when the second SIGINT comes
+    job = start(out, "-b", 16, "-t", 256)
     wait_for_step(out, 1, job)
     job.send_signal(signal.SIGINT)
     # the second SIGINT must come after the first was handled (two pending signals merge into one)
