@@ -24,6 +24,7 @@
 /* Activations and working weights are BF16 on the GPU; every op computes in FP32. */
 typedef __nv_bfloat16 act_t;
 #define LLM8_BACKEND "cuda"
+#define LLM8_BACKEND_MATH "GPU and cuBLASLt"
 
 #include "../llama/backend.h"
 #include "optimizer.cuh"
@@ -156,6 +157,10 @@ static inline void backend_init(Precision p) {
 static inline void backend_synchronize(void) { cudaCheck(cudaDeviceSynchronize()); }
 
 static inline const char* backend_name(void) { return "cuda"; }
+static inline void backend_math_identity(char* out, size_t len) {
+    snprintf(out, len, "%.80s (compute capability %d.%d), cuBLASLt %zu", g_device_prop.name, g_device_prop.major,
+             g_device_prop.minor, cublasLtGetVersion());
+}
 
 /* Dense (no sparsity) tensor-core peaks in FLOP/s from NVIDIA's H100/H200 datasheets. */
 #define PEAK_SXM_BF16 989.4e12

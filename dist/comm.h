@@ -111,6 +111,17 @@ static inline int launcher_world(void) {
     return getenv("PMIX_RANK") != NULL || getenv("PMI_RANK") != NULL ? 1 : 0;
 }
 
+/* This process's rank as the launcher announces it through the environment (0 when none did), for what
+   runs before comm_init (--help). */
+static inline int launcher_rank(void) {
+    const char* vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        const char* v = getenv(vars[i]);
+        if (v != NULL) return atoi(v);
+    }
+    return 0;
+}
+
 static inline void dist_set_host(void) {
     if (gethostname(g_dist.host, sizeof(g_dist.host)) != 0) snprintf(g_dist.host, sizeof(g_dist.host), "unknown-host");
     g_dist.host[sizeof(g_dist.host) - 1] = '\0';

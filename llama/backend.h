@@ -50,6 +50,10 @@ static inline void backend_init(Precision p);
 /* Waits for all queued work; surfaces asynchronous faults. */
 static inline void backend_synchronize(void);
 static inline const char* backend_name(void);
+/* The libraries and hardware whose choice changes results in the last bits, as text (len >= 128), for
+   the start-up agreement: CPU, the BLAS and its kernels; GPU, the device and cuBLASLt. Needs
+   backend_init. LLM8_BACKEND_MATH names it in messages. */
+static inline void backend_math_identity(char* out, size_t len);
 /* Peak FLOP/s of the device in precision p, for MFU; 0 when unknown. */
 static inline double backend_peak_flops(Precision p);
 /* Backend memory in use, MiB (0 when not meaningful). */
