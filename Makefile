@@ -171,6 +171,10 @@ test_llama: test_llama.cu train_llama.cu dev/cuda/kernel_cases.cuh build/cpu_ref
 	$(NVCC) $(NVCC_FLAGS) $< build/cpu_reference.o $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(CPU_LIBS)
 
 # Kernel playground (not part of `all`): every GPU op against the CPU reference object, like test_llama.
+# The CPU side of test_llama's production checks, timed (scripts/device_check.sh budgets from it; no GPU).
+build/time_cpu_reference: dev/cuda/time_cpu_reference.c build/cpu_reference.o $(HEADERS) | $(SETUP_STAMP)
+	$(CC) $(CFLAGS) $(CPU_INCLUDES) $< build/cpu_reference.o -o $@ $(CPU_LIBS)
+
 dev/cuda/bench_kernels: dev/cuda/bench_kernels.cu dev/cuda/kernel_cases.cuh build/cpu_reference.o $(HEADERS) $(CUDA_HEADERS) $(CUDNN_OBJ) | $(SETUP_STAMP)
 	$(NVCC) $(NVCC_FLAGS) $< build/cpu_reference.o $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(CPU_LIBS)
 
