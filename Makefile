@@ -134,6 +134,7 @@ help:
 	@echo "make clean        remove build outputs"
 	@echo "make dev/cuda/bench_kernels  kernel playground: every GPU op vs its CPU op, timed at Llama-2 7B/13B shapes"
 	@echo "make device-prepare  prepare build/device for scripts/device_check.sh on a GPU machine (prints what to carry)"
+	@echo "make build/time_cpu_reference [BLAS=none]  time the CPU side of test_llama's production checks (no GPU)"
 
 # Installs what is missing (Debian: OpenBLAS, OpenMPI; PyPI: numpy, sentencepiece, ml_dtypes, ...).
 $(SETUP_STAMP): scripts/setup.sh
