@@ -184,7 +184,9 @@ extern "C" CudnnAttWorkspace cudnn_att_backward_workspace(int B, int T, int NH, 
     int64_t rows = (int64_t)B * NH * T, row_sums = rows * (int64_t)sizeof(float);
     const char* algorithm = deterministic ? "deterministic" : "fastest";
     char version_text[32];
-    snprintf(version_text, sizeof(version_text), "cuDNN %zu.%zu", version / 10000, version / 100 % 100);
+    /* cuDNN 9 numbers its versions major * 10000 + minor * 100 + patch, cuDNN 8 major * 1000 + minor * 100 + patch */
+    if (version >= 90000) snprintf(version_text, sizeof(version_text), "cuDNN %zu.%zu", version / 10000, version / 100 % 100);
+    else snprintf(version_text, sizeof(version_text), "cuDNN %zu.%zu", version / 1000, version / 100 % 10);
     if (dp) {
         int64_t dp_bytes = dp_workspace_bytes(B, T, NH, sm_major == 9 ? 128 : 64);
         w.bytes = (size_t)(dp_bytes + row_sums);
