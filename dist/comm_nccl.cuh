@@ -93,8 +93,12 @@ LLM8_NORETURN static inline void comm_abort(int status) {
 
 static inline int comm_async_error(char* why, size_t len) {
     if (g_nccl == NULL) return 0;
-    ncclResult_t r;
-    if (ncclCommGetAsyncError(g_nccl, &r) != ncclSuccess) return 0;
+    ncclResult_t r, query = ncclCommGetAsyncError(g_nccl, &r);
+    /* a communicator that cannot even say whether it failed is reported, not taken for a healthy one */
+    if (query != ncclSuccess) {
+        snprintf(why, len, "ncclCommGetAsyncError failed: %s", ncclGetErrorString(query));
+        return 1;
+    }
     if (r == ncclSuccess || r == ncclInProgress) return 0;
     snprintf(why, len, "NCCL asynchronous error: %s", ncclGetErrorString(r));
     return 1;
