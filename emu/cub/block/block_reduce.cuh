@@ -54,7 +54,6 @@ public:
         return result;
     }
 
-    template <typename Op>
     T Sum(T input) { return Reduce(input, [](const T& a, const T& b) { return a + b; }); }
 
 private:
