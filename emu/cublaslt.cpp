@@ -160,6 +160,8 @@ cublasStatus_t check_problem(const char* api, const Desc& d, const Layout& a, co
             return refuse(CUBLAS_STATUS_INVALID_VALUE, api, "leading dimension %ld < rows %lu", (long)l->ld, (unsigned long)l->rows);
         if (type_bytes(l->type) == 0) emu_fail("%s: matrix type %d not emulated", api, (int)l->type);
     }
+    if (dd.type != CUDA_R_32F && dd.type != CUDA_R_16BF && !is_fp8(dd.type))
+        emu_fail("%s: D of type %s is not emulated (BF16 or FP32)", api, type_name(dd.type));
     bool fp8 = is_fp8(a.type) || is_fp8(b.type);
     if (!fp8) {
         /* the scale pointers apply to 8-bit inputs only; "If set for an unsupported matrix data, scale, and
@@ -203,7 +205,7 @@ cublasStatus_t check_problem(const char* api, const Desc& d, const Layout& a, co
     if (!fp8_cd_allowed(a.type, b.type, c.type, dd.type)) /* check:fp8_cd */
         return refuse(CUBLAS_STATUS_NOT_SUPPORTED, api, "FP8 GEMM %s x %s with C %s, D %s is not in the FP8 type table",
                       type_name(a.type), type_name(b.type), type_name(c.type), type_name(dd.type));
-    if (c.type != dd.type) emu_fail("%s: FP8 GEMM with D %s (C %s): FP8 D is not emulated", api, type_name(dd.type), type_name(c.type));
+    if (is_fp8(dd.type)) emu_fail("%s: FP8 GEMM with D %s: FP8 D is not emulated", api, type_name(dd.type));
     if (d.scale_ptr[2] || d.scale_ptr[3]) emu_fail("%s: C/D scale pointers are not emulated (only FP8 D uses them)", api);
     return CUBLAS_STATUS_SUCCESS;
 }
