@@ -63,8 +63,8 @@ struct EmuBlock {
     dim3 grid;
     unsigned char* dynamic_smem;
 };
-extern thread_local EmuThread* emu_current_thread;
-extern thread_local EmuBlock* emu_current_block;
+extern __thread EmuThread* emu_current_thread;
+extern __thread EmuBlock* emu_current_block;
 
 #define threadIdx (emu_current_thread->idx)
 #define blockIdx (emu_current_block->idx)

@@ -483,8 +483,8 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, const void* func) {
 
 /* ---------------------------------------------------------------- fibers */
 
-thread_local EmuThread* emu_current_thread = nullptr;
-thread_local EmuBlock* emu_current_block = nullptr;
+__thread EmuThread* emu_current_thread = nullptr;
+__thread EmuBlock* emu_current_block = nullptr;
 
 enum FiberState { FIBER_NEW, FIBER_RUNNING, FIBER_AT_BARRIER, FIBER_DONE };
 struct Fiber {
@@ -497,7 +497,7 @@ struct Fiber {
 
 /* 128 KiB per emulated thread (a GPU gives each thread at most 512 KiB of local memory; ours use little),
  * below it a PROT_NONE page so an overflow faults instead of corrupting the next stack. */
-static const size_t STACK_BYTES = 128 * 1024, GUARD_BYTES = 4096;
+static const size_t STACK_BYTES = 128 * 1024, GUARD_BYTES = 4096, STACK_TOP_BYTES = 16 * 1024;
 static std::vector<void*> g_free_stacks;
 
 static void* stack_get() {
@@ -513,8 +513,9 @@ static void* stack_get() {
 }
 static void stack_put(void* s) {
 #if EMU_ASAN
-    /* a finished fiber leaves its frames' redzones poisoned; the next fiber starts clean */
-    ASAN_UNPOISON_MEMORY_REGION(s, STACK_BYTES);
+    /* a finished fiber's kernel frames returned (and unpoisoned themselves); only the frames of
+     * fiber_entry and leave_fiber, at the top, keep their redzones: the next fiber starts clean */
+    ASAN_UNPOISON_MEMORY_REGION((char*)s + STACK_BYTES - STACK_TOP_BYTES, STACK_TOP_BYTES);
 #endif
     g_free_stacks.push_back(s);
 }
@@ -526,7 +527,7 @@ struct BlockRun {
     const void* scheduler_stack_bottom = nullptr;
     size_t scheduler_stack_size = 0;
 };
-static thread_local BlockRun* g_run = nullptr;
+static __thread BlockRun* g_run = nullptr;
 
 /* Back in a fiber after a switch: the scheduler's context (and, under ASan, its stack) to return to. */
 static void arrived_in_fiber(ctx::transfer_t tr) {
