@@ -3,7 +3,7 @@
  * (fp8/gemm_cublaslt.cuh), compiled against the toolkit's real cublasLt.h so the project's source is
  * unchanged. The matmul is computed on the CPU with arithmetic of its own (not fp8/gemm_cpu.h, which the
  * kernel checks compare against): operands decoded exactly to double, products summed in float64 in a
- * fixed order (8 interleaved partial sums over k, added pairwise at the end), then alpha * scale_a *
+ * fixed order (4 interleaved partial sums over k, added pairwise at the end), then alpha * scale_a *
  * scale_b, + beta * C, rounded once to FP32 and, for BF16 D, to BF16 (round-to-nearest-even) -- what
  * the GPU's FP32 epilogue does, with a more exact accumulator than Hopper's tensor cores.
  *
@@ -232,25 +232,58 @@ double load(const void* p, cudaDataType_t t, size_t index) {
     }
 }
 
-/* Copies op(X) (rows x k) into out row by row, so the dot products run over contiguous k. */
-void unpack_op(std::vector<double>& out, const void* x, const Layout& l, bool trans, uint64_t rows, uint64_t k) {
-    out.resize(rows * k);
+/* The dot products' lanes: product p of a dot goes to partial sum p % LANES. */
+#define LANES 4
+/* Output tile of the micro-kernel: TILE_I rows of op(A) against TILE_J columns of op(B). */
+#define TILE_I 2
+#define TILE_J 4
+
+typedef double lanes_t __attribute__((vector_size(LANES * sizeof(double))));
+
+/*
+ * Copies op(X) (rows x k) into out row by row, so the dot products run over contiguous k; rows and k
+ * are padded with zeros to multiples of `row_multiple` and LANES (an exact 0 product changes no sum).
+ */
+size_t unpack_op(std::vector<double>& out, const void* x, const Layout& l, bool trans, uint64_t rows, uint64_t k,
+                 uint64_t row_multiple) {
+    size_t kp = (k + LANES - 1) / LANES * LANES, rp = (rows + row_multiple - 1) / row_multiple * row_multiple;
+    out.assign(rp * kp, 0.0);
     for (uint64_t i = 0; i < rows; i++)
         for (uint64_t p = 0; p < k; p++) {
             /* op(X)[i][p] = trans ? X[p][i] : X[i][p]; column-major X[r][c] is at r + c * ld */
             size_t index = trans ? p + i * (size_t)l.ld : i + p * (size_t)l.ld;
-            out[i * k + p] = load(x, l.type, index);
+            out[i * kp + p] = load(x, l.type, index);
         }
+    return kp;
 }
 
-/* sum_p x[p] y[p] in a fixed order: 8 interleaved partial sums, then ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)). */
-double dot(const double* x, const double* y, uint64_t k) {
-    double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    uint64_t p = 0;
-    for (; p + 8 <= k; p += 8)
-        for (int l = 0; l < 8; l++) s[l] += x[p + l] * y[p + l];
-    for (int l = 0; p < k; p++, l++) s[l] += x[p] * y[p];
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+/*
+ * dots[ii][jj] = sum_p a[i0+ii][p] b[j0+jj][p] for a TILE_I x TILE_J tile, each sum in a fixed order:
+ * LANES interleaved partial sums over k, then (s0 + s1) + (s2 + s3). The products of BF16, FP8 and even
+ * FP32 inputs are exact in double, so a fused multiply-add gives the same bits as a multiply and an add,
+ * and the result does not depend on the instruction set the clone below runs. Reads only the padded
+ * scratch of unpack_op, so it is left uninstrumented (ASan checks the unpacking from device memory).
+ */
+__attribute__((no_sanitize_address, target_clones("avx2", "default")))
+void dot_tile(const double* a, const double* b, size_t kp, double dots[TILE_I][TILE_J]) {
+    /* named accumulators, not arrays: they stay in registers (8 of the 16 vector registers) */
+    lanes_t s00 = {}, s01 = {}, s02 = {}, s03 = {}, s10 = {}, s11 = {}, s12 = {}, s13 = {};
+    const double *a1 = a + kp, *b1 = b + kp, *b2 = b + 2 * kp, *b3 = b + 3 * kp;
+    for (size_t p = 0; p < kp; p += LANES) {
+        /* memcpy, not a helper: a function returning a vector would not share this clone's instruction set */
+        lanes_t x0, x1, y0, y1, y2, y3;
+        memcpy(&x0, a + p, sizeof(lanes_t)); memcpy(&x1, a1 + p, sizeof(lanes_t));
+        memcpy(&y0, b + p, sizeof(lanes_t)); memcpy(&y1, b1 + p, sizeof(lanes_t));
+        memcpy(&y2, b2 + p, sizeof(lanes_t)); memcpy(&y3, b3 + p, sizeof(lanes_t));
+        s00 += x0 * y0; s01 += x0 * y1; s02 += x0 * y2; s03 += x0 * y3;
+        s10 += x1 * y0; s11 += x1 * y1; s12 += x1 * y2; s13 += x1 * y3;
+    }
+    const lanes_t* sums[TILE_I][TILE_J] = {{&s00, &s01, &s02, &s03}, {&s10, &s11, &s12, &s13}};
+    for (int ii = 0; ii < TILE_I; ii++)
+        for (int jj = 0; jj < TILE_J; jj++) {
+            const lanes_t& v = *sums[ii][jj];
+            dots[ii][jj] = (v[0] + v[1]) + (v[2] + v[3]);
+        }
 }
 
 /* Everything a queued GEMM needs, captured at the call. */
@@ -265,22 +298,27 @@ struct Gemm {
 
 void run_gemm(const Gemm& g) {
     std::vector<double> ar, bc;
-    unpack_op(ar, g.pa, g.a, g.desc.trans_a == CUBLAS_OP_T, g.m, g.k);
-    unpack_op(bc, g.pb, g.b, g.desc.trans_b != CUBLAS_OP_T, g.n, g.k); /* op(B) column j = row j of op(B)^T */
+    size_t kp = unpack_op(ar, g.pa, g.a, g.desc.trans_a == CUBLAS_OP_T, g.m, g.k, TILE_I);
+    unpack_op(bc, g.pb, g.b, g.desc.trans_b != CUBLAS_OP_T, g.n, g.k, TILE_J); /* row j = column j of op(B) */
     /* the scales are read now, on the stream, as the GPU reads them (cublasLt.h: "Device pointer to the
        scale factor value"); NULL means 1 */
     double scale = g.alpha;
     for (int i = 0; i < 2; i++)
         if (g.desc.scale_ptr[i]) scale *= *(const float*)g.desc.scale_ptr[i];
-    for (uint64_t j = 0; j < g.n; j++)
-        for (uint64_t i = 0; i < g.m; i++) {
-            double v = scale * dot(&ar[i * g.k], &bc[j * g.k], g.k);
-            /* C is not read when beta is 0 (docs, cublasLtMatmul), so NaN-poisoned D/C stays harmless */
-            if (g.beta != 0.0) v += g.beta * load(g.pc, g.c.type, i + j * (size_t)g.c.ld);
-            float f = (float)v;
-            size_t at = i + j * (size_t)g.d.ld;
-            if (g.d.type == CUDA_R_32F) ((float*)g.pd)[at] = f;
-            else ((__nv_bfloat16*)g.pd)[at] = __float2bfloat16_rn(f);
+    for (uint64_t j0 = 0; j0 < g.n; j0 += TILE_J)
+        for (uint64_t i0 = 0; i0 < g.m; i0 += TILE_I) {
+            double dots[TILE_I][TILE_J];
+            dot_tile(&ar[i0 * kp], &bc[j0 * kp], kp, dots);
+            for (uint64_t j = j0; j < j0 + TILE_J && j < g.n; j++)
+                for (uint64_t i = i0; i < i0 + TILE_I && i < g.m; i++) {
+                    double v = scale * dots[i - i0][j - j0];
+                    /* C is not read when beta is 0 (docs, cublasLtMatmul), so NaN-poisoned D/C stays harmless */
+                    if (g.beta != 0.0) v += g.beta * load(g.pc, g.c.type, i + j * (size_t)g.c.ld);
+                    float f = (float)v;
+                    size_t at = i + j * (size_t)g.d.ld;
+                    if (g.d.type == CUDA_R_32F) ((float*)g.pd)[at] = f;
+                    else ((__nv_bfloat16*)g.pd)[at] = __float2bfloat16_rn(f);
+                }
         }
 }
 

@@ -44,12 +44,22 @@ def mpi_flags(kind):
     return subprocess.run([MPICXX, f"--showme:{kind}"], capture_output=True, text=True, check=True).stdout.split()
 
 
-def compile_program(out, sources, runtime_flags=()):
-    """g++ as `make emu` builds the doubles (C++17, MPI's C API, the toolkit headers), with ASan + UBSan."""
-    flags = ["-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-fsanitize=address,undefined",
-             "-DLLM8_MPI", "-DOMPI_SKIP_MPICXX=1", f"-I{REPO / 'emu'}", f"-I{CUDA_INCLUDE}", *mpi_flags("compile"),
-             *runtime_flags]
-    cmd = ["nice", "g++", *flags, *map(str, sources), "-o", str(out), *mpi_flags("link"), "-lpthread"]
+FLAGS = ["-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-fsanitize=address,undefined", "-DLLM8_MPI",
+         "-DOMPI_SKIP_MPICXX=1", f"-I{REPO / 'emu'}", f"-I{CUDA_INCLUDE}"]
+
+
+def compile_program(out, sources, libs=()):
+    """g++ as `make emu` builds the doubles (C++17, MPI's C API, the toolkit headers), with ASan + UBSan.
+    Each source becomes an object beside `out` once (the doubles and the runtime are linked several times)."""
+    objects = []
+    for src in map(str, sources):
+        obj = out.parent / (src.replace("/", "_").strip("_") + ".o")
+        if not obj.exists():
+            cmd = ["nice", "g++", *FLAGS, *mpi_flags("compile"), "-c", src, "-o", str(obj)]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr[-4000:]}"
+        objects.append(str(obj))
+    cmd = ["nice", "g++", "-fsanitize=address,undefined", *objects, "-o", str(out), *mpi_flags("link"), *libs, "-lpthread"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr[-4000:]}"
     return out
