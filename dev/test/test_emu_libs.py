@@ -331,6 +331,19 @@ def test_nccl_refuses_host_memory(tools):
     assert r.returncode == 0 and "result invalid argument" in r.stdout and "not emulated device memory" in r.stderr, r.stdout + r.stderr
 
 
+@pytest.mark.parametrize("mode,ranks,message", [
+    ("overlap", 1, "overlap without being nccl.h's in-place form"),
+    ("mismatch", 2, "another rank of the communicator runs a different one"),
+])
+def test_nccl_undefined_usage_stops_the_run(tools, mode, ranks, message):
+    """What real NCCL leaves undefined or hangs on (overlapping buffers that are not the in-place form;
+    ranks issuing different collectives) stops with "emu: ..." instead."""
+    if ranks > 1 and MPIRUN is None:
+        pytest.skip("mpirun not found")
+    r = nccl_run(tools["nccl"], ranks, mode)
+    assert r.returncode != 0 and message in r.stderr, r.stdout + r.stderr
+
+
 def build_with_runtime(tools, nccl_source, name):
     """lib_nccl linked against emu-core's lazy runtime (emu/runtime.cpp) instead of the eager stub."""
     return compile_program(tools["dir"] / name, [REPO / "emu/tests/lib_nccl.cpp", nccl_source, REPO / "emu/runtime.cpp"],

@@ -7,6 +7,8 @@
  *                    with (W=1) or without (W=0) cudaStreamWaitEvent on the collective's event; prints
  *                    "value <first element> expected <sum>"
  *   bad_pointer      an all-reduce of host memory: prints NCCL's result name
+ *   overlap          an all-reduce whose buffers overlap without being in place (stops the run)
+ *   mismatch         rank 0 and the others issue different all-reduces (stops the run)
  */
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
@@ -163,7 +165,13 @@ int main(int argc, char** argv) {
     cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     if (mode == "collectives") collectives(comm, s, argc > 2 ? argv[2] : ".");
     else if (mode == "stream_wait") stream_wait(comm, s, argc > 2 ? atoi(argv[2]) : 1);
-    else if (mode == "bad_pointer") {
+    else if (mode == "overlap") { /* recvbuff one element past sendbuff: not nccl.h's in-place form */
+        float* buf = (float*)device(nullptr, 17 * 4);
+        CHECK_NCCL(ncclAllReduce(buf, buf + 1, 16, ncclFloat, ncclSum, comm, s));
+    } else if (mode == "mismatch") { /* rank 0 reduces 16 elements, the others 32: real NCCL would hang */
+        float* buf = (float*)device(nullptr, 32 * 4);
+        CHECK_NCCL(ncclAllReduce(buf, buf, g_rank == 0 ? 16 : 32, ncclFloat, ncclSum, comm, s));
+    } else if (mode == "bad_pointer") {
         float host[16];
         printf("result %s\n", ncclGetErrorString(ncclAllReduce(host, host, 16, ncclFloat, ncclSum, comm, s)));
     }
