@@ -56,8 +56,17 @@ def test_runtime_rule_stops_the_run(fault, message):
     assert "not caught" not in r.stdout
 
 
+# Found by the emulated cuBLASLt (emu/cublaslt.cpp): gemm_cublaslt.cuh asks the FP8 heuristic before
+# the scale pointers are set (openxla/xla#40747); the fix is on the gpufix branch, not merged here yet.
+KNOWN = {"kernel_gemm": "FP8 heuristic queried before the scale pointers are set (fix on the gpufix branch)"}
+
+
+def known_failure(check):
+    return pytest.param(check, marks=pytest.mark.xfail(reason=KNOWN[check])) if check in KNOWN else check
+
+
 @pytest.mark.parametrize("race", [False, True], ids=["normal", "race"])
-@pytest.mark.parametrize("check", kernel_checks())
+@pytest.mark.parametrize("check", [known_failure(c) for c in kernel_checks()])
 def test_kernel_check(check, race):
     env = emu_env(LLM8_EMU_RACE="1") if race else emu_env()
     r = run([EMU / "test_llama", "--only", check], env=env, timeout=600)
