@@ -185,7 +185,7 @@ EMU_LIB_SRCS = $(wildcard emu/cublaslt.cpp emu/nccl.cpp) $(if $(wildcard emu/ncc
 EMU_OBJS = $(patsubst emu/%.cpp,$(EMU_DIR)/%.o,$(EMU_RUNTIME_SRCS) $(EMU_LIB_SRCS))
 EMU_HEADERS = $(wildcard emu/*.h emu/cub/block/*.cuh)
 .PHONY: emu
-emu: $(EMU_DIR)/train_llama $(EMU_DIR)/test_llama $(EMU_DIR)/test_intrinsics
+emu: $(EMU_DIR)/train_llama $(EMU_DIR)/test_llama $(EMU_DIR)/test_intrinsics $(EMU_DIR)/attention_smem
 
 # The library doubles' CPU GEMMs are most of an emulated step: optimized (still under ASan).
 $(EMU_DIR)/cublaslt.o: EMU_OPT = -O3 -march=native
@@ -200,6 +200,11 @@ $(EMU_DIR)/train_llama: train_llama.cu $(EMU_OBJS) $(HEADERS) $(CUDA_HEADERS) $(
 $(EMU_DIR)/test_llama: test_llama.cu train_llama.cu dev/cuda/kernel_cases.cuh build/cpu_reference.o $(EMU_OBJS) $(HEADERS) $(CUDA_HEADERS) $(TEST_HEADERS) $(EMU_HEADERS) | $(SETUP_STAMP)
 	@mkdir -p $(@D)
 	$(CXX) $(EMU_CXXFLAGS) $< -x none build/cpu_reference.o $(EMU_OBJS) -o $@ $(EMU_LIBS) $(CPU_LIBS)
+
+# The fallback attention's backward launched at a shape needing > 48 KiB of shared memory (test_emu.py).
+$(EMU_DIR)/attention_smem: emu/tests/attention_smem.cpp $(EMU_OBJS) $(HEADERS) $(CUDA_HEADERS) $(EMU_HEADERS) | $(SETUP_STAMP)
+	@mkdir -p $(@D)
+	$(CXX) $(EMU_CXXFLAGS) -I. $< -x none $(EMU_OBJS) -o $@ $(EMU_LIBS)
 
 # The intrinsics, barrier and block reduction of emu/ against NVIDIA's documentation (dev/test/test_emu.py).
 $(EMU_DIR)/test_intrinsics: emu/tests/test_intrinsics.cpp $(EMU_DIR)/runtime.o $(EMU_HEADERS) | $(SETUP_STAMP)

@@ -72,3 +72,84 @@ def test_kernel_check(check, race):
     r = run([EMU / "test_llama", "--only", check], env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "1 passed, 0 failed" in r.stdout
+
+
+# ---------------------------------------------------------------- planted faults
+
+# (name, file, the source text, its faulty replacement, binary to build, its arguments, environment,
+#  what the emulator must say). Each replaces one exact line of the real source in a copy.
+FAULTS = [
+    ("removed_syncthreads", "fp8/cast_cuda.cuh",
+     "            underflow += v != 0.0f && fp8_is_zero(code);\n        }\n    }\n    if (out_t) {\n        __syncthreads();\n",
+     "            underflow += v != 0.0f && fp8_is_zero(code);\n        }\n    }\n    if (out_t) {\n",
+     "test_llama", ["--only", "kernel_fp8_cast"], {"LLM8_EMU_RACE": "1"},
+     r"emu: race mode: kernel cast_transpose_kernel<In> .* wrote different bytes"),
+    ("off_by_one_store", "cuda/swiglu.cuh",
+     "        out[i] = y;\n", "        out[i + 1] = y;\n",
+     "test_llama", ["--only", "kernel_swiglu"], {},
+     r"AddressSanitizer: heap-buffer-overflow(.|\n)*WRITE of size 2(.|\n)*swiglu_forward_kernel"),
+    ("read_unwritten_shared", "cuda/rmsnorm.cuh",
+     "    for (int c = threadIdx.x; c < C; c += blockDim.x) dw[c] = 0.0f;\n", "",
+     "test_llama", ["--only", "kernel_rmsnorm"], {},
+     r"rmsnorm_backward dweight: .*FAIL\n.*first at index 0: gpu -?nan"),
+    ("smem_without_opt_in", "cuda/attention.cuh",
+     "    smem_opt_in(attention_backward_key_kernel, smem_k);\n", "",
+     "attention_smem", [], {},
+     r"emu: launch of attention_backward_key_kernel: 65664 bytes of dynamic shared memory, above the kernel's "
+     r"limit of 49152 \(48 KiB without the opt-in\)(.|\n)*invalid argument"),
+]
+
+
+def faulty_copy(root, path, old, new):
+    """A copy of the working tree under `root` with `old` replaced by `new` in `path`, with this tree's
+    objects (the runtime, the library doubles, the CPU reference); returns it and make's arguments to
+    build a target there without rebuilding those objects."""
+    copy = root / "src"
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.split()
+    for f in files:
+        if (REPO / f).is_file():
+            (copy / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / f, copy / f)
+    source = (copy / path).read_text()
+    assert source.count(old) == 1, f"{path} no longer has exactly one copy of the text this fault replaces: {old!r}"
+    (copy / path).write_text(source.replace(old, new))
+    (copy / "build/emu").mkdir(parents=True)
+    (copy / "build/.setup-done").touch()
+    kept = [REPO / "build/cpu_reference.o"] + sorted(EMU.glob("*.o"))
+    for obj in kept:
+        shutil.copy2(obj, copy / obj.relative_to(REPO))
+    return copy, [a for obj in kept for a in ("-o", str(obj.relative_to(REPO)))]
+
+
+@pytest.fixture(scope="module")
+def faulty_builds(tmp_path_factory):
+    """Each fault's binary, built from its own copy of the source, two builds at a time (CI's 2 cores)."""
+    jobs = []
+    for name, path, old, new, target, *_ in FAULTS:
+        copy, keep = faulty_copy(tmp_path_factory.mktemp(name), path, old, new)
+        jobs.append((name, copy, ["make", "-C", str(copy), *keep, f"build/emu/{target}"], copy / "build/emu" / target))
+    results, running = {}, []
+    for job in jobs + [None, None]:
+        if job is not None:
+            running.append((job, subprocess.Popen(job[2], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+        while running and (len(running) >= 2 or job is None):
+            (name, _, _, exe), proc = running.pop(0)
+            out, _ = proc.communicate()
+            results[name] = exe if proc.returncode == 0 else out[-3000:]
+            if job is None:
+                break
+    return results
+
+
+@pytest.mark.parametrize("name, path, old, new, target, args, env, caught", FAULTS, ids=[f[0] for f in FAULTS])
+def test_planted_fault_is_caught(faulty_builds, name, path, old, new, target, args, env, caught):
+    # the unmodified source passes the same command
+    clean = run([EMU / target, *args], env=emu_env(**env), timeout=600)
+    assert clean.returncode == 0 and not re.search(caught, clean.stdout + clean.stderr), clean.stdout[-3000:] + clean.stderr[-3000:]
+    exe = faulty_builds[name]
+    assert not isinstance(exe, str), f"{name}: the faulty copy did not build:\n{exe}"
+    r = run([exe, *args], env=emu_env(**env), timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, f"{name}: the faulty source passed:\n{out[-4000:]}"
+    assert re.search(caught, out), f"{name}: not caught by the expected check:\n{out[-4000:]}"
