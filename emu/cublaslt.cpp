@@ -296,6 +296,9 @@ struct Gemm {
     void* pd;
 };
 
+/* No contraction of the epilogue (scale * dot + beta * C) into an FMA: its bits must not depend on the
+   build's -march. */
+__attribute__((optimize("fp-contract=off")))
 void run_gemm(const Gemm& g) {
     std::vector<double> ar, bc;
     size_t kp = unpack_op(ar, g.pa, g.a, g.desc.trans_a == CUBLAS_OP_T, g.m, g.k, TILE_I);
