@@ -233,6 +233,17 @@ static void enqueue(CUstream_st* s, std::function<void()> work) {
     if (g_early && s->nonblocking) flush_all(s);
 }
 
+/* core/buffers.h's redzones between carved tensors: after the allocation's zeroing, in stream order. */
+void emu_redzone(void* p, size_t bytes) {
+    if (!emu_is_device_ptr(p, bytes)) emu_fail("buffers_point: redzone [%p, +%zu) outside one device allocation", p, bytes);
+    enqueue(&g_legacy_stream, [p, bytes] {
+        memset(p, 0xFF, bytes);
+#if EMU_ASAN
+        ASAN_POISON_MEMORY_REGION(p, bytes);
+#endif
+    });
+}
+
 void emu_stream_enqueue(cudaStream_t s, std::function<void()> work) { enqueue(resolve(s), std::move(work)); }
 
 static double now_ms() {
