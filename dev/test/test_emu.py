@@ -74,6 +74,30 @@ def test_kernel_check(check, race):
     assert "1 passed, 0 failed" in r.stdout
 
 
+# The model-level checks (GPU build vs the reference state and vs the CPU build, resume, recompute, ...);
+# the production-shape ones (prod_*) are out of a CPU's reach. Those that run an FP8 GEMM wait for the
+# same fix as kernel_gemm.
+FP8_GEMM_CHECKS = {"reference_fp8", "cpu_vs_gpu_fp8", "resume_bit_identical", "fp8_weights", "recompute_fp8",
+                   "forward_deferred", "fused_amax", "nccl_one_rank", "bf16_linears_in_fp8", "shadow_grad_compare"}
+
+
+def model_checks():
+    exe = EMU / "test_llama"
+    if not exe.exists():
+        return []
+    r = subprocess.run([str(exe), "--list"], capture_output=True, text=True, cwd=REPO)
+    names = [c for c in r.stdout.split() if not c.startswith(("kernel_", "prod_"))]
+    return [pytest.param(c, marks=pytest.mark.xfail(reason=KNOWN["kernel_gemm"])) if c in FP8_GEMM_CHECKS else c
+            for c in names]
+
+
+@pytest.mark.parametrize("check", model_checks())
+def test_model_check(check):
+    r = run([EMU / "test_llama", "--only", check], timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "1 passed, 0 failed" in r.stdout
+
+
 # ---------------------------------------------------------------- planted faults
 
 # (name, file, the source text, its faulty replacement, binary to build, its arguments, environment,
@@ -123,10 +147,14 @@ def faulty_copy(root, path, old, new):
 
 
 @pytest.fixture(scope="module")
-def faulty_builds(tmp_path_factory):
-    """Each fault's binary, built from its own copy of the source, two builds at a time (CI's 2 cores)."""
+def faulty_builds(request, tmp_path_factory):
+    """Each selected fault's binary, built from its own copy of the source, two builds at a time (CI's 2 cores)."""
+    selected = {item.callspec.params["name"] for item in request.session.items
+                if item.originalname == "test_planted_fault_is_caught"}
     jobs = []
     for name, path, old, new, target, *_ in FAULTS:
+        if name not in selected:
+            continue
         copy, keep = faulty_copy(tmp_path_factory.mktemp(name), path, old, new)
         jobs.append((name, copy, ["make", "-C", str(copy), *keep, f"build/emu/{target}"], copy / "build/emu" / target))
     results, running = {}, []
