@@ -263,6 +263,54 @@ static int check_fp8_gemm(void) {
     return failures != 0;
 }
 
+/*
+ * The CPU GEMM's result does not depend on the OpenMP thread count (fp8/gemm_cpu.h's fixed tiles): the
+ * same product on 1, 2, 3 and 5 threads, bit for bit, at shapes that are not multiples of the tiles or
+ * of OpenBLAS's kernel blocks, in each transpose layout the model uses, plain and accumulating. A single
+ * multi-threaded BLAS call fails this (OpenBLAS splits the work by the thread count, and the elements
+ * at the seams of its splits are computed by other kernels).
+ */
+static int check_gemm_threads(void) {
+    backend_init(PRECISION_FP32);
+    Rng rng = test_rng(17);
+    int failures = 0, saved = omp_get_max_threads();
+    const int threads[] = {1, 2, 3, 5};
+    struct { int ta, tb; size_t m, n, k; } shapes[] = {{1, 0, 613, 389, 301}, {0, 0, 257, 530, 611}, {0, 1, 340, 517, 499}};
+    for (size_t c = 0; c < sizeof(shapes) / sizeof(shapes[0]); c++) {
+        size_t m = shapes[c].m, n = shapes[c].n, k = shapes[c].k;
+        float* a = (float*)mallocCheck(m * k * sizeof(float));
+        float* b = (float*)mallocCheck(k * n * sizeof(float));
+        float* d = (float*)mallocCheck(m * n * sizeof(float));
+        float* first = (float*)mallocCheck(m * n * sizeof(float));
+        for (size_t i = 0; i < m * k; i++) a[i] = rng_normal(&rng);
+        for (size_t i = 0; i < k * n; i++) b[i] = rng_normal(&rng);
+        for (int accumulate = 0; accumulate < 2; accumulate++) {
+            for (size_t t = 0; t < sizeof(threads) / sizeof(threads[0]); t++) {
+                omp_set_num_threads(threads[t]);
+                for (size_t i = 0; i < m * n; i++) d[i] = accumulate ? (float)(i % 13) - 6.0f : NAN; /* poison when overwritten */
+                GemmCall g = {d, DT_F32, accumulate, gemm_operand(a, DT_F32), gemm_operand(b, DT_F32), shapes[c].ta, shapes[c].tb,
+                              m, n, k, 0};
+                gemm_cpu(&g);
+                if (t == 0) {
+                    memcpy(first, d, m * n * sizeof(float));
+                    continue;
+                }
+                size_t differ = 0;
+                for (size_t i = 0; i < m * n; i++) differ += memcmp(&d[i], &first[i], sizeof(float)) != 0;
+                if (differ)
+                    failures += fail("GEMM %zu x %zu x %zu (trans %d%d, accumulate %d): %zu of %zu outputs differ between 1 and %d threads",
+                                     m, n, k, shapes[c].ta, shapes[c].tb, accumulate, differ, m * n, threads[t]);
+            }
+        }
+        free(a);
+        free(b);
+        free(d);
+        free(first);
+    }
+    omp_set_num_threads(saved);
+    return failures != 0;
+}
+
 /* The cast-transpose writes both layouts of the same codes, and its statistics count them right. */
 static int check_cast_transpose(void) {
     backend_init(PRECISION_FP32);
@@ -838,6 +886,7 @@ static Check CHECKS[] = {
     {"fused_amax", check_fused_amax, "fused amax of the RMSNorm and SwiGLU outputs equals op_amax; fp8 runs bit-identical"},
     {"fp8_nonfinite_flagged", check_fp8_nonfinite_flagged, "a NaN weight and a NaN gradient are flagged and named"},
     {"fp8_gemm", check_fp8_gemm, "emulated FP8 GEMM vs float64 and the FP8 error bound; bad shapes rejected"},
+    {"gemm_threads", check_gemm_threads, "the CPU GEMM gives the same bits on 1, 2, 3 and 5 threads"},
     {"cast_transpose", check_cast_transpose, "cast-transpose layouts and cast statistics"},
     {"bf16_round", check_bf16_round, "BF16 round-to-nearest-even cases"},
     {"grad_accumulation", check_grad_accumulation, "2 micro-batches accumulate the 1-batch gradient"},

@@ -7,9 +7,10 @@
  * as cuBLASLt does. The casts are bit-identical to the GPU's; the rest differs in the last bits:
  * summation order, the tensor cores' accumulators (FP8 fast accumulation), cuDNN's flash attention
  * rounding P and dS to BF16, RMSNorm and softmax sums in double here against FP32 there, and glibc's expf
- * against CUDA's. dev/cuda/kernel_cases.cuh states each op's tolerance. Reductions use fixed chunking,
- * so results do not depend on the thread count and a resumed run repeats the uninterrupted one bit for
- * bit. Sections follow the GPU kernel files of cuda/ and the op families of dev/cuda.
+ * against CUDA's. dev/cuda/kernel_cases.cuh states each op's tolerance. Reductions use fixed chunking
+ * and GEMMs fixed tiles of single-threaded BLAS calls (fp8/gemm_cpu.h), so results do not depend on the
+ * thread count (they do on the BLAS kernel, which the ranks compare at start-up) and a resumed run
+ * repeats the uninterrupted one bit for bit. Sections follow the GPU kernel files of cuda/ and the op families of dev/cuda.
  */
 #pragma once
 
@@ -23,6 +24,7 @@
 /* Activations and working weights are floats here, rounded to BF16 values in -p bf16 and fp8. */
 typedef float act_t;
 #define LLM8_BACKEND "cpu"
+#define LLM8_BACKEND_MATH "BLAS (its OPENBLAS_* variables must reach every rank: mpirun -x)"
 
 #include "../llama/backend.h"
 #include "../llama/op_math.h"
@@ -55,6 +57,7 @@ static inline void act_to_float_host(float* out, const act_t* x, size_t n) { mem
 static inline void backend_init(Precision p) { g_round_bf16 = p != PRECISION_FP32; }
 static inline void backend_synchronize(void) {}
 static inline const char* backend_name(void) { return "cpu"; }
+static inline void backend_math_identity(char* out, size_t len) { gemm_cpu_blas_identity(out, len); }
 /* No meaningful peak for a CPU: MFU is reported as 0. */
 static inline double backend_peak_flops(Precision p) {
     (void)p;

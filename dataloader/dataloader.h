@@ -26,7 +26,27 @@
 #include "../core/common.h"
 #include "../core/rng.h"
 
-#define SHARD_MAGIC 20240520
+/*
+ * The shard formats read, by header (magic, version), each with its token width. The first two are
+ * llm.c's (dev/data/data_common.py write_datafile: "gpt-2" writes 20240520 / 1 with uint16 tokens,
+ * "llama-3" 20240801 / 7 with uint32); the third is what llm8 wrote for uint32 tokens before it followed
+ * llm.c, still read. Versions are distinct across formats, so the version alone names the format.
+ */
+#define SHARD_MAGIC 20240520       /* llm.c's uint16 shard and llm8's earlier uint32 one */
+#define SHARD_MAGIC_U32 20240801   /* llm.c's uint32 shard */
+#define SHARD_VERSION_U16 1
+#define SHARD_VERSION_U32 7        /* llm.c's; what llm8 writes for uint32 tokens */
+#define SHARD_VERSION_U32_LLM8 2   /* llm8's earlier uint32 shard, read only */
+typedef struct {
+    int32_t magic, version;
+    size_t token_bytes;
+} ShardFormat;
+static const ShardFormat SHARD_FORMATS[] = {
+    {SHARD_MAGIC, SHARD_VERSION_U16, 2},
+    {SHARD_MAGIC_U32, SHARD_VERSION_U32, 4},
+    {SHARD_MAGIC, SHARD_VERSION_U32_LLM8, 4},
+};
+#define NUM_SHARD_FORMATS (sizeof(SHARD_FORMATS) / sizeof(SHARD_FORMATS[0]))
 #define SHARD_HEADER_INTS 256
 #define SHARD_HEADER_BYTES (SHARD_HEADER_INTS * sizeof(int32_t))
 
@@ -39,7 +59,7 @@ typedef struct {
     int num_shards;
     char** paths;
     size_t* shard_tokens;  /* token count of each shard */
-    int* shard_version;    /* 1 = uint16, 2 = uint32 tokens */
+    int* shard_version;    /* the header's version: SHARD_FORMATS gives its token width */
     char* shard_checked;   /* every token of the shard was checked against the vocabulary */
     /* position: the next micro-batch is micro-batch `micro` of global batch `batch` of shard
        shard_order[shard] in epoch `epoch` */
@@ -62,7 +82,7 @@ static inline void shard_write_u16(const char* path, const uint16_t* tokens, siz
     int32_t h[SHARD_HEADER_INTS];
     memset(h, 0, sizeof(h));
     h[0] = SHARD_MAGIC;
-    h[1] = 1;
+    h[1] = SHARD_VERSION_U16;
     h[2] = (int32_t)n;
     char tmp[TMP_PATH_LEN];
     FILE* f = atomic_open(path, tmp, sizeof(tmp));
@@ -82,6 +102,13 @@ static inline int dataloader_shard_batches(const DataLoader* d, int shard) {
     return (int)(shard_samples(d->shard_tokens[shard], d->T) / dataloader_global_batch(d));
 }
 
+/* Bytes per token of a shard of header version `version` (one of SHARD_FORMATS; 0 for none). */
+static inline size_t shard_token_bytes(int version) {
+    for (size_t i = 0; i < NUM_SHARD_FORMATS; i++)
+        if (SHARD_FORMATS[i].version == version) return SHARD_FORMATS[i].token_bytes;
+    return 0;
+}
+
 /* Reads and validates a shard header; returns the token count and stores the version. */
 static inline size_t shard_read_header(const char* path, int* version) {
     struct stat st;
@@ -93,10 +120,17 @@ static inline size_t shard_read_header(const char* path, int* version) {
     if (bytes < SHARD_HEADER_BYTES) die("%s: not a token shard: %zu bytes, shorter than the 1024-byte header", path, bytes);
     freadCheck(header, sizeof(int32_t), SHARD_HEADER_INTS, f, path);
     fcloseCheck(f, path);
-    if (header[0] != SHARD_MAGIC) die("%s: bad magic %d in shard header (expected %d)", path, header[0], SHARD_MAGIC);
-    if (header[1] != 1 && header[1] != 2) die("%s: unsupported shard version %d (expected 1 = uint16 or 2 = uint32 tokens)", path, header[1]);
+    if (header[0] != SHARD_MAGIC && header[0] != SHARD_MAGIC_U32)
+        die("%s: bad magic %d in shard header (expected %d or %d, llm.c's token shards)", path, header[0], SHARD_MAGIC,
+            SHARD_MAGIC_U32);
+    size_t elem = 0;
+    for (size_t i = 0; i < NUM_SHARD_FORMATS; i++)
+        if (SHARD_FORMATS[i].magic == header[0] && SHARD_FORMATS[i].version == header[1]) elem = SHARD_FORMATS[i].token_bytes;
+    if (elem == 0)
+        die("%s: unsupported shard version %d for magic %d (expected %d/%d uint16, %d/%d uint32, or llm8's earlier %d/%d "
+            "uint32)", path, header[1], header[0], SHARD_MAGIC, SHARD_VERSION_U16, SHARD_MAGIC_U32, SHARD_VERSION_U32,
+            SHARD_MAGIC, SHARD_VERSION_U32_LLM8);
     if (header[2] < 0) die("%s: negative token count %d in shard header", path, header[2]);
-    size_t elem = header[1] == 1 ? 2 : 4;
     size_t expected = SHARD_HEADER_BYTES + (size_t)(uint32_t)header[2] * elem;
     if (bytes != expected)
         die("%s: header says %d tokens (%zu bytes) but the file has %zu bytes", path, header[2], expected, bytes);
@@ -131,7 +165,7 @@ static inline uint32_t token_at(const uint8_t* buf, size_t i, size_t elem) {
 static inline void dataloader_check_tokens(DataLoader* d, int s) {
     if (d->shard_checked[s]) return;
     const char* path = d->paths[s];
-    size_t elem = d->shard_version[s] == 1 ? 2 : 4, n = d->shard_tokens[s];
+    size_t elem = shard_token_bytes(d->shard_version[s]), n = d->shard_tokens[s];
     uint8_t* buf = (uint8_t*)mallocCheck(VALIDATE_CHUNK_TOKENS * elem);
     fseekCheck(d->file, (long)SHARD_HEADER_BYTES, SEEK_SET, path);
     for (size_t start = 0; start < n; start += VALIDATE_CHUNK_TOKENS) {
@@ -236,7 +270,7 @@ static inline void dataloader_next_batch(DataLoader* d) {
     dataloader_load_shard(d);
     int s = d->shard_order[d->shard];
     const char* path = d->paths[s];
-    size_t elem = d->shard_version[s] == 1 ? 2 : 4;
+    size_t elem = shard_token_bytes(d->shard_version[s]);
     size_t first = (size_t)d->batch * dataloader_global_batch(d) + ((size_t)d->micro * d->world + d->rank) * d->B;
     for (int b = 0; b < d->B; b++) {
         size_t start = (size_t)d->sample_order[first + b] * d->T; /* token index in the shard */

@@ -40,8 +40,8 @@ static DistInfo g_dist = {0, 1, 0, 1, 0, "localhost"};
 /* ---------------------------------------------------------------- life cycle */
 
 /* Bootstraps the job (MPI_Init_thread when launched by mpirun/srun) and fills g_dist; on the GPU also
-   selects the local rank's device and creates the NCCL communicator. Stops naming the host when a node
-   has more ranks than GPUs. */
+   selects the local rank's device and, when world > 1, creates the NCCL communicator (one rank needs
+   none: its collectives are local copies). Stops naming the host when a node has more ranks than GPUs. */
 static inline void comm_init(int* argc, char*** argv);
 /* Clean shutdown, on the success path only (a failed job must never wait in finalize). */
 static inline void comm_finalize(void);
@@ -109,6 +109,17 @@ static inline int launcher_world(void) {
     }
     /* srun --mpi=pmix sets PMIX_RANK but not always a size; one rank of a job started by a launcher */
     return getenv("PMIX_RANK") != NULL || getenv("PMI_RANK") != NULL ? 1 : 0;
+}
+
+/* This process's rank as the launcher announces it through the environment (0 when none did), for what
+   runs before comm_init (--help). */
+static inline int launcher_rank(void) {
+    const char* vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        const char* v = getenv(vars[i]);
+        if (v != NULL) return atoi(v);
+    }
+    return 0;
 }
 
 static inline void dist_set_host(void) {

@@ -1,7 +1,8 @@
 /*
  * The GEMM of the CPU emulation, gemm.h's contract in FP32: FP8 operands are decoded to their exact
  * values, multiplied with FP32 accumulation (OpenBLAS sgemm, or a plain loop with make BLAS=none), and
- * the product is multiplied by scale_inv_a * scale_inv_b, as cuBLASLt applies its A/B scales. What
+ * the product is multiplied by scale_inv_a * scale_inv_b, as cuBLASLt applies its A/B scales, tile by
+ * tile so that the result does not depend on the thread count (sgemm_tiled). What
  * remains different from the GPU is the accumulation order and the tensor cores' FP8 fast accumulation,
  * which has no CPU counterpart. The output is FP32 in both DT_F32 and DT_ACT (the CPU's activation type
  * is float); the CPU backend rounds a DT_ACT output to BF16 where the GPU would store BF16.
@@ -54,12 +55,12 @@ static inline const float* gemm_cpu_operand(const GemmOperand* o, size_t n, int 
 #ifdef LLM8_NO_BLAS
 /*
  * Column-major SGEMM for machines without OpenBLAS (make BLAS=none, e.g. a GPU host where nothing can be
- * installed): C (m x n, ldc) = alpha op(A) op(B) + beta C with FP32 accumulation, one column per thread.
- * Slow; enough for the reference model and the kernel checks' small shapes.
+ * installed): C (m x n, ldc) = alpha op(A) op(B) + beta C with FP32 accumulation in k order. Serial: the
+ * tiles of sgemm_tiled run it in parallel. Slow; enough for the reference model and the kernel checks'
+ * small shapes.
  */
-static inline void sgemm_fallback(int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha, const float* A,
-                                  size_t lda, const float* B, size_t ldb, float beta, float* C, size_t ldc) {
-#pragma omp parallel for schedule(static)
+static inline void sgemm_serial(int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha, const float* A,
+                                size_t lda, const float* B, size_t ldb, float beta, float* C, size_t ldc) {
     for (size_t j = 0; j < n; j++) {
         for (size_t i = 0; i < m; i++) {
             float acc = 0.0f;
@@ -73,7 +74,70 @@ static inline void sgemm_fallback(int trans_a, int trans_b, size_t m, size_t n, 
         }
     }
 }
+#else
+/* One OpenBLAS call on one thread: OpenBLAS's OpenMP build runs single-threaded inside an active
+   parallel region (and its thread count is the region's, 1, in a team of one); a pthreads build is told
+   once to use one thread (gemm_cpu_blas_setup). */
+static inline void sgemm_serial(int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha, const float* A,
+                                size_t lda, const float* B, size_t ldb, float beta, float* C, size_t ldc) {
+    cblas_sgemm(CblasColMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n,
+                (int)k, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+}
 #endif
+
+/*
+ * Tiles of D that the CPU GEMM computes one call each, on one thread. A multi-threaded BLAS call splits
+ * its work by the thread count, and OpenBLAS's results change with it (the last bits of a few outputs),
+ * so 1 rank x 2 threads and 2 ranks x 1 thread trained apart. With tiles fixed by the shape alone, every
+ * element of D is the same single-threaded computation whatever the thread count: results depend on the
+ * BLAS kernel (gemm_cpu_blas_identity, which the ranks compare at start-up) but not on OMP_NUM_THREADS. Tiles
+ * of 256 x 256 keep OpenBLAS's packing cost small at k >= 64 and give the 2048-token classifier GEMMs of
+ * the default run hundreds of tiles to share.
+ */
+#define GEMM_CPU_TILE_ROWS 256
+#define GEMM_CPU_TILE_COLS 256
+
+/* C (m x n, column-major, ldc) = alpha op(A) op(B) + beta C, tile by tile (see GEMM_CPU_TILE_ROWS). */
+static inline void sgemm_tiled(int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha, const float* A,
+                               size_t lda, const float* B, size_t ldb, float beta, float* C, size_t ldc) {
+    size_t tiles_m = (m + GEMM_CPU_TILE_ROWS - 1) / GEMM_CPU_TILE_ROWS, tiles_n = (n + GEMM_CPU_TILE_COLS - 1) / GEMM_CPU_TILE_COLS;
+    /* dynamic: which thread runs a tile does not change its result; edge tiles are cheaper */
+#pragma omp parallel for schedule(dynamic)
+    for (size_t t = 0; t < tiles_m * tiles_n; t++) {
+        size_t i0 = (t % tiles_m) * GEMM_CPU_TILE_ROWS, j0 = (t / tiles_m) * GEMM_CPU_TILE_COLS;
+        size_t rows = m - i0 < GEMM_CPU_TILE_ROWS ? m - i0 : GEMM_CPU_TILE_ROWS;
+        size_t cols = n - j0 < GEMM_CPU_TILE_COLS ? n - j0 : GEMM_CPU_TILE_COLS;
+        /* rows i0.. of op(A) and columns j0.. of op(B), in their stored layouts */
+        const float* a = trans_a ? A + i0 * lda : A + i0;
+        const float* b = trans_b ? B + j0 : B + j0 * ldb;
+        sgemm_serial(trans_a, trans_b, rows, cols, k, alpha, a, lda, b, ldb, beta, C + j0 * ldc + i0, ldc);
+    }
+}
+
+/* Called once before the first GEMM: a pthreads OpenBLAS would start its own threads inside each tile. */
+static inline void gemm_cpu_blas_setup(void) {
+#ifndef LLM8_NO_BLAS
+    static int done = 0;
+    if (done) return;
+    done = 1;
+    if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
+#endif
+}
+
+/*
+ * The BLAS this process computes its GEMMs with, as text (len >= 64): OpenBLAS's configuration (version,
+ * the core whose kernels it chose, which OPENBLAS_CORETYPE overrides, its threading) and the L2 size
+ * OPENBLAS_L2_SIZE imposes, or the built-in loop of make BLAS=none. Two ranks with different texts may
+ * compute different last bits (another kernel, another blocking), so the start-up agreement compares it.
+ */
+static inline void gemm_cpu_blas_identity(char* out, size_t len) {
+#ifdef LLM8_NO_BLAS
+    snprintf(out, len, "built-in loop (BLAS=none)");
+#else
+    const char* l2 = getenv("OPENBLAS_L2_SIZE");
+    snprintf(out, len, "%s%s%s", openblas_get_config(), l2 ? " L2_SIZE=" : "", l2 ? l2 : "");
+#endif
+}
 
 /*
  * Runs g (gemm.h: column-major, cuBLASLt semantics) on host memory: D (m x n) float =
@@ -88,12 +152,10 @@ static inline void gemm_cpu(const GemmCall* g) {
     const float* b = gemm_cpu_operand(&g->b, g->k * g->n, 1);
     size_t lda = g->trans_a ? g->k : g->m, ldb = g->trans_b ? g->n : g->k;
     float beta = g->accumulate ? 1.0f : 0.0f;
-#ifdef LLM8_NO_BLAS
-    sgemm_fallback(g->trans_a, g->trans_b, g->m, g->n, g->k, alpha, a, lda, b, ldb, beta, (float*)g->d, g->m);
-#else
+#ifndef LLM8_NO_BLAS
     if (g->m > INT_MAX || g->n > INT_MAX || g->k > INT_MAX)
         die("GEMM m %zu n %zu k %zu exceeds OpenBLAS's int dimensions", g->m, g->n, g->k);
-    cblas_sgemm(CblasColMajor, g->trans_a ? CblasTrans : CblasNoTrans, g->trans_b ? CblasTrans : CblasNoTrans, (int)g->m,
-                (int)g->n, (int)g->k, alpha, a, (int)lda, b, (int)ldb, beta, (float*)g->d, (int)g->m);
 #endif
+    gemm_cpu_blas_setup();
+    sgemm_tiled(g->trans_a, g->trans_b, g->m, g->n, g->k, alpha, a, lda, b, ldb, beta, (float*)g->d, g->m);
 }

@@ -9,8 +9,10 @@
 #   example: scripts/launch.sh hosts.txt 8 -- ./train_llama -e llama2-7b -b 1 -t 4096 -d 524288 -z 1 \
 #                -i "data/fineweb_train_*.bin" -j "data/fineweb_val_*.bin" -o runs/7b
 #
-# Forwarded to every rank: every NCCL_* and LLM8_* variable set here, OMP_NUM_THREADS, PATH and
-# LD_LIBRARY_PATH (remote ranks start with ssh's bare environment otherwise). Binding is left to the
+# Forwarded to every rank: every NCCL_*, LLM8_* and OPENBLAS_* variable set here (the CPU build's BLAS
+# kernel follows OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, and ranks that run other kernels compute other
+# bits: the trainer refuses to start them), OMP_NUM_THREADS, PATH and LD_LIBRARY_PATH (remote ranks start
+# with ssh's bare environment otherwise). Binding is left to the
 # trainer (--bind-to none): each rank picks its GPU by its local rank. Extra mpirun options: MPIRUN_ARGS.
 set -euo pipefail
 [ $# -ge 3 ] || { sed -n '2,16p' "$0"; exit 2; }
@@ -30,7 +32,7 @@ command -v mpirun >/dev/null || { echo "error: mpirun not found (Open MPI: apt-g
 hosts=$(grep -cvE '^[[:space:]]*(#|$)' "$hostfile")
 forward=(-x PATH -x LD_LIBRARY_PATH)
 [ -n "${OMP_NUM_THREADS:-}" ] && forward+=(-x OMP_NUM_THREADS)
-for var in $(compgen -e | grep -E '^(NCCL|LLM8)_' || true); do forward+=(-x "$var"); done
+for var in $(compgen -e | grep -E '^(NCCL|LLM8|OPENBLAS)_' || true); do forward+=(-x "$var"); done
 root=()
 [ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
 

@@ -2,8 +2,9 @@
  * Start-up agreement of the ranks (DESIGN.md section 6): before anything that communicates, every rank
  * contributes the settings that must be equal everywhere (the run identity of train/checkpoint.h, the
  * ZeRO stage and every setting that decides when the ranks communicate or what they decide: steps,
- * validation, checkpoint and sample intervals, the schedule, the shadow check and its policy, and the
- * data's token counts and the build), and every rank compares all of them. On a difference every rank
+ * validation, checkpoint and sample intervals, the schedule, the shadow check and its policy, the data's
+ * token counts, the build, and the math libraries, since two ranks computing with different BLAS kernels
+ * would silently train different runs), and every rank compares all of them. On a difference every rank
  * stops: rank 0 says which setting differs on which ranks, in one line, and all exit non-zero within
  * seconds, where a mismatch would otherwise hang in a collective or die deep inside the loader
  * (llm.c#727).
@@ -13,8 +14,8 @@
 #include "checkpoint.h"
 #include "../dist/comm.h"
 
-/* Longest build id compared (git describe of the build). */
-#define BUILD_ID_LEN 48
+/* Longest text setting compared (git describe of the build, backend_math_identity). */
+#define SETTING_TEXT_LEN 128
 
 typedef struct {
     RunIdentity id;
@@ -23,7 +24,8 @@ typedef struct {
     int32_t shadow_every, shadow_grad, shadow_fallback, shadow_patience, shadow_recover;
     float lr, final_lr_frac, weight_decay, grad_clip, shadow_tol;
     int64_t train_tokens, val_tokens;
-    char build[BUILD_ID_LEN];
+    char build[SETTING_TEXT_LEN];
+    char math[SETTING_TEXT_LEN];
 } RankSettings;
 
 typedef enum { SETTING_I32, SETTING_I64, SETTING_F32, SETTING_STR } SettingKind;
@@ -63,6 +65,7 @@ static const AgreedSetting AGREED_SETTINGS[] = {
     AGREED("train data tokens (-i)", train_tokens, SETTING_I64),
     AGREED("validation data tokens (-j)", val_tokens, SETTING_I64),
     AGREED("build id", build, SETTING_STR),
+    AGREED(LLM8_BACKEND_MATH, math, SETTING_STR),
 };
 #define NUM_AGREED_SETTINGS (sizeof(AGREED_SETTINGS) / sizeof(AGREED_SETTINGS[0]))
 
@@ -70,7 +73,7 @@ static const AgreedSetting AGREED_SETTINGS[] = {
 static inline void setting_text(const RankSettings* r, const AgreedSetting* s, char* out, size_t len) {
     const char* p = (const char*)r + s->offset;
     if (s->kind == SETTING_STR) {
-        snprintf(out, len, "%.*s", BUILD_ID_LEN, p);
+        snprintf(out, len, "%.*s", SETTING_TEXT_LEN - 1, p); /* stored NUL-terminated */
         return;
     }
     if (s->kind == SETTING_F32) {
@@ -93,7 +96,7 @@ static inline void setting_text(const RankSettings* r, const AgreedSetting* s, c
 }
 
 static inline size_t setting_size(SettingKind k) {
-    return k == SETTING_I64 ? sizeof(int64_t) : k == SETTING_STR ? BUILD_ID_LEN : sizeof(int32_t);
+    return k == SETTING_I64 ? sizeof(int64_t) : k == SETTING_STR ? SETTING_TEXT_LEN : sizeof(int32_t);
 }
 
 /* The first setting on which a and b differ: its flag and both values as text; 0 when they agree. */
@@ -139,11 +142,11 @@ static inline void agreement_check(const RankSettings* mine) {
     if (W == 1) return;
     RankSettings* all = (RankSettings*)callocCheck((size_t)W, sizeof(RankSettings));
     comm_host_all_gather(mine, all, sizeof(RankSettings));
-    char flag[96] = "", v0[96] = "", vr[96] = "", ranks[256] = "";
+    char flag[96] = "", v0[SETTING_TEXT_LEN] = "", vr[SETTING_TEXT_LEN] = "", ranks[256] = "";
     int first = -1;
     size_t used = 0;
     for (int r = 1; r < W; r++) {
-        char f[96], a[96], b[96];
+        char f[96], a[SETTING_TEXT_LEN], b[SETTING_TEXT_LEN];
         if (!settings_diff(&all[0], &all[r], f, sizeof(f), a, b, sizeof(a))) continue;
         if (first < 0) {
             first = r;

@@ -314,40 +314,53 @@ static inline RankSettings trainer_rank_settings(const Trainer* tr) {
     r.train_tokens = (int64_t)dataloader_total_tokens(&tr->train);
     r.val_tokens = (int64_t)dataloader_total_tokens(&tr->val);
     snprintf(r.build, sizeof(r.build), "%s %s", LLM8_BUILD_ID, backend_name());
+    backend_math_identity(r.math, sizeof(r.math));
     return r;
 }
 
 /*
- * Checks the parsed arguments, joins the job (comm_init came first), checks that every rank agrees,
- * loads the model and data, and prepares (or resumes) the run.
+ * Every check of the flags that needs neither the communicator nor the device, so that a cluster's
+ * login node (no GPU) and a bad flag get their answer before NCCL starts: the ranges, the model -e
+ * names with -b, -t and -p, the tokenizer, and an -o holding an earlier run. Fills cfg; returns whether
+ * -e is a checkpoint. Stops naming the flag.
  */
-static inline void trainer_init(Trainer* tr, const TrainArgs* args) {
-    memset(tr, 0, sizeof(*tr));
-    tr->args = *args;
-    TrainArgs* a = &tr->args;
+static inline int trainer_check_args(const TrainArgs* a, LlamaConfig* cfg) {
     train_args_check(a);
-    tr->rank = g_dist.rank;
-    tr->world = g_dist.world;
-    /* rank 0 speaks for the job; the others keep stderr for their errors */
-    if (tr->rank != 0 && freopen("/dev/null", "w", stdout) == NULL) die("cannot silence stdout of rank %d", tr->rank);
-    setvbuf(stdout, NULL, _IOLBF, 0); /* progress reaches a log file line by line, also when the run is killed */
-    watchdog_start(a->comm_timeout);
+    int from_checkpoint = train_args_model(a, cfg);
     if (a->tokenizer_path != NULL && access(a->tokenizer_path, R_OK) != 0)
         die("flag --tokenizer: %s: cannot read (%s)", a->tokenizer_path, strerror(errno));
-    if (a->output_dir != NULL && tr->rank == 0) make_dir(a->output_dir);
-    backend_init((Precision)a->precision);
-
-    tr->from_checkpoint = train_args_model(a, &tr->cfg);
-    tr->bf16_blocks = (char*)mallocCheck((size_t)tr->cfg.n_layers);
-    bf16_layers_parse(a->bf16_layers, tr->cfg.n_layers, tr->bf16_blocks);
-    tr->shadow_policy = (ShadowPolicy){a->shadow_every, strcmp(a->shadow_policy, "fallback") == 0, a->shadow_tol,
-                                       a->shadow_patience, a->shadow_recover};
     if (a->precision == PRECISION_FP8 && a->sample_every > 0 && a->T % FP8_DIM_MULTIPLE != 0)
         die("flag -t %d: with -p fp8 and -s, samples run one sequence of -t tokens, which must be a multiple of %d", a->T,
             FP8_DIM_MULTIPLE);
     if (a->output_dir != NULL && !a->resume && checkpoint_latest_step(a->output_dir) >= 0)
         die("flag -o %s: holds the checkpoints of an earlier run (DONE_%08d); resume it with -y 1 or choose another -o",
             a->output_dir, checkpoint_latest_step(a->output_dir));
+    return from_checkpoint;
+}
+
+/*
+ * Joins the job (trainer_check_args gave cfg and from_checkpoint, then comm_init ran), checks that every
+ * rank agrees, loads the model and data, and prepares (or resumes) the run.
+ */
+static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaConfig* cfg, int from_checkpoint) {
+    memset(tr, 0, sizeof(*tr));
+    tr->args = *args;
+    TrainArgs* a = &tr->args;
+    tr->rank = g_dist.rank;
+    tr->world = g_dist.world;
+    /* rank 0 speaks for the job; the others keep stderr for their errors */
+    if (tr->rank != 0 && freopen("/dev/null", "w", stdout) == NULL) die("cannot silence stdout of rank %d", tr->rank);
+    setvbuf(stdout, NULL, _IOLBF, 0); /* progress reaches a log file line by line, also when the run is killed */
+    watchdog_start(a->comm_timeout);
+    if (a->output_dir != NULL && tr->rank == 0) make_dir(a->output_dir);
+    backend_init((Precision)a->precision);
+
+    tr->cfg = *cfg;
+    tr->from_checkpoint = from_checkpoint;
+    tr->bf16_blocks = (char*)mallocCheck((size_t)tr->cfg.n_layers);
+    bf16_layers_parse(a->bf16_layers, tr->cfg.n_layers, tr->bf16_blocks);
+    tr->shadow_policy = (ShadowPolicy){a->shadow_every, strcmp(a->shadow_policy, "fallback") == 0, a->shadow_tol,
+                                       a->shadow_patience, a->shadow_recover};
 
     tr->grad_accum_steps = train_args_grad_accum(a, tr->world);
     long long total = (long long)tr->grad_accum_steps * a->B * a->T * tr->world;
@@ -366,6 +379,7 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args) {
 
     printf("+-----------------------------------------------------------------------\n");
     printf("| llm8 train_llama (%s build %s), precision %s\n", backend_name(), LLM8_BUILD_ID, precision_name((Precision)a->precision));
+    printf("| math: %s\n", mine.math);
     llama_config_print(&tr->cfg);
     printf("| model from: %s\n", a->model);
     printf("| train: %s (%d shard(s), %zu tokens); val: %s (%zu tokens)\n", a->train_pattern, tr->train.num_shards,
@@ -601,21 +615,23 @@ static inline void trainer_free(Trainer* tr) {
 static inline int train_main(int argc, char** argv) {
     TrainArgs defaults = train_args_default(), args = defaults;
     int help = train_args_parse(&args, argc, argv);
-    /* a dry run starts nothing: no communicator, no device */
-    if (!help && args.dry_run) {
+    /* --help, every flag check and a dry run come before the communicator and the device: a cluster's
+       login node has no GPU, and a bad flag should not wait for NCCL */
+    if (help) {
+        if (launcher_rank() == 0) train_args_usage(argv[0], &defaults);
+        return EXIT_SUCCESS;
+    }
+    if (args.dry_run) {
         train_args_check(&args);
         return memory_plan_main(&args);
     }
+    LlamaConfig cfg;
+    int from_checkpoint = trainer_check_args(&args, &cfg);
     comm_init(&argc, &argv);
-    if (help) {
-        if (g_dist.rank == 0) train_args_usage(argv[0], &defaults);
-        comm_finalize();
-        return EXIT_SUCCESS;
-    }
     share_cores();
     preempt_install();
     Trainer* tr = (Trainer*)callocCheck(1, sizeof(Trainer));
-    trainer_init(tr, &args);
+    trainer_init(tr, &args, &cfg, from_checkpoint);
     TrainArgs* a = &tr->args;
     int start = tr->step;
     tr->start_time = wall_seconds();

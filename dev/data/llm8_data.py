@@ -17,8 +17,15 @@ import numpy as np
 
 HEADER_INTS = 256                 # every llm8 file starts with 256 int32 words
 HEADER_BYTES = HEADER_INTS * 4
-SHARD_MAGIC = 20240520            # llm.c's token shard
-SHARD_TOKEN_DTYPES = {1: np.dtype("<u2"), 2: np.dtype("<u4")}
+# Token shard formats by header version: (magic, token dtype). 1 and 7 are llm.c's (dev/data/data_common.py
+# write_datafile: "gpt-2" uint16, "llama-3" uint32); 2 is llm8's earlier uint32 shard, read but no longer
+# written. Versions are distinct, so the version names the format.
+SHARD_MAGIC = 20240520            # llm.c's uint16 shard (and llm8's earlier uint32 one)
+SHARD_MAGIC_U32 = 20240801        # llm.c's uint32 shard
+SHARD_FORMATS = {1: (SHARD_MAGIC, np.dtype("<u2")), 7: (SHARD_MAGIC_U32, np.dtype("<u4")),
+                 2: (SHARD_MAGIC, np.dtype("<u4"))}
+SHARD_TOKEN_DTYPES = {version: dtype for version, (_, dtype) in SHARD_FORMATS.items()}
+SHARD_WRITTEN_VERSIONS = (1, 7)   # what write_shard and the data scripts write
 TOKENIZER_MAGIC = 20251202
 TOKENIZER_VERSION = 1
 SP_SPACE = "\u2581"               # SentencePiece's '▁' stands for a space
@@ -49,17 +56,22 @@ class DataError(Exception):
 # ----------------------------------------------------------------------------------------------------
 # token shards
 
+def shard_version_for(max_id):
+    """The version write_shard picks for ids up to `max_id`: llm.c's uint16 (1) when they fit, else its uint32 (7)."""
+    return 1 if max_id < 2**16 else 7
+
+
 def shard_header(count, version):
-    """The 1024-byte header of a shard holding `count` tokens of `version` (1 = uint16, 2 = uint32)."""
+    """The 1024-byte header of a shard holding `count` tokens of `version` (SHARD_FORMATS: its magic)."""
     header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[0:3] = (SHARD_MAGIC, version, count)
+    header[0:3] = (SHARD_FORMATS[version][0], version, count)
     return header.tobytes()
 
 
 def write_shard(path, tokens, version=None):
     """Write `tokens` (1-D ints, 0 <= id < 2^32) as an llm.c shard at `path`.
 
-    version 1 stores uint16, 2 stores uint32; None picks 1 when every id is below 65536. The file is
+    version 1 stores uint16 and 7 uint32, as llm.c does; None picks 1 when every id is below 65536. The file is
     written to `path + ".tmp"` and renamed, so a reader never sees half a shard. Raises ValueError if
     the ids do not fit the version or the count does not fit the header's int32.
     """
@@ -70,9 +82,9 @@ def write_shard(path, tokens, version=None):
         raise ValueError(f"{path}: token ids must be in [0, 2^32)")
     max_id = int(tokens.max()) if tokens.size else 0
     if version is None:
-        version = 1 if max_id < 2**16 else 2
-    if version not in SHARD_TOKEN_DTYPES:
-        raise ValueError(f"{path}: unknown shard version {version}")
+        version = shard_version_for(max_id)
+    if version not in SHARD_WRITTEN_VERSIONS:
+        raise ValueError(f"{path}: shard version {version} is not written (llm.c's are {SHARD_WRITTEN_VERSIONS})")
     if version == 1 and max_id >= 2**16:
         raise ValueError(f"{path}: token id {max_id} does not fit version 1 (uint16)")
     if tokens.size >= 2**31:
@@ -95,10 +107,11 @@ def read_shard(path, vocab_size=None):
         raise ValueError(f"{path}: {size} bytes is shorter than the {HEADER_BYTES}-byte header")
     header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
     magic, version, count = (int(x) for x in header[:3])
-    if magic != SHARD_MAGIC:
-        raise ValueError(f"{path}: bad magic {magic} (expected {SHARD_MAGIC}): not a token shard")
-    if version not in SHARD_TOKEN_DTYPES:
-        raise ValueError(f"{path}: unsupported shard version {version} (expected 1 or 2)")
+    if magic not in (SHARD_MAGIC, SHARD_MAGIC_U32):
+        raise ValueError(f"{path}: bad magic {magic} (expected {SHARD_MAGIC} or {SHARD_MAGIC_U32}): not a token shard")
+    if SHARD_FORMATS.get(version, (None,))[0] != magic:
+        raise ValueError(f"{path}: unsupported shard version {version} for magic {magic} (expected "
+                         f"{', '.join(f'{m}/{v}' for v, (m, _) in SHARD_FORMATS.items())})")
     dtype = SHARD_TOKEN_DTYPES[version]
     expected = HEADER_BYTES + count * dtype.itemsize
     if count < 0 or size != expected:

@@ -609,7 +609,7 @@ def run(args):
         sources = [(ALL_INPUTS, 1.0, llm8_corpus.expand_inputs(args.inputs))]
     model_path = args.tokenizer or llm8_data.resolve_data_file("tokenizer")
     sp = llm8_data.load_tokenizer(model_path)
-    version = 1 if sp.get_piece_size() <= 2**16 else 2
+    version = llm8_data.shard_version_for(sp.get_piece_size() - 1)
     dtype = llm8_data.SHARD_TOKEN_DTYPES[version]
     weight_sum = sum(weight for _, weight, _ in sources)
     sources = [(name, round(weight / weight_sum, 12), files) for name, weight, files in sources]

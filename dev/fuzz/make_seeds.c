@@ -2,7 +2,7 @@
  * Writes the seed corpus of each fuzz harness into DIR/<harness>/ (`make fuzz` runs it into build/fuzz):
  * files the readers accept, made by the product's own writers where it has them, so that the seeds follow
  * the formats as they change and mutations start past the magic numbers and the config hash.
- *   shard/      a uint16 shard (shard_write_u16) and a uint32 one
+ *   shard/      a uint16 shard (shard_write_u16) and a uint32 one in each uint32 format
  *   model/      a checkpoint of fuzz_config() (checkpoint_write)
  *   state/      a training state of fuzz_run_identity() (state_write_begin), one shard, one skipped step
  *   tokenizer/  a decode table of a few pieces, one of them empty, one raw byte
@@ -38,19 +38,24 @@ static void seed_shards(const char* dir) {
     struct {
         int32_t header[SHARD_HEADER_INTS];
         uint32_t tokens[SEED_SHARD_TOKENS];
-    } v2;
-    memset(&v2, 0, sizeof(v2));
-    v2.header[0] = SHARD_MAGIC;
-    v2.header[1] = 2;
-    v2.header[2] = SEED_SHARD_TOKENS;
+    } u32;
+    memset(&u32, 0, sizeof(u32));
+    u32.header[2] = SEED_SHARD_TOKENS;
     for (int i = 0; i < SEED_SHARD_TOKENS; i++) {
         t16[i] = (uint16_t)(i % 16 == 0 ? LLAMA_BOS : 100 + i);
-        v2.tokens[i] = (uint32_t)(FUZZ_VOCAB - 1 - i);
+        u32.tokens[i] = (uint32_t)(FUZZ_VOCAB - 1 - i);
     }
     seed_path(path, sizeof(path), dir, "shard", "u16.bin");
     shard_write_u16(path, t16, SEED_SHARD_TOKENS);
+    /* both uint32 formats: llm.c's and llm8's earlier one */
+    u32.header[0] = SHARD_MAGIC_U32;
+    u32.header[1] = SHARD_VERSION_U32;
     seed_path(path, sizeof(path), dir, "shard", "u32.bin");
-    write_bytes(path, &v2, sizeof(v2));
+    write_bytes(path, &u32, sizeof(u32));
+    u32.header[0] = SHARD_MAGIC;
+    u32.header[1] = SHARD_VERSION_U32_LLM8;
+    seed_path(path, sizeof(path), dir, "shard", "u32_llm8.bin");
+    write_bytes(path, &u32, sizeof(u32));
 }
 
 static void seed_model(const char* dir) {

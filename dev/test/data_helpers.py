@@ -24,9 +24,10 @@ def run_script(script, *args, timeout=300):
 
 
 def raw_shard(path):
-    """(header int32[256], tokens) read straight from the file."""
+    """(header int32[256], tokens) read straight from the file (llm.c's versions 1 = uint16, 7 = uint32; 2 =
+    llm8's earlier uint32)."""
     header = np.fromfile(path, dtype="<i4", count=256)
-    dtype = {1: "<u2", 2: "<u4"}[int(header[1])]
+    dtype = {1: "<u2", 7: "<u4", 2: "<u4"}[int(header[1])]
     return header, np.fromfile(path, dtype=dtype, offset=1024)
 
 

@@ -49,15 +49,28 @@ def test_shard_version_by_max_id(tmp_path, rng):
     assert raw_shard(tmp_path / "v1.bin")[0][1] == 1
 
     tokens[int(rng.integers(0, 1000))] = int(rng.integers(2**16, 2**32))
-    path = tmp_path / "v2.bin"
+    path = tmp_path / "v7.bin"
     llm8_data.write_shard(path, tokens)
     header, raw = raw_shard(path)
-    assert header[1] == 2 and header[2] == tokens.size
+    # llm.c's uint32 shard (dev/data/data_common.py write_datafile(..., "llama-3")): magic 20240801, version 7
+    assert header[0] == 20240801 and header[1] == 7 and header[2] == tokens.size
     assert path.stat().st_size == 1024 + 4 * tokens.size
     np.testing.assert_array_equal(raw, tokens)
     np.testing.assert_array_equal(llm8_data.read_shard(path), tokens)
     with pytest.raises(ValueError):
         llm8_data.write_shard(tmp_path / "bad.bin", tokens, version=1)
+
+
+def test_earlier_uint32_shards_still_read(tmp_path, rng):
+    """llm8's earlier uint32 shard (magic 20240520, version 2), written here from its description, reads."""
+    tokens = rng.integers(0, 2**32, size=300, dtype=np.uint64)
+    path = tmp_path / "old.bin"
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = [20240520, 2, tokens.size]
+    path.write_bytes(header.tobytes() + tokens.astype("<u4").tobytes())
+    np.testing.assert_array_equal(llm8_data.read_shard(path), tokens)
+    with pytest.raises(ValueError, match="is not written"):
+        llm8_data.write_shard(tmp_path / "no.bin", tokens, version=2)
 
 
 def corrupt(path, kind):

@@ -6,10 +6,13 @@ hosts (../shared/tools/netns_cluster.sh).
 
 Runs are tiny (the `tiny` preset, 64-token micro-batches, a few steps) because 2 cores carry all ranks.
 Exactness is checked on metrics.jsonl's losses and norms (printed round-trippable, %.9g) and on the
-bytes of the model checkpoints.
+bytes of the model checkpoints. The equivalence tests run twice: with one OpenMP thread per rank, and
+with the default (OMP_NUM_THREADS unset: one rank takes both cores, two ranks share them), since users
+run the default and the CPU build promises results that do not depend on the thread count.
 """
 import json
 import os
+import platform
 import shutil
 import signal
 import struct
@@ -32,18 +35,37 @@ MICRO_TOKENS = 64
 RUN_TIMEOUT = 300
 MPI_ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMP_NUM_THREADS": "1"}
+# The thread settings the equivalence tests run under: pinned to one thread per rank, and the default.
+THREADS = ["1", "default"]
 
 
-def mpirun(ranks, args, exe=REPO / "train_llama_cpu", **kw):
+def mpi_env(threads="1"):
+    """MPI_ENV with OMP_NUM_THREADS=threads, or without it for "default" (the trainer shares the cores)."""
+    env = dict(MPI_ENV)
+    if threads == "default":
+        env.pop("OMP_NUM_THREADS")
+    else:
+        env["OMP_NUM_THREADS"] = threads
+    return env
+
+
+def forwarded(env):
+    """mpirun -x options for what the CPU build's numerics depend on (the BLAS kernel's OPENBLAS_* settings,
+    OMP_NUM_THREADS) where `env` sets it: remote ranks start in a clean environment, as under ssh."""
+    names = sorted(name for name in env if name.startswith("OPENBLAS_") or name == "OMP_NUM_THREADS")
+    return [opt for name in names for opt in ("-x", name)]
+
+
+def mpirun(ranks, args, exe=REPO / "train_llama_cpu", env=None, **kw):
     cmd = [MPIRUN, "--oversubscribe", "-np", str(ranks), str(exe), *map(str, args)]
-    return subprocess.run(cmd, cwd=REPO, env=program_env(exe, MPI_ENV), capture_output=True, text=True,
+    return subprocess.run(cmd, cwd=REPO, env=program_env(exe, env or mpi_env()), capture_output=True, text=True,
                           timeout=RUN_TIMEOUT, **kw)
 
 
-def train(ranks, out, *extra, steps=3, global_micro=2, exe=REPO / "train_llama_cpu"):
+def train(ranks, out, *extra, steps=3, global_micro=2, exe=REPO / "train_llama_cpu", env=None):
     """A run of `steps` steps whose global batch is `global_micro` micro-batches, on `ranks` ranks."""
     args = [*BASE, "-x", steps, "-d", global_micro * MICRO_TOKENS, "-o", out, *extra]
-    r = mpirun(ranks, args, exe)
+    r = mpirun(ranks, args, exe, env)
     assert r.returncode == 0, f"{ranks} rank(s) {extra} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
     return r
 
@@ -71,28 +93,31 @@ def weight_stats(out):
     return [row for row in rows if row.split(",")[3] == "W"]
 
 
+@pytest.mark.parametrize("threads", THREADS)
 @pytest.mark.parametrize("precision", ["fp8", "bf16"])
-def test_one_rank_accumulating_equals_two_ranks(tmp_path, precision):
+def test_one_rank_accumulating_equals_two_ranks(tmp_path, precision, threads):
     """1 rank x accum 2 = 2 ranks x accum 1, and ZeRO 0 = 1 = 2 at 2 ranks (fp8), with block recompute
     under ZeRO-2. In fp8 the FP8 weight copies that ZeRO-1/2 cast from sharded master weights (a MAX
-    all-reduce of the amaxes, E4M3 pieces gathered) have the one-rank run's scales and cast statistics."""
+    all-reduce of the amaxes, E4M3 pieces gathered) have the one-rank run's scales and cast statistics.
+    With the default threads the single rank runs 2 OpenMP threads and each of the two ranks 1."""
     stats = ["--fp8-stats", 1] if precision == "fp8" else []
-    train(1, tmp_path / "r1", "-p", precision, *stats)
+    train(1, tmp_path / "r1", "-p", precision, *stats, env=mpi_env(threads))
     stages = [0, 1, 2] if precision == "fp8" else [0]
     for z in stages:
         recompute = ["-r", 2] if z == 2 else []
-        train(2, tmp_path / f"r2z{z}", "-p", precision, "-z", z, *recompute, *stats)
+        train(2, tmp_path / f"r2z{z}", "-p", precision, "-z", z, *recompute, *stats, env=mpi_env(threads))
         assert_same_run(tmp_path / "r1", tmp_path / f"r2z{z}", 3)
         if stats:
             assert len(weight_stats(tmp_path / "r1")) == 3 * 4 * 4
             assert weight_stats(tmp_path / f"r2z{z}") == weight_stats(tmp_path / "r1")
 
 
-def test_three_ranks_padding(tmp_path):
+@pytest.mark.parametrize("threads", THREADS)
+def test_three_ranks_padding(tmp_path, threads):
     """1 rank x accum 3 = 3 ranks x accum 1 for ZeRO 0, 1, 2 (shards padded: nothing divides by 3)."""
-    train(1, tmp_path / "r1", global_micro=3)
+    train(1, tmp_path / "r1", global_micro=3, env=mpi_env(threads))
     for z in [0, 1, 2]:
-        train(3, tmp_path / f"r3z{z}", "-z", z, global_micro=3)
+        train(3, tmp_path / f"r3z{z}", "-z", z, global_micro=3, env=mpi_env(threads))
         assert_same_run(tmp_path / "r1", tmp_path / f"r3z{z}", 3)
     # the optimizer state really is sharded: three state files, one third of the elements each
     states = sorted((tmp_path / "r3z1").glob("state_00000003_*.bin"))
@@ -116,15 +141,16 @@ def copy_checkpoint(src, dst, step):
             shutil.copy2(f, dst / f.name)
 
 
-def test_resume_across_rank_counts(tmp_path):
+@pytest.mark.parametrize("threads", THREADS)
+def test_resume_across_rank_counts(tmp_path, threads):
     """Saved on 2 ranks: resumed on 2 ranks bit-exact; on 1 and 3 ranks (same global batch) it continues
     exactly as the uninterrupted run (ZeRO-2, whose sums do not depend on how the batch is split)."""
     full = tmp_path / "full"
-    train(2, full, "-z", 2, "-n", 2, steps=4, global_micro=6)
+    train(2, full, "-z", 2, "-n", 2, steps=4, global_micro=6, env=mpi_env(threads))
     for ranks, z in [(2, 2), (1, 2), (3, 1)]:
         resumed = tmp_path / f"resumed{ranks}"
         copy_checkpoint(full, resumed, 2)
-        r = train(ranks, resumed, "-z", z, "-n", 2, "-y", 1, steps=4, global_micro=6)
+        r = train(ranks, resumed, "-z", z, "-n", 2, "-y", 1, steps=4, global_micro=6, env=mpi_env(threads))
         assert "resumed from" in r.stdout and "saved by 2 rank(s)" in r.stdout
         ta = [row for row in trajectory(full)[0] if row[0] >= 2]
         tb, _ = trajectory(resumed)
@@ -153,6 +179,32 @@ def test_mismatched_flags_stop_every_rank(tmp_path, flag, value0, value1, shown0
     lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and f"disagree on {flag}:" in lines[0], r.stderr
     assert f"rank 0 has {shown0}," in lines[0] and f"rank 1 has {shown1} " in lines[0], r.stderr
+    assert time.time() - start < 60
+
+
+X86_64 = platform.machine() == "x86_64"
+HAS_AVX2 = X86_64 and " avx2" in Path("/proc/cpuinfo").read_text()
+
+
+@pytest.mark.skipif(not X86_64, reason="OPENBLAS_CORETYPE=Prescott names an x86-64 core")
+def test_blas_mismatch_stops_every_rank(tmp_path):
+    """One rank told to use other OpenBLAS kernels (OPENBLAS_CORETYPE=Prescott, the oldest x86-64 core, on
+    rank 1 only): one line naming the BLAS of both ranks, non-zero, fast; a rank computing other bits never
+    trains silently beside the others."""
+    probe = subprocess.run([str(REPO / "train_llama_cpu"), *map(str, [*BASE, "-x", 1, "-v", 0])], cwd=REPO,
+                           env=mpi_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    if "| math: built-in loop" in probe.stdout:
+        pytest.skip("built with BLAS=none: no BLAS kernel to choose")
+    args = [*BASE, "-x", "2", "-o", tmp_path / "run"]
+    cmd = [MPIRUN, "--oversubscribe", "-np", "1", REPO / "train_llama_cpu", *args, ":",
+           "-np", "1", "-x", "OPENBLAS_CORETYPE=Prescott", REPO / "train_llama_cpu", *args]
+    start = time.time()
+    r = subprocess.run([str(c) for c in cmd], cwd=REPO, env=MPI_ENV, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert r.returncode != 0
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "disagree on BLAS" in lines[0], r.stderr
+    assert "rank 1 has OpenBLAS" in lines[0] and " Prescott " in lines[0].split("rank 1 has")[1], lines[0]
+    assert " Prescott " not in lines[0].split("rank 1 has")[0], lines[0]
     assert time.time() - start < 60
 
 
@@ -288,29 +340,57 @@ def two_hosts():
     subprocess.run(["bash", NETNS, "down"], capture_output=True)
 
 
-def test_two_hosts(tmp_path, two_hosts):
-    """4 ranks on 2 simulated hosts over TCP = 1 rank accumulating 4 micro-batches (ZeRO-1)."""
-    train(1, tmp_path / "r1", "-z", 1, global_micro=4, steps=2)
-    out = tmp_path / "r4"
+def two_host_run(out, env, *extra):
+    """4 ranks on the 2 simulated hosts (ZeRO-1), forwarding to the remote ranks what `env` sets of the
+    variables the numerics depend on, as a user must."""
     train_dir = REPO / "dev/data/tinyshakespeare"
     args = [*BASE, "-x", 2, "-d", 4 * MICRO_TOKENS, "-z", 1, "-o", out,
             "-i", train_dir / "tiny_shakespeare_train.bin", "-j", train_dir / "tiny_shakespeare_val.bin"]
-    r = subprocess.run(["bash", str(NETNS), "run", "-x", "OMP_NUM_THREADS=1", "-wdir", str(REPO), "-np", "4",
-                        str(REPO / "train_llama_cpu"), *map(str, args)], capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    return subprocess.run(["bash", str(NETNS), "run", *forwarded(env), *extra, "-wdir", str(REPO), "-np", "4",
+                           str(REPO / "train_llama_cpu"), *map(str, args)], env=env, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT)
+
+
+@pytest.mark.parametrize("threads", THREADS)
+@pytest.mark.parametrize("coretype", ["inherited", pytest.param("Haswell", marks=pytest.mark.skipif(
+    not HAS_AVX2, reason="OpenBLAS's Haswell kernels need AVX2"))])
+def test_two_hosts(tmp_path, two_hosts, threads, coretype):
+    """4 ranks on 2 simulated hosts over TCP = 1 rank accumulating 4 micro-batches (ZeRO-1), with this
+    machine's environment and with OPENBLAS_CORETYPE set (as some machines must), pinned and default threads."""
+    env = mpi_env(threads)
+    if coretype != "inherited":
+        env["OPENBLAS_CORETYPE"] = coretype
+    train(1, tmp_path / "r1", "-z", 1, global_micro=4, steps=2, env=env)
+    out = tmp_path / "r4"
+    r = two_host_run(out, env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "4 rank(s)" in r.stdout and "(2 on this host)" in r.stdout
     assert_same_run(tmp_path / "r1", out, 2)
 
 
+@pytest.mark.skipif(not X86_64, reason="OPENBLAS_CORETYPE=Prescott names an x86-64 core")
+def test_two_hosts_unforwarded_blas_setting(tmp_path, two_hosts):
+    """OPENBLAS_CORETYPE set on the launch node but not forwarded: the remote ranks pick their own kernels,
+    and the start-up agreement stops the job with one line instead of training on mixed bits."""
+    env = {**mpi_env(), "OPENBLAS_CORETYPE": "Prescott"}
+    r = subprocess.run(["bash", str(NETNS), "run", "-x", "OMP_NUM_THREADS", "-wdir", str(REPO), "-np", "4",
+                        str(REPO / "train_llama_cpu"), *map(str, [*BASE, "-x", 2, "-o", tmp_path / "run"])], env=env,
+                       capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert r.returncode != 0
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "disagree on BLAS" in lines[0] and "ranks that differ from rank 0: 2, 3" in lines[0], r.stderr
+
+
 def test_launcher(tmp_path):
-    """scripts/launch.sh with a one-host hostfile starts one rank per slot and forwards NCCL_ variables."""
+    """scripts/launch.sh with a one-host hostfile starts one rank per slot and forwards NCCL_ and OPENBLAS_
+    variables."""
     hostfile = tmp_path / "hosts"
     hostfile.write_text("localhost slots=2\n")
     out = tmp_path / "run"
-    env = {**MPI_ENV, "NCCL_DEBUG": "WARN", "MPIRUN_ARGS": "--oversubscribe"}
+    env = {**MPI_ENV, "NCCL_DEBUG": "WARN", "OPENBLAS_VERBOSE": "0", "MPIRUN_ARGS": "--oversubscribe"}
     r = subprocess.run(["bash", str(REPO / "scripts/launch.sh"), str(hostfile), "2", "--", str(REPO / "train_llama_cpu"),
                         *map(str, [*BASE, "-x", 1, "-o", out])], cwd=REPO, env=env, capture_output=True, text=True,
                        timeout=RUN_TIMEOUT)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "1 host(s) x 2 rank(s) = 2 ranks" in r.stderr and "-x NCCL_DEBUG" in r.stderr
+    assert "1 host(s) x 2 rank(s) = 2 ranks" in r.stderr and "-x NCCL_DEBUG" in r.stderr and "-x OPENBLAS_VERBOSE" in r.stderr
     assert "| ranks: 2 on" in r.stdout

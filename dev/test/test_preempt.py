@@ -132,5 +132,5 @@ def test_slurm_script_requeues_and_resumes(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == EXIT_PREEMPTED, r.stderr
     calls = log.read_text().splitlines()
-    assert calls[0].startswith("srun --mpi=pmix --kill-on-bad-exit=1 ./train_llama") and calls[0].endswith("-y 1"), calls
+    assert calls[0].startswith("srun --mpi=pmix --kill-on-bad-exit=1 --export=ALL ./train_llama") and calls[0].endswith("-y 1"), calls
     assert calls[1] == "scontrol requeue 4242", calls

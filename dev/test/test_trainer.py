@@ -61,6 +61,22 @@ def test_help_documents_the_llmc_flags(trainer):
         assert preset in r.stdout
 
 
+GPU_TRAINER = REPO / "train_llama"
+
+
+@pytest.mark.skipif(not GPU_TRAINER.exists(), reason="train_llama is not built (the CUDA build needs nvcc)")
+@pytest.mark.parametrize("args, needle", [(["-x", "0"], "flag -x"), (["-b", "0"], "flag -b"), (["-z", "3"], "flag -z"),
+                                          (["-p", "fp8", "-b", "1", "-t", "8"], "B*T")])
+def test_gpu_trainer_needs_no_gpu_for_help_and_flag_errors(args, needle):
+    """A cluster's login node has no GPU: train_llama's --help prints the usage and a flag out of range
+    gives its one-line flag error, not "no usable CUDA GPU" (this machine has no GPU, so it shows)."""
+    r = run([GPU_TRAINER, "--help"])
+    assert r.returncode == 0 and "usage:" in r.stdout and "  -x " in r.stdout and r.stderr == "", r.stderr
+    r = run([GPU_TRAINER, *args])
+    assert_one_line_error(r, needle)
+    assert "GPU" not in r.stderr, r.stderr
+
+
 def write_shard(path, tokens, magic=20240520, version=1, count=None):
     header = np.zeros(256, dtype=np.int32)
     header[:3] = [magic, version, len(tokens) if count is None else count]
@@ -94,6 +110,32 @@ def test_bad_shards_rejected(trainer, tmp_path, rng, case, needle):
     assert_one_line_error(r, str(bad), needle)
     if case == "token":
         assert "position 1234" in r.stderr
+
+
+@pytest.mark.parametrize("magic, version", [(20240801, 1), (20240520, 7), (20240801, 2)])
+def test_shard_magic_and_version_must_pair(trainer, tmp_path, rng, magic, version):
+    """A version of one format under the other format's magic is refused, naming both."""
+    bad = tmp_path / "bad.bin"
+    write_shard(bad, rng.integers(0, 32000, 5000), magic=magic, version=version)
+    assert_one_line_error(run([trainer, "-i", bad, "-j", bad, *FAST, "-x", "1"]), str(bad), f"version {version} for magic {magic}")
+
+
+def test_every_shard_format_trains_alike(trainer, tmp_path, rng):
+    """The same tokens as llm.c's uint16 shard (20240520 / 1), llm.c's uint32 shard (20240801 / 7, its
+    write_datafile(..., "llama-3")) and llm8's earlier uint32 shard (20240520 / 2), each written here from
+    the format's description: the three runs read the same tokens, so their losses are identical."""
+    tokens = rng.integers(3, 32000, 5000)
+    tokens[::100] = 1  # documents start with BOS
+    losses = {}
+    for magic, version in [(20240520, 1), (20240801, 7), (20240520, 2)]:
+        shard = tmp_path / f"shard_{version}.bin"
+        write_shard(shard, tokens, magic=magic, version=version)
+        assert shard.stat().st_size == 1024 + (2 if version == 1 else 4) * tokens.size
+        out = tmp_path / f"run_{version}"
+        r = run([trainer, "-i", shard, "-j", shard, *FAST, "-x", "2", "-o", out])
+        assert r.returncode == 0, r.stderr
+        losses[version] = [row["loss"] for row in metrics(out).values()]
+    assert len(losses[1]) == 2 and losses[1] == losses[7] == losses[2], losses
 
 
 @pytest.mark.sanitize

@@ -4,6 +4,8 @@
 # allocation's nodes. Resumes automatically (-y 1) when the run folder (-o) already holds a checkpoint.
 # Preemption: the sbatch files ask Slurm for SIGUSR1 120 s before the time limit (--signal); the trainer
 # then checkpoints and exits with status 75, and this script requeues the job (--requeue), which resumes.
+# srun exports this environment to every task (--export=ALL, Slurm's default, said explicitly): NCCL_*,
+# OMP_NUM_THREADS and OPENBLAS_* reach every rank, as scripts/launch.sh forwards them under mpirun.
 # Used by the train_*.sbatch files.
 set -euo pipefail
 [ -n "${SLURM_JOB_ID:-}" ] || { echo "error: not inside a Slurm allocation (use sbatch)" >&2; exit 2; }
@@ -17,7 +19,7 @@ fi
 EXIT_PREEMPTED=75
 rc=0
 if srun --mpi=list 2>&1 | grep -qw pmix; then
-    srun --mpi=pmix --kill-on-bad-exit=1 ./train_llama "${args[@]}" || rc=$?
+    srun --mpi=pmix --kill-on-bad-exit=1 --export=ALL ./train_llama "${args[@]}" || rc=$?
 else
     hostfile=$(mktemp)
     scontrol show hostnames "$SLURM_JOB_NODELIST" | sed "s/\$/ slots=${SLURM_NTASKS_PER_NODE:-8}/" > "$hostfile"
