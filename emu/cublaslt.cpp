@@ -325,7 +325,9 @@ void run_gemm(const Gemm& g) {
         }
 }
 
-size_t matrix_bytes(const Layout& l) { return ((size_t)l.ld * (l.cols - 1) + l.rows) * type_bytes(l.type); }
+size_t matrix_bytes(const Layout& l) {
+    return l.rows == 0 || l.cols == 0 ? 0 : ((size_t)l.ld * (l.cols - 1) + l.rows) * type_bytes(l.type);
+}
 
 }  // namespace
 

@@ -137,7 +137,7 @@ __nv_bfloat16 combine_bf16(__nv_bfloat16 x, __nv_bfloat16 y, ncclRedOp_t op) {
 void reduce_blocks(void* out, const char* in, size_t n, int nranks, ncclDataType_t t, ncclRedOp_t op) {
     size_t block = n * type_size(t);
     std::vector<char> acc(in, in + block);
-    for (int r = 1; r < nranks; r++) {
+    for (int r = 1; r < nranks; r++) { /* check:rank_order */
         const char* x = in + (size_t)r * block;
         for (size_t i = 0; i < n; i++) {
             if (t == ncclFloat32) ((float*)acc.data())[i] = combine(((float*)acc.data())[i], ((const float*)x)[i], op);

@@ -302,6 +302,27 @@ def test_nccl_collectives_against_numpy(tools, tmp_path, ranks):
         pytest.skip("mpirun not found")
     r = nccl_run(tools["nccl"], ranks, "collectives", tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
+    compare_collectives(tmp_path, ranks)
+
+
+@pytest.mark.skipif(MPIRUN is None, reason="mpirun not found")
+def test_nccl_collectives_test_can_fail(tools, tmp_path):
+    """The comparison above fails on a copy of the double whose reductions drop the other ranks' data
+    (the loop over ranks in reduce_blocks, "check:rank_order", never runs)."""
+    src = (REPO / "emu/nccl.cpp").read_text()
+    line = re.search(r".*/\* check:rank_order \*/.*", src).group(0)
+    mutant = tools["dir"] / "nccl_no_reduce.cpp"
+    mutant.write_text(src.replace(line, line.replace("r < nranks", "r < 1 + 0 * nranks")))
+    exe = compile_program(tools["dir"] / "lib_nccl_no_reduce", [REPO / "emu/tests/lib_nccl.cpp", mutant,
+                                                                REPO / "emu/tests/lib_stub_runtime.cpp"])
+    r = nccl_run(exe, 2, "collectives", tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with pytest.raises(AssertionError):
+        compare_collectives(tmp_path, 2)
+
+
+def compare_collectives(tmp_path, ranks):
+    """Every rank's outputs of lib_nccl's collectives mode against numpy, from the inputs the ranks wrote."""
     n, W = 1003, ranks
     ins = {name: [load(tmp_path, q, name, dt) for q in range(W)]
            for name, dt in [("f_in", np.float32), ("d_in", np.float64), ("h_in", BF16), ("rs_in", np.float32),
