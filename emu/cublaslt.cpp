@@ -221,13 +221,33 @@ unsigned alignment_of(const void* p) {
     return align;
 }
 
-/* Element (r, c) of a column-major matrix of type t, exactly as a double. */
+/* The 256 values of an FP8 format, from cuda_fp8.h's host conversion (the GPU's decoding, bit for bit). */
+struct Fp8Table {
+    double e4m3[256], e5m2[256];
+    Fp8Table() {
+        for (int i = 0; i < 256; i++) {
+            __nv_fp8_e4m3 a;
+            __nv_fp8_e5m2 b;
+            a.__x = b.__x = (__nv_fp8_storage_t)i;
+            e4m3[i] = (float)a;
+            e5m2[i] = (float)b;
+        }
+    }
+};
+const Fp8Table g_fp8;
+
+/* Element `index` of a matrix of type t, exactly as a double. */
 double load(const void* p, cudaDataType_t t, size_t index) {
     switch (t) {
         case CUDA_R_32F: return ((const float*)p)[index];
-        case CUDA_R_16BF: return __bfloat162float(((const __nv_bfloat16*)p)[index]);
-        case CUDA_R_8F_E4M3: { __nv_fp8_e4m3 v; v.__x = ((const uint8_t*)p)[index]; return (float)v; }
-        case CUDA_R_8F_E5M2: { __nv_fp8_e5m2 v; v.__x = ((const uint8_t*)p)[index]; return (float)v; }
+        case CUDA_R_16BF: { /* a BF16 is the upper half of the FP32 with the same value */
+            uint32_t bits = (uint32_t)((const uint16_t*)p)[index] << 16;
+            float f;
+            memcpy(&f, &bits, sizeof(f));
+            return f;
+        }
+        case CUDA_R_8F_E4M3: return g_fp8.e4m3[((const uint8_t*)p)[index]];
+        case CUDA_R_8F_E5M2: return g_fp8.e5m2[((const uint8_t*)p)[index]];
         default: emu_fail("cublasLtMatmul: load of type %d not emulated", (int)t);
     }
 }
