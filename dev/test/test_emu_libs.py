@@ -44,7 +44,7 @@ def mpi_flags(kind):
     return subprocess.run([MPICXX, f"--showme:{kind}"], capture_output=True, text=True, check=True).stdout.split()
 
 
-FLAGS = ["-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-fsanitize=address,undefined", "-DLLM8_MPI",
+FLAGS = ["-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-fsanitize=address,undefined", "-DLLM8_MPI",
          "-DOMPI_SKIP_MPICXX=1", f"-I{REPO / 'emu'}", f"-I{CUDA_INCLUDE}"]
 
 
@@ -55,7 +55,8 @@ def compile_program(out, sources, libs=()):
     for src in map(str, sources):
         obj = out.parent / (src.replace("/", "_").strip("_") + ".o")
         if not obj.exists():
-            cmd = ["nice", "g++", *FLAGS, *mpi_flags("compile"), "-c", src, "-o", str(obj)]
+            werror = [] if src.endswith("emu/runtime.cpp") else ["-Werror"]  # emu-core's runtime keeps its own warnings
+            cmd = ["nice", "g++", *FLAGS, *werror, *mpi_flags("compile"), "-c", src, "-o", str(obj)]
             r = subprocess.run(cmd, capture_output=True, text=True)
             assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr[-4000:]}"
         objects.append(str(obj))
