@@ -398,3 +398,20 @@ def test_planted_missing_stream_wait_before_nccl_result(tools):
     eager.write_text(src.replace(line, "    run_ops(sp, ops, seq); (void)stream;"))
     got, expected = value(build_with_runtime(tools, eager, "lib_nccl_eager"), 0)
     assert got == expected, "a double that ignores the stream hides the missing wait"
+
+
+@pytest.mark.skipif(not (REPO / "emu/runtime.cpp").exists(), reason="emu-core's lazy runtime (emu/runtime.cpp) is not here yet")
+def test_missing_issue_event_before_collective(tools):
+    """The other direction (issue 18's early schedule): a collective that reads compute output without
+    waiting for comm_issue's event. With LLM8_EMU_SCHEDULE=early the collective runs before the legacy
+    stream's copy, so its result is wrong; with the event it is right. The double's part: it reads its
+    buffers when its stream runs it."""
+    exe = build_with_runtime(tools, REPO / "emu/nccl.cpp", "lib_nccl_lazy")
+    env = {**MPI_ENV, "LLM8_EMU_SCHEDULE": "early"}
+    results = {}
+    for wait in (1, 0):
+        r = subprocess.run([str(exe), "issue_wait", str(wait)], capture_output=True, text=True, timeout=RUN_TIMEOUT, env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        results[wait] = tuple(map(float, re.search(r"value (\S+) expected (\S+)", r.stdout).groups()))
+    assert results[1][0] == results[1][1], "with the event the collective reads the copied input"
+    assert results[0][0] != results[0][1], "without it the early schedule runs the collective before the copy"

@@ -6,6 +6,8 @@
  *   stream_wait W    an out-of-place all-reduce on a non-blocking stream, read back on the legacy stream
  *                    with (W=1) or without (W=0) cudaStreamWaitEvent on the collective's event; prints
  *                    "value <first element> expected <sum>"
+ *   issue_wait W     the legacy stream copies the input, then an all-reduce on the non-blocking stream
+ *                    with (W=1) or without (W=0) waiting for an event recorded after the copy
  *   bad_pointer      an all-reduce of host memory: prints NCCL's result name
  *   overlap          an all-reduce whose buffers overlap without being in place (stops the run)
  *   mismatch         rank 0 and the others issue different all-reduces (stops the run)
@@ -149,6 +151,28 @@ static void stream_wait(ncclComm_t comm, cudaStream_t s, int wait) {
     printf("value %g expected %g\n", y[0], g_world * (g_world + 1) / 2.0);
 }
 
+/* comm_issue's pattern: the legacy stream produces the input, the collective on the comm stream reads it,
+   after an event recorded on the legacy stream (wait=1) or without it (wait=0, the planted fault). */
+static void issue_wait(ncclComm_t comm, cudaStream_t s, int wait) {
+    const size_t n = 64;
+    std::vector<float> x(n, (float)(g_rank + 1));
+    float* src = (float*)device(x.data(), n * 4);
+    float* in = (float*)device(nullptr, n * 4);
+    float* out = (float*)device(nullptr, n * 4);
+    cudaMemcpyAsync(in, src, n * 4, cudaMemcpyDeviceToDevice, 0); /* the "compute" on the legacy stream */
+    if (wait) {
+        cudaEvent_t issue;
+        cudaEventCreateWithFlags(&issue, cudaEventDisableTiming);
+        cudaEventRecord(issue, 0);
+        cudaStreamWaitEvent(s, issue, 0);
+    }
+    CHECK_NCCL(ncclAllReduce(in, out, n, ncclFloat, ncclSum, comm, s));
+    cudaDeviceSynchronize();
+    std::vector<float> y(n);
+    cudaMemcpy(y.data(), out, n * 4, cudaMemcpyDeviceToHost);
+    printf("value %g expected %g\n", y[0], g_world * (g_world + 1) / 2.0);
+}
+
 int main(int argc, char** argv) {
     int provided;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -165,6 +189,7 @@ int main(int argc, char** argv) {
     cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     if (mode == "collectives") collectives(comm, s, argc > 2 ? argv[2] : ".");
     else if (mode == "stream_wait") stream_wait(comm, s, argc > 2 ? atoi(argv[2]) : 1);
+    else if (mode == "issue_wait") issue_wait(comm, s, argc > 2 ? atoi(argv[2]) : 1);
     else if (mode == "overlap") { /* recvbuff one element past sendbuff: not nccl.h's in-place form */
         float* buf = (float*)device(nullptr, 17 * 4);
         CHECK_NCCL(ncclAllReduce(buf, buf + 1, 16, ncclFloat, ncclSum, comm, s));
