@@ -537,6 +537,7 @@ struct BlockRun {
     Fiber* fiber = nullptr;
     const void* scheduler_stack_bottom = nullptr;
     size_t scheduler_stack_size = 0;
+    bool direct = false; /* threads run as plain calls: the block's first thread exited without a barrier */
 };
 static __thread BlockRun* g_run = nullptr;
 
@@ -566,6 +567,12 @@ static void fiber_entry(ctx::transfer_t tr) {
 }
 
 void __syncthreads() {
+    if (g_run && g_run->direct) {
+        const EmuBlock* b = emu_current_block;
+        emu_fail("kernel %s, block (%u, %u, %u): __syncthreads reached by thread (%u, %u, %u), but the block's first "
+                 "thread exited without reaching it",
+                 g_run->spec->name, b->idx.x, b->idx.y, b->idx.z, threadIdx.x, threadIdx.y, threadIdx.z);
+    }
     if (!g_run || !g_run->fiber) emu_fail("__syncthreads called outside a kernel");
     g_run->fiber->state = FIBER_AT_BARRIER;
     leave_fiber(false);
@@ -595,6 +602,18 @@ static void run_block(const EmuLaunchSpec& spec, EmuBlock& block, std::vector<Fi
         for (size_t k = 0; k < n; k++) {
             Fiber& f = fibers[reverse ? n - 1 - k : k];
             if (f.state == FIBER_DONE) {
+                done++;
+                continue;
+            }
+            /* the first thread ran to its end without a barrier: in a correct kernel no thread of the block
+             * reaches one (all or none must), so the others run as plain calls, without switches; one that
+             * does reach a barrier is reported by __syncthreads */
+            if (f.state == FIBER_NEW && k > 0 && done == k && at_barrier == 0) {
+                run.direct = true;
+                run.fiber = nullptr;
+                emu_current_thread = &f.t;
+                spec.body();
+                f.state = FIBER_DONE;
                 done++;
                 continue;
             }

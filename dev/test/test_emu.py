@@ -46,6 +46,8 @@ def test_intrinsics_and_runtime(env):
     "fault, message",
     [
         ("divergent-barrier", r"emu: kernel divergent_barrier_kernel, block \(0, 0, 0\): __syncthreads reached by 16 of the block's 32"),
+        ("late-barrier", r"emu: kernel late_barrier_kernel, block \(0, 0, 0\): __syncthreads reached by thread \(1, 0, 0\), but "
+                         r"the block's first thread exited without reaching it"),
         ("host-pointer", r"emu: launch of store_kernel: pointer argument .* is not device memory"),
         ("reduce-size", r"emu: cub::BlockReduce<T, 64> used in a block of \(32, 1, 1\) threads"),
     ],

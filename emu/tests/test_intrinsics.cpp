@@ -222,6 +222,10 @@ __global__ void divergent_barrier_kernel(int* out) {
     if (threadIdx.x < 16) __syncthreads();
     out[threadIdx.x] = 1;
 }
+__global__ void late_barrier_kernel(int* out) {
+    if (threadIdx.x > 0) __syncthreads();
+    out[threadIdx.x] = 1;
+}
 __global__ void store_kernel(int* out) { out[threadIdx.x] = 1; }
 __global__ void reduce_wrong_size_kernel(float* out) {
     typedef cub::BlockReduce<float, 64> Reduce;
@@ -234,6 +238,7 @@ int main(int argc, char** argv) {
         int* d;
         cudaMalloc(&d, 64 * sizeof(int));
         if (strcmp(argv[1], "divergent-barrier") == 0) LAUNCH(divergent_barrier_kernel, 1, 32)(d);
+        if (strcmp(argv[1], "late-barrier") == 0) LAUNCH(late_barrier_kernel, 1, 32)(d);
         if (strcmp(argv[1], "host-pointer") == 0) {
             static int host[64];
             LAUNCH(store_kernel, 1, 32)(host);
