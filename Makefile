@@ -171,6 +171,47 @@ train_llama: train_llama.cu $(HEADERS) $(CUDA_HEADERS) $(CUDNN_OBJ) | $(SETUP_ST
 test_llama: test_llama.cu train_llama.cu dev/cuda/kernel_cases.cuh build/cpu_reference.o $(HEADERS) $(CUDA_HEADERS) $(TEST_HEADERS) $(CUDNN_OBJ) | $(SETUP_STAMP)
 	$(NVCC) $(NVCC_FLAGS) $< build/cpu_reference.o $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(CPU_LIBS)
 
+# The emulated GPU (emu/, README "The emulated GPU"): train_llama.cu and test_llama.cu compiled as C++
+# by g++ against emu/'s runtime, with ASan, and the doubles of cuBLASLt and NCCL; no nvcc, no GPU. cuDNN
+# is not emulated: the fallback attention runs (USE_CUDNN off). EMU_ASAN=0 builds without ASan.
+EMU_DIR = build/emu
+EMU_ASAN ?= 1
+EMU_CXXFLAGS = -x c++ -std=c++17 -DOMPI_SKIP_MPICXX=1 -DMPICH_SKIP_MPICXX=1 -O1 -g -fno-omit-frame-pointer -fopenmp -Wall -Wno-unknown-pragmas -DLLM8_EMU=1 -Iemu -I$(CUDA_INCLUDE) \
+	$(filter -I% -D%,$(MPI_CFLAGS)) -DLLM8_BUILD_ID='"$(BUILD_ID)"' $(if $(filter 1,$(USE_CJSON)),-DLLM8_CJSON) \
+	$(if $(filter 1,$(EMU_ASAN)),-fsanitize=address)
+EMU_LIBS = -lboost_context -lgomp $(filter-out -pthread,$(MPI_LIBS)) -lpthread $(if $(filter 1,$(USE_CJSON)),-lcjson) \
+	$(if $(filter 1,$(EMU_ASAN)),-fsanitize=address)
+EMU_RUNTIME_SRCS = emu/runtime.cpp
+EMU_LIB_SRCS = $(wildcard emu/cublaslt.cpp emu/nccl.cpp) $(if $(wildcard emu/nccl.cpp),,emu/nccl_stub.cpp)
+EMU_OBJS = $(patsubst emu/%.cpp,$(EMU_DIR)/%.o,$(EMU_RUNTIME_SRCS) $(EMU_LIB_SRCS))
+EMU_HEADERS = $(wildcard emu/*.h emu/cub/block/*.cuh)
+.PHONY: emu
+emu: $(EMU_DIR)/train_llama $(EMU_DIR)/test_llama $(EMU_DIR)/test_intrinsics $(EMU_DIR)/attention_smem
+
+# The library doubles' CPU GEMMs are most of an emulated step: optimized (still under ASan).
+$(EMU_DIR)/cublaslt.o: EMU_OPT = -O3 -march=native
+$(EMU_DIR)/%.o: emu/%.cpp $(EMU_HEADERS) | $(SETUP_STAMP)
+	@mkdir -p $(@D)
+	$(CXX) $(filter-out -x c++,$(EMU_CXXFLAGS)) $(EMU_OPT) -c $< -o $@
+
+$(EMU_DIR)/train_llama: train_llama.cu $(EMU_OBJS) $(HEADERS) $(CUDA_HEADERS) $(EMU_HEADERS) | $(SETUP_STAMP)
+	@mkdir -p $(@D)
+	$(CXX) $(EMU_CXXFLAGS) $< -x none $(EMU_OBJS) -o $@ $(EMU_LIBS)
+
+$(EMU_DIR)/test_llama: test_llama.cu train_llama.cu dev/cuda/kernel_cases.cuh build/cpu_reference.o $(EMU_OBJS) $(HEADERS) $(CUDA_HEADERS) $(TEST_HEADERS) $(EMU_HEADERS) | $(SETUP_STAMP)
+	@mkdir -p $(@D)
+	$(CXX) $(EMU_CXXFLAGS) $< -x none build/cpu_reference.o $(EMU_OBJS) -o $@ $(EMU_LIBS) $(CPU_LIBS)
+
+# The fallback attention's backward launched at a shape needing > 48 KiB of shared memory (test_emu.py).
+$(EMU_DIR)/attention_smem: emu/tests/attention_smem.cpp $(EMU_OBJS) $(HEADERS) $(CUDA_HEADERS) $(EMU_HEADERS) | $(SETUP_STAMP)
+	@mkdir -p $(@D)
+	$(CXX) $(EMU_CXXFLAGS) -I. $< -x none $(EMU_OBJS) -o $@ $(EMU_LIBS)
+
+# The intrinsics, barrier and block reduction of emu/ against NVIDIA's documentation (dev/test/test_emu.py).
+$(EMU_DIR)/test_intrinsics: emu/tests/test_intrinsics.cpp $(EMU_DIR)/runtime.o $(EMU_HEADERS) | $(SETUP_STAMP)
+	@mkdir -p $(@D)
+	$(CXX) $(EMU_CXXFLAGS) $< -x none $(EMU_DIR)/runtime.o -o $@ $(EMU_LIBS)
+
 # Kernel playground (not part of `all`): every GPU op against the CPU reference object, like test_llama.
 # The CPU side of test_llama's production checks, timed (scripts/device_check.sh budgets from it; no GPU).
 build/time_cpu_reference: dev/cuda/time_cpu_reference.c build/cpu_reference.o $(HEADERS) | $(SETUP_STAMP)

@@ -283,7 +283,7 @@ __global__ void fill_bf16_kernel(act_t* x, size_t n, uint32_t salt) {
 
 static act_t* random_bf16(size_t n, uint32_t salt) {
     act_t* x = (act_t*)dev_alloc(n * sizeof(act_t));
-    fill_bf16_kernel<<<grid_for(n, BLOCK_THREADS), BLOCK_THREADS>>>(x, n, salt);
+    LAUNCH(fill_bf16_kernel, grid_for(n, BLOCK_THREADS), BLOCK_THREADS)(x, n, salt);
     launchCheck();
     return x;
 }

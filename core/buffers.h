@@ -22,13 +22,27 @@ typedef struct {
 /* Alignment of every sub-buffer: cuBLASLt and vector loads want 16 bytes; 256 keeps cache lines apart. */
 #define BUFFER_ALIGN 256
 
+/*
+ * The emulated GPU (emu/, README "The emulated GPU") puts a poisoned redzone of BUFFER_REDZONE bytes after
+ * every sub-buffer, and poisons each one's alignment tail too, so that an off-by-one store lands in
+ * poisoned memory (an AddressSanitizer report naming the kernel) instead of in the next tensor. The
+ * redzones count in buffers_bytes; elsewhere BUFFER_REDZONE is 0.
+ */
+#ifdef LLM8_EMU
+#define BUFFER_REDZONE BUFFER_ALIGN
+/* Poisons [p, p + bytes) of a device allocation, in order on the legacy stream (emu/runtime.cpp). */
+void emu_redzone(void* p, size_t bytes);
+#else
+#define BUFFER_REDZONE 0
+#endif
+
 static inline size_t buffer_bytes(const BufferSpec* spec) {
     return ceil_div(spec->count * spec->elem, BUFFER_ALIGN) * BUFFER_ALIGN;
 }
 
 static inline size_t buffers_bytes(const BufferSpec* specs, int n) {
     size_t total = 0;
-    for (int i = 0; i < n; i++) total += buffer_bytes(&specs[i]);
+    for (int i = 0; i < n; i++) total += buffer_bytes(&specs[i]) + BUFFER_REDZONE;
     return total;
 }
 
@@ -37,7 +51,11 @@ static inline void buffers_point(const BufferSpec* specs, int n, void* base) {
     char* p = (char*)base;
     for (int i = 0; i < n; i++) {
         *specs[i].ptr = specs[i].count > 0 ? (void*)p : NULL;
-        p += buffer_bytes(&specs[i]);
+#ifdef LLM8_EMU
+        size_t used = specs[i].count * specs[i].elem;
+        emu_redzone(p + used, buffer_bytes(&specs[i]) - used + BUFFER_REDZONE);
+#endif
+        p += buffer_bytes(&specs[i]) + BUFFER_REDZONE;
     }
 }
 

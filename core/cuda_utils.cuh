@@ -16,6 +16,17 @@
 #include "common.h"
 #include "cuda_check.h"
 
+/*
+ * The two spellings that let the emulated GPU (emu/, README "The emulated GPU") build this source with
+ * g++: LAUNCH(kernel, grid, block[, smem[, stream]])(args...) is kernel<<<grid, block, smem, stream>>>(args...),
+ * and DYNAMIC_SHARED(T, name) declares the launch's dynamic shared memory as T name[]. emu/cuda_runtime.h
+ * defines both for itself.
+ */
+#ifndef LLM8_EMU
+#define LAUNCH(kernel, ...) kernel<<<__VA_ARGS__>>>
+#define DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#endif
+
 #define WARP_SIZE 32
 /* Threads per block of the row-wise and elementwise kernels. */
 #define BLOCK_THREADS 256

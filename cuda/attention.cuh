@@ -86,7 +86,7 @@ __device__ __forceinline__ QueryRow query_row(const act_t* qkv, size_t row, int 
  */
 __global__ void attention_forward_fallback_kernel(act_t* out, float* stats, const act_t* qkv, int T, int NH, int NKV,
                                                   int HS, float scale) {
-    extern __shared__ float p[]; /* (t + 1) scores, then probabilities */
+    DYNAMIC_SHARED(float, p); /* (t + 1) scores, then probabilities */
     size_t row = blockIdx.x;
     QueryRow r = query_row(qkv, row, T, NH, NKV, HS);
     int t = r.t;
@@ -123,7 +123,7 @@ __global__ void attention_forward_fallback_kernel(act_t* out, float* stats, cons
  */
 __global__ void attention_backward_query_kernel(act_t* dqkv, float* dsum, const act_t* dout, const act_t* qkv,
                                                 const float* stats, int T, int NH, int NKV, int HS, float scale) {
-    extern __shared__ float smem[];
+    DYNAMIC_SHARED(float, smem);
     float* p = smem;      /* (T) */
     float* dp = smem + T; /* (T) */
     size_t row = blockIdx.x;
@@ -155,7 +155,7 @@ __global__ void attention_backward_query_kernel(act_t* dqkv, float* dsum, const 
  */
 __global__ void attention_backward_key_kernel(act_t* dqkv, const float* dsum, const act_t* dout, const act_t* qkv,
                                               const float* stats, int T, int NH, int NKV, int HS, float scale) {
-    extern __shared__ float smem[];
+    DYNAMIC_SHARED(float, smem);
     float* p = smem;              /* (T) probabilities of this key for each query */
     float* ds = smem + T;         /* (T) */
     float* acc_k = smem + 2 * T;  /* (HS) */
@@ -211,7 +211,7 @@ static inline void op_attention_forward(act_t* out, float* stats, const act_t* q
 #else
     size_t rows = (size_t)B * NH * T, smem = (size_t)T * sizeof(float);
     smem_opt_in(attention_forward_fallback_kernel, smem);
-    attention_forward_fallback_kernel<<<(unsigned int)rows, ATT_THREADS, smem>>>(out, stats, qkv, T, NH, NKV, HS,
+    LAUNCH(attention_forward_fallback_kernel, (unsigned int)rows, ATT_THREADS, smem)(out, stats, qkv, T, NH, NKV, HS,
                                                                                  1.0f / sqrtf((float)HS));
     launchCheck();
 #endif
@@ -233,10 +233,10 @@ static inline void op_attention_backward(act_t* dqkv, const act_t* dout, const a
     size_t smem_q = 2 * (size_t)T * sizeof(float), smem_k = (2 * (size_t)T + 2 * (size_t)HS) * sizeof(float);
     smem_opt_in(attention_backward_query_kernel, smem_q);
     smem_opt_in(attention_backward_key_kernel, smem_k);
-    attention_backward_query_kernel<<<(unsigned int)query_rows, ATT_THREADS, smem_q>>>(dqkv, dsum, dout, qkv, stats, T, NH,
+    LAUNCH(attention_backward_query_kernel, (unsigned int)query_rows, ATT_THREADS, smem_q)(dqkv, dsum, dout, qkv, stats, T, NH,
                                                                                        NKV, HS, scale);
     launchCheck();
-    attention_backward_key_kernel<<<(unsigned int)key_rows, ATT_THREADS, smem_k>>>(dqkv, dsum, dout, qkv, stats, T, NH, NKV,
+    LAUNCH(attention_backward_key_kernel, (unsigned int)key_rows, ATT_THREADS, smem_k)(dqkv, dsum, dout, qkv, stats, T, NH, NKV,
                                                                                    HS, scale);
     launchCheck();
 #endif

@@ -55,6 +55,6 @@ __global__ void __launch_bounds__(CLASSIFIER_THREADS) classifier_kernel(act_t* l
  */
 static inline void op_classifier(act_t* logits, float* losses, const int* targets, size_t N, int V, float dloss) {
     if (N == 0) return;
-    classifier_kernel<<<(unsigned int)N, CLASSIFIER_THREADS>>>(logits, losses, targets, V, dloss);
+    LAUNCH(classifier_kernel, (unsigned int)N, CLASSIFIER_THREADS)(logits, losses, targets, V, dloss);
     launchCheck();
 }

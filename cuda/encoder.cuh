@@ -19,7 +19,7 @@ __global__ void encoder_forward_kernel(act_t* out, const int* tokens, const act_
 
 /* out (N, C) = wte[tokens] with wte (V, C); tokens (N) on the device. */
 static inline void op_encoder_forward(act_t* out, const int* tokens, const act_t* wte, size_t N, int C) {
-    encoder_forward_kernel<<<grid_for(N * (size_t)C, BLOCK_THREADS), BLOCK_THREADS>>>(out, tokens, wte, N, C);
+    LAUNCH(encoder_forward_kernel, grid_for(N * (size_t)C, BLOCK_THREADS), BLOCK_THREADS)(out, tokens, wte, N, C);
     launchCheck();
 }
 
@@ -72,6 +72,6 @@ static inline void op_encoder_backward(float* dwte, const act_t* dout, const int
     host.insert(host.end(), bucket_tokens.begin(), bucket_tokens.end());
     dev_upload_async(dev, host.data(), host.size() * sizeof(int));
     dim3 grid((unsigned int)U, (unsigned int)ceil_div((size_t)C, BLOCK_THREADS));
-    encoder_backward_kernel<<<grid, BLOCK_THREADS>>>(dwte, dout, dev, dev + N, dev + N + U + 1, C);
+    LAUNCH(encoder_backward_kernel, grid, BLOCK_THREADS)(dwte, dout, dev, dev + N, dev + N + U + 1, C);
     launchCheck();
 }

@@ -15,7 +15,7 @@ __global__ void params_from_master_kernel(act_t* out, const float* master, size_
 
 /* out (n) BF16 = master (n) FP32, rounded to nearest even. */
 static inline void op_params_from_master(act_t* out, const float* master, size_t n) {
-    params_from_master_kernel<<<grid_for(n, BLOCK_THREADS), BLOCK_THREADS>>>(out, master, n);
+    LAUNCH(params_from_master_kernel, grid_for(n, BLOCK_THREADS), BLOCK_THREADS)(out, master, n);
     launchCheck();
 }
 
@@ -33,7 +33,7 @@ static inline void op_sum_squares_chunks(double* partials, const float* x, size_
     size_t chunks = ceil_div(n, chunk);
     if (chunks == 0) return;
     if (chunks > INT32_MAX) die("op_sum_squares_chunks: %zu chunks exceed one grid", chunks);
-    sum_squares_chunks_kernel<<<(unsigned int)chunks, BLOCK_THREADS>>>(partials, x, n, chunk);
+    LAUNCH(sum_squares_chunks_kernel, (unsigned int)chunks, BLOCK_THREADS)(partials, x, n, chunk);
     launchCheck();
 }
 
@@ -59,12 +59,12 @@ static inline double op_sum_f64(const double* x, size_t n) {
     size_t level = ceil_div(n, F64_SUM_BLOCK);
     double* buf = (double*)scratch_reserve(&g_sum_f64_scratch, 2 * level * sizeof(double));
     double* out = buf;
-    sum_f64_kernel<<<(unsigned int)level, BLOCK_THREADS>>>(out, x, n);
+    LAUNCH(sum_f64_kernel, (unsigned int)level, BLOCK_THREADS)(out, x, n);
     launchCheck();
     while (level > 1) {
         double* next = out == buf ? buf + level : buf;
         size_t blocks = ceil_div(level, F64_SUM_BLOCK);
-        sum_f64_kernel<<<(unsigned int)blocks, BLOCK_THREADS>>>(next, out, level);
+        LAUNCH(sum_f64_kernel, (unsigned int)blocks, BLOCK_THREADS)(next, out, level);
         launchCheck();
         out = next;
         level = blocks;
@@ -84,7 +84,7 @@ __global__ void sum_f32_in_order_kernel(double* sum, const float* x, size_t n) {
 /* *sum (device) = sum of x (n) FP32 as FP64 in index order, asynchronously; n is a micro-batch's tokens
    (a few thousand), so one thread is enough. */
 static inline void op_sum_f32_in_order(double* sum, const float* x, size_t n) {
-    sum_f32_in_order_kernel<<<1, 1>>>(sum, x, n);
+    LAUNCH(sum_f32_in_order_kernel, 1, 1)(sum, x, n);
     launchCheck();
 }
 
@@ -100,6 +100,6 @@ __global__ void adamw_kernel(float* master, float* m, float* v, const float* gra
  */
 static inline void op_adamw(float* master, float* m, float* v, const float* grads, size_t n, float lr, float wd, float bc1,
                             float bc2_sqrt, float grad_scale) {
-    adamw_kernel<<<grid_for(n, BLOCK_THREADS), BLOCK_THREADS>>>(master, m, v, grads, n, lr, wd, bc1, bc2_sqrt, grad_scale);
+    LAUNCH(adamw_kernel, grid_for(n, BLOCK_THREADS), BLOCK_THREADS)(master, m, v, grads, n, lr, wd, bc1, bc2_sqrt, grad_scale);
     launchCheck();
 }

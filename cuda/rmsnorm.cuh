@@ -43,7 +43,7 @@ static inline void op_rmsnorm_forward(act_t* out, float* rstd, const act_t* inp,
                                       float eps, Fp8Scale* amax) {
     unsigned int* amax_bits = fp8_amax_fused_begin(amax);
     if (N == 0) return;
-    rmsnorm_forward_kernel<<<(unsigned int)N, BLOCK_THREADS>>>(out, rstd, inp, weight, C, eps, amax_bits);
+    LAUNCH(rmsnorm_forward_kernel, (unsigned int)N, BLOCK_THREADS)(out, rstd, inp, weight, C, eps, amax_bits);
     launchCheck();
 }
 
@@ -71,7 +71,7 @@ static inline void op_residual_rmsnorm_forward(act_t* resid_out, act_t* norm_out
                                                Fp8Scale* amax) {
     unsigned int* amax_bits = fp8_amax_fused_begin(amax);
     if (N == 0) return;
-    residual_rmsnorm_forward_kernel<<<(unsigned int)N, BLOCK_THREADS>>>(resid_out, norm_out, rstd, resid_in, branch, weight,
+    LAUNCH(residual_rmsnorm_forward_kernel, (unsigned int)N, BLOCK_THREADS)(resid_out, norm_out, rstd, resid_in, branch, weight,
                                                                         C, eps, amax_bits);
     launchCheck();
 }
@@ -86,7 +86,7 @@ static inline void op_residual_rmsnorm_forward(act_t* resid_out, act_t* norm_out
  */
 __global__ void rmsnorm_backward_kernel(act_t* dinp, float* dweight_partial, const act_t* dout, const act_t* inp,
                                         const act_t* weight, const float* rstd, size_t N, int C, size_t rows_per_block) {
-    extern __shared__ float dw[];
+    DYNAMIC_SHARED(float, dw);
     for (int c = threadIdx.x; c < C; c += blockDim.x) dw[c] = 0.0f;
     size_t begin = (size_t)blockIdx.x * rows_per_block;
     size_t end = begin + rows_per_block < N ? begin + rows_per_block : N;
@@ -132,8 +132,8 @@ static inline void op_rmsnorm_backward(act_t* dinp, float* dweight, const act_t*
     float* partial = (float*)scratch_reserve(&g_rmsnorm_scratch, (size_t)blocks * C * sizeof(float));
     size_t smem = (size_t)C * sizeof(float);
     smem_opt_in(rmsnorm_backward_kernel, smem);
-    rmsnorm_backward_kernel<<<blocks, BLOCK_THREADS, smem>>>(dinp, partial, dout, inp, weight, rstd, N, C, rows_per_block);
+    LAUNCH(rmsnorm_backward_kernel, blocks, BLOCK_THREADS, smem)(dinp, partial, dout, inp, weight, rstd, N, C, rows_per_block);
     launchCheck();
-    column_sum_kernel<<<(unsigned int)ceil_div((size_t)C, BLOCK_THREADS), BLOCK_THREADS>>>(dweight, partial, blocks, C);
+    LAUNCH(column_sum_kernel, (unsigned int)ceil_div((size_t)C, BLOCK_THREADS), BLOCK_THREADS)(dweight, partial, blocks, C);
     launchCheck();
 }

@@ -29,7 +29,7 @@ __global__ void rope_kernel(act_t* qkv, const float* cos_t, const float* sin_t, 
 static inline void rope_apply(act_t* qkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int NKV, int HS,
                               float direction) {
     size_t BT = (size_t)B * T, QKV = (size_t)(NH + 2 * NKV) * HS;
-    rope_kernel<<<grid_for(BT * (NH + NKV) * (HS / 2), BLOCK_THREADS), BLOCK_THREADS>>>(qkv, cos_t, sin_t, BT, T, NH + NKV,
+    LAUNCH(rope_kernel, grid_for(BT * (NH + NKV) * (HS / 2), BLOCK_THREADS), BLOCK_THREADS)(qkv, cos_t, sin_t, BT, T, NH + NKV,
                                                                                         HS, QKV, direction);
     launchCheck();
 }

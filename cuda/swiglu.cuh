@@ -24,7 +24,7 @@ __global__ void swiglu_forward_kernel(act_t* out, const act_t* inp, size_t N, in
    the fused amax of out (llama/backend.h). */
 static inline void op_swiglu_forward(act_t* out, const act_t* inp, size_t N, int F, Fp8Scale* amax) {
     unsigned int* amax_bits = fp8_amax_fused_begin(amax);
-    swiglu_forward_kernel<<<grid_for(N * (size_t)F, BLOCK_THREADS), BLOCK_THREADS>>>(out, inp, N, F, amax_bits);
+    LAUNCH(swiglu_forward_kernel, grid_for(N * (size_t)F, BLOCK_THREADS), BLOCK_THREADS)(out, inp, N, F, amax_bits);
     launchCheck();
 }
 
@@ -41,6 +41,6 @@ __global__ void swiglu_backward_kernel(act_t* dinp, const act_t* dout, const act
 
 /* dinp (N, 2F) = [dout * b * silu'(a) | dout * silu(a)], silu'(a) = s (1 + a (1 - s)), s = sigmoid(a). */
 static inline void op_swiglu_backward(act_t* dinp, const act_t* dout, const act_t* inp, size_t N, int F) {
-    swiglu_backward_kernel<<<grid_for(N * (size_t)F, BLOCK_THREADS), BLOCK_THREADS>>>(dinp, dout, inp, N, F);
+    LAUNCH(swiglu_backward_kernel, grid_for(N * (size_t)F, BLOCK_THREADS), BLOCK_THREADS)(dinp, dout, inp, N, F);
     launchCheck();
 }

@@ -145,17 +145,17 @@ static inline void comm_reduce_scatter(const float* send, float* recv, size_t n,
     unsigned int blocks = grid_for(W * n, BLOCK_THREADS);
     if (wire == WIRE_BF16) {
         __nv_bfloat16* tmp = (__nv_bfloat16*)scratch_reserve(&g_comm_scratch, (W + 1) * n * sizeof(__nv_bfloat16));
-        comm_to_bf16_kernel<<<blocks, BLOCK_THREADS, 0, g_comm_stream>>>(tmp, send, W * n);
+        LAUNCH(comm_to_bf16_kernel, blocks, BLOCK_THREADS, 0, g_comm_stream)(tmp, send, W * n);
         launchCheck();
         if (g_nccl) ncclCheck(ncclReduceScatter(tmp, tmp + W * n, n, ncclBfloat16, ncclSum, g_nccl, g_comm_stream));
         else comm_one_rank_copy(tmp + W * n, tmp, n * sizeof(__nv_bfloat16));
-        comm_store_kernel<<<grid_for(n, BLOCK_THREADS), BLOCK_THREADS, 0, g_comm_stream>>>(recv, tmp + W * n, n, accumulate);
+        LAUNCH(comm_store_kernel<__nv_bfloat16>, grid_for(n, BLOCK_THREADS), BLOCK_THREADS, 0, g_comm_stream)(recv, tmp + W * n, n, accumulate);
         launchCheck();
     } else if (accumulate) {
         float* tmp = (float*)scratch_reserve(&g_comm_scratch, n * sizeof(float));
         if (g_nccl) ncclCheck(ncclReduceScatter(send, tmp, n, ncclFloat, ncclSum, g_nccl, g_comm_stream));
         else comm_one_rank_copy(tmp, send, n * sizeof(float));
-        comm_store_kernel<<<grid_for(n, BLOCK_THREADS), BLOCK_THREADS, 0, g_comm_stream>>>(recv, tmp, n, 1);
+        LAUNCH(comm_store_kernel<float>, grid_for(n, BLOCK_THREADS), BLOCK_THREADS, 0, g_comm_stream)(recv, tmp, n, 1);
         launchCheck();
     } else {
         if (g_nccl) ncclCheck(ncclReduceScatter(send, recv, n, ncclFloat, ncclSum, g_nccl, g_comm_stream));
@@ -167,10 +167,10 @@ static inline void comm_all_reduce(float* buf, size_t n, CommWire wire) {
     comm_issue();
     if (wire == WIRE_BF16) {
         __nv_bfloat16* tmp = (__nv_bfloat16*)scratch_reserve(&g_comm_scratch, n * sizeof(__nv_bfloat16));
-        comm_to_bf16_kernel<<<grid_for(n, BLOCK_THREADS), BLOCK_THREADS, 0, g_comm_stream>>>(tmp, buf, n);
+        LAUNCH(comm_to_bf16_kernel, grid_for(n, BLOCK_THREADS), BLOCK_THREADS, 0, g_comm_stream)(tmp, buf, n);
         launchCheck();
         if (g_nccl) ncclCheck(ncclAllReduce(tmp, tmp, n, ncclBfloat16, ncclSum, g_nccl, g_comm_stream));
-        comm_store_kernel<<<grid_for(n, BLOCK_THREADS), BLOCK_THREADS, 0, g_comm_stream>>>(buf, tmp, n, 0);
+        LAUNCH(comm_store_kernel<__nv_bfloat16>, grid_for(n, BLOCK_THREADS), BLOCK_THREADS, 0, g_comm_stream)(buf, tmp, n, 0);
         launchCheck();
     } else {
         if (g_nccl) ncclCheck(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, g_nccl, g_comm_stream));
@@ -184,7 +184,7 @@ static inline void comm_all_reduce_f64(double* buf, size_t n) {
 
 static inline void comm_all_reduce_max(float* buf, size_t n) {
     comm_issue();
-    comm_nan_to_inf_kernel<<<grid_for(n, BLOCK_THREADS), BLOCK_THREADS, 0, g_comm_stream>>>(buf, n);
+    LAUNCH(comm_nan_to_inf_kernel, grid_for(n, BLOCK_THREADS), BLOCK_THREADS, 0, g_comm_stream)(buf, n);
     launchCheck();
     if (g_nccl) ncclCheck(ncclAllReduce(buf, buf, n, ncclFloat, ncclMax, g_nccl, g_comm_stream));
 }

@@ -65,7 +65,7 @@ static inline void fp8_amax_cuda(Fp8Scale* s, const __nv_bfloat16* x, size_t n) 
     cudaCheck(cudaMemsetAsync(&s->amax, 0, sizeof(float), 0));
     if (n == 0) return;
     int vectorized = ((uintptr_t)x % sizeof(uint4)) == 0;
-    amax_kernel<<<grid_for(ceil_div(n, BF16_PER_VEC), BLOCK_THREADS), BLOCK_THREADS>>>((unsigned int*)&s->amax, x, n,
+    LAUNCH(amax_kernel, grid_for(ceil_div(n, BF16_PER_VEC), BLOCK_THREADS), BLOCK_THREADS)((unsigned int*)&s->amax, x, n,
                                                                                        vectorized);
     launchCheck();
 }
@@ -73,7 +73,7 @@ static inline void fp8_amax_cuda(Fp8Scale* s, const __nv_bfloat16* x, size_t n) 
 static inline void fp8_amax_cuda(Fp8Scale* s, const float* x, size_t n) {
     cudaCheck(cudaMemsetAsync(&s->amax, 0, sizeof(float), 0));
     if (n == 0) return;
-    amax_master_kernel<<<grid_for(n, BLOCK_THREADS), BLOCK_THREADS>>>((unsigned int*)&s->amax, x, n);
+    LAUNCH(amax_master_kernel, grid_for(n, BLOCK_THREADS), BLOCK_THREADS)((unsigned int*)&s->amax, x, n);
     launchCheck();
 }
 
@@ -197,7 +197,7 @@ static inline void fp8_cast_transpose_tiled_cuda(uint8_t* out, uint8_t* out_t, c
     /* an empty tensor still gets one block, which publishes the scale */
     size_t tiles_x = cols > 0 ? ceil_div(cols, CT_TILE) : 1, tiles = rows > 0 ? ceil_div(rows, CT_TILE) * tiles_x : 1;
     if (tiles > INT32_MAX) die("cast-transpose of a (%zu, %zu) tensor needs more than 2^31 tiles", rows, cols);
-    cast_transpose_kernel<<<(unsigned int)tiles, CT_THREADS>>>(out, out_t, x, rows, cols, tiles_x, s, f, pow2, counts);
+    LAUNCH(cast_transpose_kernel<In>, (unsigned int)tiles, CT_THREADS)(out, out_t, x, rows, cols, tiles_x, s, f, pow2, counts);
     launchCheck();
 }
 
@@ -296,7 +296,7 @@ static inline void fp8_cast_transpose_vec_cuda(uint8_t* out, uint8_t* out_t, con
             rows, cols, BF16_PER_VEC, CTV_MICRO);
     size_t tiles_x = ceil_div(cols, CT_TILE), tiles = ceil_div(rows, CT_TILE) * tiles_x;
     if (tiles > INT32_MAX) die("cast-transpose of a (%zu, %zu) tensor needs more than 2^31 tiles", rows, cols);
-    cast_transpose_vec_kernel<<<(unsigned int)tiles, CT_THREADS>>>(out, out_t, x, rows, cols, tiles_x, s, f, pow2, counts);
+    LAUNCH(cast_transpose_vec_kernel, (unsigned int)tiles, CT_THREADS)(out, out_t, x, rows, cols, tiles_x, s, f, pow2, counts);
     launchCheck();
 }
 
@@ -345,6 +345,6 @@ static inline void fp8_transpose_cuda(uint8_t* out_t, const uint8_t* in, size_t 
     if (rows == 0 || cols == 0) return;
     size_t tiles_x = ceil_div(cols, CT_TILE), tiles = ceil_div(rows, CT_TILE) * tiles_x;
     if (tiles > INT32_MAX) die("transpose of a (%zu, %zu) tensor needs more than 2^31 tiles", rows, cols);
-    transpose_u8_kernel<<<(unsigned int)tiles, CT_THREADS>>>(out_t, in, rows, cols, tiles_x);
+    LAUNCH(transpose_u8_kernel, (unsigned int)tiles, CT_THREADS)(out_t, in, rows, cols, tiles_x);
     launchCheck();
 }

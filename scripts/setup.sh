@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what llm8 needs and is missing, and says what it installs:
 #   Debian: OpenBLAS (CPU GEMMs, OpenMP build), OpenMPI (multi-rank launch), cJSON (data set manifests),
+#           Boost.Context (the emulated GPU's fibers: make emu),
 #           a C/C++ toolchain (gcc's ASan/UBSan runtimes come with it: `make SANITIZE=1`), clang and its
 #           runtime with libFuzzer (`make fuzz`);
 #   PyPI:   numpy, sentencepiece (tokenizing), ml_dtypes (FP8 test reference), matplotlib (loss plots),
@@ -21,6 +22,8 @@ command -v g++ >/dev/null || missing_apt+=(g++)
 have_header cblas.h && ldconfig -p | grep -q libopenblas || missing_apt+=(libopenblas-openmp-dev)
 command -v mpirun >/dev/null || missing_apt+=(openmpi-bin libopenmpi-dev)
 have_header cjson/cJSON.h || missing_apt+=(libcjson-dev)
+# Boost.Context's fcontext: the emulated GPU's user-space thread switches (make emu)
+echo '#include <boost/context/detail/fcontext.hpp>' | ${CXX:-g++} -E -x c++ - >/dev/null 2>&1 || missing_apt+=(libboost-context-dev)
 command -v clang >/dev/null || missing_apt+=(clang)
 # libFuzzer ships in clang's runtime package, which clang only recommends
 fuzzer_runtime=$(clang -print-file-name="libclang_rt.fuzzer-$(uname -m).a" 2>/dev/null || true)

@@ -658,6 +658,7 @@ static inline int train_main(int argc, char** argv) {
             watchdog_phase("shutdown", tr->step);
             comm_barrier();
             trainer_free(tr);
+            watchdog_stop();
             comm_finalize();
             return EXIT_PREEMPTED;
         }
@@ -668,6 +669,7 @@ static inline int train_main(int argc, char** argv) {
     watchdog_phase("shutdown", tr->step);
     comm_barrier();
     trainer_free(tr);
+    watchdog_stop();
     comm_finalize();
     return EXIT_SUCCESS;
 }

@@ -1,0 +1,238 @@
+"""
+The emulated GPU (`make emu`, emu/, README "The emulated GPU"): the CUDA build's own sources run by
+build/emu/test_llama and build/emu/train_llama on the CPU, one fiber per GPU thread.
+
+- The emulator's device side and runtime rules against NVIDIA's documentation (build/emu/test_intrinsics).
+- Every kernel check of test_llama (dev/cuda/kernel_cases.cuh) at test_llama's small shape, and again in
+  race mode (LLM8_EMU_RACE=1: each launch twice, in opposite thread and block orders, compared bit for bit).
+- Planted faults, each applied to a copy of the real source, each caught by the emulator; the same
+  command on the unmodified source passes, so each test fails if the emulator's check is removed.
+Skipped, with the reason, when build/emu was not built (`make emu`).
+"""
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import REPO, run
+
+EMU = REPO / "build/emu"
+pytestmark = pytest.mark.skipif(not (EMU / "test_llama").exists(), reason="build/emu is not built (make emu)")
+
+
+def emu_env(**extra):
+    env = dict(os.environ)
+    env.update(extra)
+    return env
+
+
+def kernel_checks():
+    exe = EMU / "test_llama"
+    if not exe.exists():
+        return []
+    r = subprocess.run([str(exe), "--list"], capture_output=True, text=True, cwd=REPO)
+    return [c for c in r.stdout.split() if c.startswith("kernel_")]
+
+
+@pytest.mark.parametrize("env", [{}, {"LLM8_EMU_SCHEDULE": "early"}, {"LLM8_EMU_RACE": "1"}], ids=["late", "early", "race"])
+def test_intrinsics_and_runtime(env):
+    r = run([EMU / "test_intrinsics"], env=emu_env(**env), timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize(
+    "fault, message",
+    [
+        ("divergent-barrier", r"emu: kernel divergent_barrier_kernel, block \(0, 0, 0\): __syncthreads reached by 16 of the block's 32"),
+        ("late-barrier", r"emu: kernel late_barrier_kernel, block \(0, 0, 0\): __syncthreads reached by thread \(1, 0, 0\), but "
+                         r"the block's first thread exited without reaching it"),
+        ("host-pointer", r"emu: launch of store_kernel: pointer argument .* is not device memory"),
+        ("reduce-size", r"emu: cub::BlockReduce<T, 64> used in a block of \(32, 1, 1\) threads"),
+    ],
+)
+def test_runtime_rule_stops_the_run(fault, message):
+    r = run([EMU / "test_intrinsics", fault], timeout=60)
+    assert r.returncode != 0 and re.search(message, r.stderr), r.stdout + r.stderr[-3000:]
+    assert "not caught" not in r.stdout
+
+
+# Known failures, each with its cause (README "The emulated GPU", limits).
+EPILOGUE = ("the cuBLASLt double rounds alpha*acc + beta*C once from float64; the GPU's FP32 epilogue rounds the "
+            "accumulator first, which ZeRO-0's beta = 1 wgrad needs to equal ZeRO-2's accumulation bit for bit")
+KNOWN = {"zero_one_rank": EPILOGUE, "nccl_one_rank": EPILOGUE}
+
+
+def known_failure(check):
+    return pytest.param(check, marks=pytest.mark.xfail(reason=KNOWN[check])) if check in KNOWN else check
+
+
+@pytest.mark.parametrize("race", [False, True], ids=["normal", "race"])
+@pytest.mark.parametrize("check", [known_failure(c) for c in kernel_checks()])
+def test_kernel_check(check, race):
+    env = emu_env(LLM8_EMU_RACE="1") if race else emu_env()
+    r = run([EMU / "test_llama", "--only", check], env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "1 passed, 0 failed" in r.stdout
+
+
+# The model-level checks (GPU build vs the reference state and vs the CPU build, resume, recompute, ...);
+# the production-shape ones (prod_*) are out of a CPU's reach.
+
+
+def model_checks():
+    exe = EMU / "test_llama"
+    if not exe.exists():
+        return []
+    r = subprocess.run([str(exe), "--list"], capture_output=True, text=True, cwd=REPO)
+    names = [c for c in r.stdout.split() if not c.startswith(("kernel_", "prod_"))]
+    return [known_failure(c) for c in names]
+
+
+@pytest.mark.parametrize("check", model_checks())
+def test_model_check(check):
+    r = run([EMU / "test_llama", "--only", check], timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "1 passed, 0 failed" in r.stdout
+
+
+# ---------------------------------------------------------------- planted faults
+
+# (name, file, the source text, its faulty replacement, binary to build, its arguments, environment,
+#  what the emulator must say). Each replaces one exact line of the real source in a copy.
+FAULTS = [
+    ("removed_syncthreads", "fp8/cast_cuda.cuh",
+     "            underflow += v != 0.0f && fp8_is_zero(code);\n        }\n    }\n    if (out_t) {\n        __syncthreads();\n",
+     "            underflow += v != 0.0f && fp8_is_zero(code);\n        }\n    }\n    if (out_t) {\n",
+     "test_llama", ["--only", "kernel_fp8_cast"], {"LLM8_EMU_RACE": "1"},
+     r"emu: race mode: kernel cast_transpose_kernel<In> .* wrote different bytes"),
+    ("off_by_one_store", "cuda/swiglu.cuh",
+     "        out[i] = y;\n", "        out[i + 1] = y;\n",
+     "test_llama", ["--only", "kernel_swiglu"], {},
+     r"AddressSanitizer: heap-buffer-overflow(.|\n)*WRITE of size 2(.|\n)*swiglu_forward_kernel"),
+    ("read_unwritten_shared", "cuda/rmsnorm.cuh",
+     "    for (int c = threadIdx.x; c < C; c += blockDim.x) dw[c] = 0.0f;\n", "",
+     "test_llama", ["--only", "kernel_rmsnorm"], {},
+     r"rmsnorm_backward dweight: .*FAIL\n.*first at index 0: gpu -?nan"),
+    ("smem_without_opt_in", "cuda/attention.cuh",
+     "    smem_opt_in(attention_backward_key_kernel, smem_k);\n", "",
+     "attention_smem", [], {},
+     r"emu: launch of attention_backward_key_kernel: 65664 bytes of dynamic shared memory, above the kernel's "
+     r"limit of 49152 \(48 KiB without the opt-in\)(.|\n)*invalid argument"),
+]
+
+
+def faulty_copy(root, path, old, new):
+    """A copy of the working tree under `root` with `old` replaced by `new` in `path`, with this tree's
+    objects (the runtime, the library doubles, the CPU reference); returns it and make's arguments to
+    build a target there without rebuilding those objects."""
+    copy = root / "src"
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.split()
+    for f in files:
+        if (REPO / f).is_file():
+            (copy / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / f, copy / f)
+    source = (copy / path).read_text()
+    assert source.count(old) == 1, f"{path} no longer has exactly one copy of the text this fault replaces: {old!r}"
+    (copy / path).write_text(source.replace(old, new))
+    (copy / "build/emu").mkdir(parents=True)
+    (copy / "build/.setup-done").touch()
+    kept = [REPO / "build/cpu_reference.o"] + sorted(EMU.glob("*.o"))
+    for obj in kept:
+        shutil.copy2(obj, copy / obj.relative_to(REPO))
+    return copy, [a for obj in kept for a in ("-o", str(obj.relative_to(REPO)))]
+
+
+@pytest.fixture(scope="module")
+def faulty_builds(request, tmp_path_factory):
+    """Each selected fault's binary, built from its own copy of the source, two builds at a time (CI's 2 cores)."""
+    selected = {item.callspec.params["name"] for item in request.session.items
+                if item.originalname == "test_planted_fault_is_caught"}
+    jobs = []
+    for name, path, old, new, target, *_ in FAULTS:
+        if name not in selected:
+            continue
+        copy, keep = faulty_copy(tmp_path_factory.mktemp(name), path, old, new)
+        jobs.append((name, copy, ["make", "-C", str(copy), *keep, f"build/emu/{target}"], copy / "build/emu" / target))
+    results, running = {}, []
+    for job in jobs + [None, None]:
+        if job is not None:
+            running.append((job, subprocess.Popen(job[2], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+        while running and (len(running) >= 2 or job is None):
+            (name, _, _, exe), proc = running.pop(0)
+            out, _ = proc.communicate()
+            results[name] = exe if proc.returncode == 0 else out[-3000:]
+            if job is None:
+                break
+    return results
+
+
+@pytest.mark.parametrize("name, path, old, new, target, args, env, caught", FAULTS, ids=[f[0] for f in FAULTS])
+def test_planted_fault_is_caught(faulty_builds, name, path, old, new, target, args, env, caught):
+    # the unmodified source passes the same command
+    clean = run([EMU / target, *args], env=emu_env(**env), timeout=600)
+    assert clean.returncode == 0 and not re.search(caught, clean.stdout + clean.stderr), clean.stdout[-3000:] + clean.stderr[-3000:]
+    exe = faulty_builds[name]
+    assert not isinstance(exe, str), f"{name}: the faulty copy did not build:\n{exe}"
+    r = run([exe, *args], env=emu_env(**env), timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, f"{name}: the faulty source passed:\n{out[-4000:]}"
+    assert re.search(caught, out), f"{name}: not caught by the expected check:\n{out[-4000:]}"
+
+
+# ---------------------------------------------------------------- the GPU trainer on the emulated GPU
+
+STEP = re.compile(r"^step +(\d+)/\d+ \| loss ([0-9.naif]+)", re.M)
+# Tolerance on each step's train loss, emulated GPU build vs train_llama_cpu (same seed, same data).
+# Both round activations to BF16; they differ in summation order (cuBLASLt double and block reductions
+# vs OpenBLAS and sequential loops) and in what cpu/backend.h lists (double-precision RMSNorm and softmax
+# sums, glibc's expf, two-pass against online softmax). Such a difference flips the BF16 rounding of a
+# few elements by one ulp (2^-8 relative); the loss is a mean over B*T = 256 tokens, so a layer's worth
+# of flips moves it by about 2^-8 / sqrt(256) = 2.4e-4, and over the tiny model's few layers and two
+# optimizer steps by well under 1e-3. Measured: at most 2.1e-4 over 4 steps.
+LOSS_TOL = 1e-3
+TRAIN_FLAGS = ["-b", "4", "-t", "64", "-x", "2", "-v", "0", "-m", "1", "--shuffle", "0"]
+
+
+def losses(out):
+    found = [(int(s), float(l)) for s, l in STEP.findall(out)]
+    assert found, out[-3000:]
+    return [l for _, l in found]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_trainer_matches_cpu(shakespeare, precision):
+    cpu = REPO / "train_llama_cpu"
+    if not cpu.exists():
+        pytest.skip("train_llama_cpu is not built")
+    flags = TRAIN_FLAGS + ["-p", precision]
+    ref = run([cpu, *flags], timeout=600)
+    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
+    emu = run([EMU / "train_llama", *flags], timeout=900)
+    assert emu.returncode == 0, emu.stdout[-3000:] + emu.stderr[-3000:]
+    a, b = losses(ref.stdout), losses(emu.stdout)
+    assert len(a) == len(b) == 2
+    for step, (x, y) in enumerate(zip(a, b), 1):
+        print(f"step {step}: cpu {x:.6f} emulated gpu {y:.6f} diff {abs(x - y):.2e}")
+        assert abs(x - y) <= LOSS_TOL, f"{precision} step {step}: cpu {x} vs emulated gpu {y}"
+
+
+MPIRUN = shutil.which("mpirun")
+
+
+@pytest.mark.skipif(MPIRUN is None, reason="mpirun not found (make setup installs Open MPI)")
+def test_two_ranks_zero2_match_one_rank(shakespeare):
+    """mpirun -np 2 through the NCCL double, ZeRO-2, against one emulated rank with the same global batch:
+    the losses bit for bit, as real NCCL's sums of two ranks' gradients would give, and no ASan report
+    (the watchdog's use after free of the destroyed communicator showed here). Open MPI's own leaks at
+    exit are not ours: LeakSanitizer is off for this run."""
+    flags = ["-t", "64", "-x", "2", "-v", "0", "-m", "1", "--shuffle", "0", "-p", "bf16", "-d", "256"]
+    one = run([EMU / "train_llama", "-b", "4", *flags], timeout=900)
+    assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
+    env = emu_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1",
+                  OMP_NUM_THREADS="1", ASAN_OPTIONS="detect_leaks=0")
+    two = run([MPIRUN, "--oversubscribe", "-np", "2", EMU / "train_llama", "-b", "2", "-z", "2", *flags], env=env, timeout=900)
+    assert two.returncode == 0 and "AddressSanitizer" not in two.stderr, two.stdout[-3000:] + two.stderr[-4000:]
+    assert losses(two.stdout) == losses(one.stdout)

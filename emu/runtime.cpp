@@ -1,0 +1,743 @@
+/*
+ * The emulated GPU's runtime (README "The emulated GPU"): the CUDA runtime API calls llm8 makes, on host
+ * memory, and kernel launches that run every thread of every block as its own fiber (Boost.Context's
+ * fcontext: user-space switches) with real __syncthreads barriers. Streams are lazy: queued work runs
+ * only when CUDA's ordering rules force it, so a missing wait gives a wrong result instead of a lucky
+ * one. Environment:
+ *   LLM8_EMU_SCHEDULE=late|early  non-blocking streams run as late as the rules allow (default) or at once
+ *   LLM8_EMU_RACE=1               every launch runs twice, in two thread and block orders, compared bit for bit
+ *   LLM8_EMU_MEMORY=<GiB>         device capacity for cudaMalloc and cudaMemGetInfo (default 80, an H100 SXM)
+ * Violations a GPU would fault on or leave undefined stop with "emu: ..." naming the call or kernel.
+ */
+#include <boost/context/detail/fcontext.hpp>
+#include <cuda_runtime.h>
+#include <sys/mman.h>
+
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <map>
+#include <set>
+#include <string>
+
+#include "emu_runtime.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define EMU_ASAN 1
+#else
+#define EMU_ASAN 0
+#endif
+
+namespace ctx = boost::context::detail;
+
+/* ---------------------------------------------------------------- failures and errors */
+
+void emu_fail(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "emu: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    fflush(stderr);
+    abort();
+}
+
+static cudaError_t g_last_error = cudaSuccess;
+static cudaError_t set_error(cudaError_t e) {
+    if (e != cudaSuccess) g_last_error = e;
+    return e;
+}
+
+static const char* env_or(const char* name, const char* fallback) {
+    const char* v = getenv(name);
+    return v && *v ? v : fallback;
+}
+static bool g_race = std::string(env_or("LLM8_EMU_RACE", "0")) == "1";
+static bool g_early = std::string(env_or("LLM8_EMU_SCHEDULE", "late")) == "early";
+
+/* ---------------------------------------------------------------- H100 SXM limits */
+
+/* H100 SXM5 80GB (NVIDIA H100 Tensor Core GPU Architecture whitepaper; CUDA C++ Programming Guide,
+ * "Compute Capabilities", 9.0): the limits a launch is checked against. */
+static const int MAX_THREADS_PER_BLOCK = 1024;
+static const int MAX_BLOCK_DIM[3] = {1024, 1024, 64};
+static const unsigned int MAX_GRID_DIM[3] = {2147483647u, 65535u, 65535u};
+static const size_t SMEM_DEFAULT = 48 * 1024;
+static const size_t SMEM_OPTIN_MAX = 227 * 1024;
+static const int DEVICE_COUNT = 8; /* an 8-GPU node: each rank of mpirun selects its own */
+
+static size_t capacity_bytes() {
+    static size_t cap = (size_t)(atof(env_or("LLM8_EMU_MEMORY", "80")) * (1ull << 30));
+    return cap;
+}
+
+/* ---------------------------------------------------------------- memory */
+
+static std::map<uintptr_t, size_t> g_device; /* base -> bytes of each live cudaMalloc */
+static std::map<uintptr_t, size_t> g_pinned; /* base -> bytes of each live cudaMallocHost */
+static size_t g_device_used = 0;
+
+/* The allocation of `m` holding [p, p + bytes), or m.end(); bytes 0 accepts one past the end. */
+static std::map<uintptr_t, size_t>::const_iterator find_alloc(const std::map<uintptr_t, size_t>& m, const void* p,
+                                                               size_t bytes) {
+    uintptr_t a = (uintptr_t)p;
+    auto it = m.upper_bound(a);
+    if (it == m.begin()) return m.end();
+    --it;
+    if (a + bytes <= it->first + it->second) return it;
+    return m.end();
+}
+
+bool emu_is_device_ptr(const void* p, size_t bytes) { return p && find_alloc(g_device, p, bytes) != g_device.end(); }
+static bool is_pinned(const void* p, size_t bytes) { return p && find_alloc(g_pinned, p, bytes) != g_pinned.end(); }
+
+static void sync_all();
+
+extern "C" {
+
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+    if (!p) return set_error(cudaErrorInvalidValue);
+    if (g_device_used + bytes > capacity_bytes()) {
+        *p = nullptr;
+        return set_error(cudaErrorMemoryAllocation);
+    }
+    /* cudaMalloc's alignment: at least 256 bytes (CUDA C++ Programming Guide, "Device Memory Accesses") */
+    void* q = aligned_alloc(256, (bytes + 255) / 256 * 256);
+    if (!q) return set_error(cudaErrorMemoryAllocation);
+    /* NaN bytes (0xFF: a NaN as float, BF16 and E5M2, and E4M3's NaN): memory nobody wrote shows up */
+    memset(q, 0xFF, bytes);
+#if EMU_ASAN
+    /* the rounding tail is not the tensor's: reading it is an overflow */
+    ASAN_POISON_MEMORY_REGION((char*)q + bytes, (bytes + 255) / 256 * 256 - bytes);
+#endif
+    g_device[(uintptr_t)q] = bytes;
+    g_device_used += bytes;
+    *p = q;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* p) {
+    if (!p) return cudaSuccess;
+    sync_all(); /* cudaFree synchronizes the device implicitly (CUDA Runtime API, cudaFree) */
+    auto it = g_device.find((uintptr_t)p);
+    if (it == g_device.end()) emu_fail("cudaFree(%p): not a live cudaMalloc allocation", p);
+#if EMU_ASAN
+    ASAN_UNPOISON_MEMORY_REGION(p, (it->second + 255) / 256 * 256);
+#endif
+    g_device_used -= it->second;
+    g_device.erase(it);
+    free(p);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void** p, size_t bytes) {
+    void* q = malloc(bytes ? bytes : 1);
+    if (!q) return set_error(cudaErrorMemoryAllocation);
+    g_pinned[(uintptr_t)q] = bytes;
+    *p = q;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void* p) {
+    if (!p) return cudaSuccess;
+    sync_all();
+    if (!g_pinned.erase((uintptr_t)p)) emu_fail("cudaFreeHost(%p): not a live cudaMallocHost allocation", p);
+    free(p);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+    *free_bytes = capacity_bytes() - g_device_used;
+    *total = capacity_bytes();
+    return cudaSuccess;
+}
+
+}  // extern "C"
+
+/* ---------------------------------------------------------------- streams and events */
+
+struct CUstream_st {
+    std::deque<std::function<void()>> queue;
+    uint64_t enqueued = 0, done = 0;
+    bool nonblocking = false;
+    int priority = 0;
+    bool running = false;
+};
+struct CUevent_st {
+    CUstream_st* stream = nullptr;
+    uint64_t seq = 0;
+    bool timing = true;
+    double ms = 0.0;
+};
+
+static CUstream_st g_legacy_stream;
+static std::set<CUstream_st*> g_streams;
+
+static CUstream_st* resolve(cudaStream_t s) {
+    /* 0, cudaStreamLegacy (0x1) and cudaStreamPerThread (0x2): this single-threaded host's legacy stream */
+    if ((uintptr_t)s <= 2) return &g_legacy_stream;
+    if (!g_streams.count(s)) emu_fail("stream %p is not a live stream", (void*)s);
+    return s;
+}
+
+/* Runs s's queued work up to and including its seq-th item. */
+static void flush(CUstream_st* s, uint64_t seq) {
+    while (s->done < seq) {
+        if (s->running) emu_fail("stream dependency cycle (a stream waits on its own later work)");
+        std::function<void()> work = std::move(s->queue.front());
+        s->queue.pop_front();
+        s->running = true;
+        work();
+        s->running = false;
+        s->done++;
+    }
+}
+static void flush_all(CUstream_st* s) { flush(s, s->enqueued); }
+
+static void sync_all() {
+    bool again = true;
+    while (again) {
+        again = false;
+        flush_all(&g_legacy_stream);
+        for (CUstream_st* s : g_streams) {
+            if (s->done < s->enqueued) again = true;
+            flush_all(s);
+        }
+    }
+}
+
+static void enqueue(CUstream_st* s, std::function<void()> work) {
+    /* a blocking stream and the legacy stream wait for each other (CUDA Runtime API, "Stream
+     * synchronization behavior"); cudaStreamNonBlocking streams wait for neither */
+    if (!s->nonblocking) {
+        if (s == &g_legacy_stream) {
+            for (CUstream_st* b : g_streams)
+                if (!b->nonblocking) {
+                    uint64_t upto = b->enqueued;
+                    s->queue.push_back([b, upto] { flush(b, upto); });
+                    s->enqueued++;
+                }
+        } else {
+            uint64_t upto = g_legacy_stream.enqueued;
+            s->queue.push_back([upto] { flush(&g_legacy_stream, upto); });
+            s->enqueued++;
+        }
+    }
+    s->queue.push_back(std::move(work));
+    s->enqueued++;
+    if (g_early && s->nonblocking) flush_all(s);
+}
+
+/* core/buffers.h's redzones between carved tensors: after the allocation's zeroing, in stream order. */
+void emu_redzone(void* p, size_t bytes) {
+    if (!emu_is_device_ptr(p, bytes)) emu_fail("buffers_point: redzone [%p, +%zu) outside one device allocation", p, bytes);
+    enqueue(&g_legacy_stream, [p, bytes] {
+        memset(p, 0xFF, bytes);
+#if EMU_ASAN
+        ASAN_POISON_MEMORY_REGION(p, bytes);
+#endif
+    });
+}
+
+void emu_stream_enqueue(cudaStream_t s, std::function<void()> work) { enqueue(resolve(s), std::move(work)); }
+
+static double now_ms() {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+extern "C" {
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int flags, int priority) {
+    CUstream_st* st = new CUstream_st;
+    st->nonblocking = (flags & cudaStreamNonBlocking) != 0;
+    st->priority = priority;
+    g_streams.insert(st);
+    *s = st;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) { return cudaStreamCreateWithPriority(s, flags, 0); }
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithPriority(s, cudaStreamDefault, 0); }
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    CUstream_st* st = resolve(s);
+    flush_all(st); /* work already queued completes (CUDA Runtime API, cudaStreamDestroy) */
+    g_streams.erase(st);
+    delete st;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    CUstream_st* st = resolve(s);
+    flush_all(st);
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) {
+    sync_all();
+    return cudaSuccess;
+}
+/* H100: priorities 0 (least) to -5 (greatest), lower numbers first */
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+    if (least) *least = 0;
+    if (greatest) *greatest = -5;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
+    CUevent_st* ev = new CUevent_st;
+    ev->timing = (flags & cudaEventDisableTiming) == 0;
+    *e = ev;
+    return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    delete e;
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    CUstream_st* st = resolve(s);
+    enqueue(st, [e] { e->ms = now_ms(); });
+    /* the event is the stream's last item now (enqueue may flush it at once under the early schedule) */
+    e->stream = st;
+    e->seq = st->enqueued;
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    if (e->stream) flush(e->stream, e->seq);
+    return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+    return !e->stream || e->stream->done >= e->seq ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+    if (!start->timing || !end->timing) return set_error(cudaErrorInvalidResourceHandle);
+    if (!start->stream || !end->stream) return set_error(cudaErrorInvalidResourceHandle);
+    if (cudaEventQuery(start) != cudaSuccess || cudaEventQuery(end) != cudaSuccess) return cudaErrorNotReady;
+    *ms = (float)(end->ms - start->ms);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
+    if (!e->stream) return cudaSuccess; /* never recorded: nothing to wait for */
+    CUstream_st* es = e->stream;
+    uint64_t seq = e->seq; /* the record at the time of the call, not a later one */
+    enqueue(resolve(s), [es, seq] { flush(es, seq); });
+    return cudaSuccess;
+}
+
+/* ---------------------------------------------------------------- copies and memsets */
+
+}  // extern "C"
+
+static void check_range(const char* call, const void* p, size_t bytes, bool) {
+    if (bytes && !emu_is_device_ptr(p, bytes)) emu_fail("%s: [%p, +%zu) is not inside one device allocation", call, p, bytes);
+}
+
+static void check_copy(const char* call, void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+    bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    if (kind == cudaMemcpyDefault) {
+        dst_dev = emu_is_device_ptr(dst, 1);
+        src_dev = emu_is_device_ptr(src, 1);
+    }
+    if (dst_dev) check_range(call, dst, n, true);
+    if (src_dev) check_range(call, src, n, true);
+    if (n && !dst_dev && emu_is_device_ptr(dst, 1)) emu_fail("%s: destination %p is device memory but the kind says host", call, dst);
+    if (n && !src_dev && emu_is_device_ptr(src, 1)) emu_fail("%s: source %p is device memory but the kind says host", call, src);
+}
+
+extern "C" {
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t s) {
+    check_copy("cudaMemcpyAsync", dst, src, n, kind);
+    /* the copy reads src when it runs, so reusing a staging buffer before its event shows */
+    enqueue(resolve(s), [dst, src, n] { memmove(dst, src, n); });
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+    cudaMemcpyAsync(dst, src, n, kind, 0);
+    flush_all(&g_legacy_stream); /* synchronous: returns once the copy (and all before it) is done */
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t s) {
+    check_range("cudaMemsetAsync", p, n, true);
+    enqueue(resolve(s), [p, value, n] { memset(p, value, n); });
+    return cudaSuccess;
+}
+cudaError_t cudaMemset(void* p, int value, size_t n) { return cudaMemsetAsync(p, value, n, 0); }
+cudaError_t cudaMemset2DAsync(void* p, size_t pitch, int value, size_t width, size_t height, cudaStream_t s) {
+    if (width > pitch) return set_error(cudaErrorInvalidValue);
+    if (height) check_range("cudaMemset2DAsync", p, pitch * (height - 1) + width, true);
+    enqueue(resolve(s), [=] {
+        for (size_t r = 0; r < height; r++) memset((char*)p + r * pitch, value, width);
+    });
+    return cudaSuccess;
+}
+
+/* ---------------------------------------------------------------- device and errors */
+
+cudaError_t cudaGetDeviceCount(int* n) {
+    *n = DEVICE_COUNT;
+    return cudaSuccess;
+}
+static int g_device_id = 0;
+cudaError_t cudaSetDevice(int d) {
+    if (d < 0 || d >= DEVICE_COUNT) return set_error(cudaErrorInvalidDevice);
+    g_device_id = d;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* d) {
+    *d = g_device_id;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
+    memset(p, 0, sizeof(*p));
+    snprintf(p->name, sizeof(p->name), "NVIDIA H100 80GB HBM3 (emulated)");
+    p->totalGlobalMem = capacity_bytes();
+    p->sharedMemPerBlock = SMEM_DEFAULT;
+    p->sharedMemPerBlockOptin = SMEM_OPTIN_MAX;
+    p->sharedMemPerMultiprocessor = 228 * 1024;
+    p->reservedSharedMemPerBlock = 1024;
+    p->regsPerBlock = 65536;
+    p->regsPerMultiprocessor = 65536;
+    p->warpSize = 32;
+    p->maxThreadsPerBlock = MAX_THREADS_PER_BLOCK;
+    p->maxThreadsPerMultiProcessor = 2048;
+    p->maxBlocksPerMultiProcessor = 32;
+    for (int i = 0; i < 3; i++) {
+        p->maxThreadsDim[i] = MAX_BLOCK_DIM[i];
+        p->maxGridSize[i] = (int)MAX_GRID_DIM[i];
+    }
+    p->major = 9;
+    p->minor = 0;
+    p->multiProcessorCount = 132;
+    p->l2CacheSize = 50 * 1024 * 1024;
+    p->memoryBusWidth = 5120;
+    p->totalConstMem = 65536;
+    p->concurrentKernels = 1;
+    p->asyncEngineCount = 3;
+    p->unifiedAddressing = 1;
+    p->streamPrioritiesSupported = 1;
+    p->canMapHostMemory = 1;
+    return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* v) {
+    *v = CUDART_VERSION;
+    return cudaSuccess;
+}
+cudaError_t cudaDriverGetVersion(int* v) {
+    *v = CUDART_VERSION;
+    return cudaSuccess;
+}
+cudaError_t cudaGetLastError(void) {
+    cudaError_t e = g_last_error;
+    g_last_error = cudaSuccess;
+    return e;
+}
+cudaError_t cudaPeekAtLastError(void) { return g_last_error; }
+
+const char* cudaGetErrorName(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
+    default: return "cudaErrorUnknown";
+    }
+}
+/* the runtime's own messages (CUDA Runtime API, enum cudaError) */
+const char* cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+    default: return "unknown error";
+    }
+}
+
+/* ---------------------------------------------------------------- function attributes */
+
+}  // extern "C"
+
+static std::map<const void*, int> g_max_dynamic_smem; /* cudaFuncAttributeMaxDynamicSharedMemorySize opt-ins */
+
+extern "C" {
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+    if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+        if (value < 0 || (size_t)value > SMEM_OPTIN_MAX) return set_error(cudaErrorInvalidValue);
+        g_max_dynamic_smem[func] = value;
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, const void* func) {
+    memset(a, 0, sizeof(*a));
+    a->maxThreadsPerBlock = MAX_THREADS_PER_BLOCK;
+    auto it = g_max_dynamic_smem.find(func);
+    a->maxDynamicSharedSizeBytes = it != g_max_dynamic_smem.end() ? it->second : (int)SMEM_DEFAULT;
+    a->binaryVersion = 90;
+    a->ptxVersion = 90;
+    return cudaSuccess;
+}
+
+}  // extern "C"
+
+/* ---------------------------------------------------------------- fibers */
+
+__thread EmuThread* emu_current_thread = nullptr;
+__thread EmuBlock* emu_current_block = nullptr;
+
+enum FiberState { FIBER_NEW, FIBER_RUNNING, FIBER_AT_BARRIER, FIBER_DONE };
+struct Fiber {
+    EmuThread t;
+    ctx::fcontext_t ctx = nullptr;
+    void* stack = nullptr;
+    FiberState state = FIBER_NEW;
+    void* fake_stack = nullptr;
+};
+
+/* 128 KiB per emulated thread (a GPU gives each thread at most 512 KiB of local memory; ours use little),
+ * below it a PROT_NONE page so an overflow faults instead of corrupting the next stack. */
+static const size_t STACK_BYTES = 128 * 1024, GUARD_BYTES = 4096, STACK_TOP_BYTES = 16 * 1024;
+static std::vector<void*> g_free_stacks;
+
+static void* stack_get() {
+    if (!g_free_stacks.empty()) {
+        void* s = g_free_stacks.back();
+        g_free_stacks.pop_back();
+        return s;
+    }
+    char* m = (char*)mmap(nullptr, STACK_BYTES + GUARD_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) emu_fail("out of host memory for fiber stacks");
+    mprotect(m, GUARD_BYTES, PROT_NONE);
+    return m + GUARD_BYTES;
+}
+static void stack_put(void* s) {
+#if EMU_ASAN
+    /* a finished fiber's kernel frames returned (and unpoisoned themselves); only the frames of
+     * fiber_entry and leave_fiber, at the top, keep their redzones: the next fiber starts clean */
+    ASAN_UNPOISON_MEMORY_REGION((char*)s + STACK_BYTES - STACK_TOP_BYTES, STACK_TOP_BYTES);
+#endif
+    g_free_stacks.push_back(s);
+}
+
+struct BlockRun {
+    const EmuLaunchSpec* spec;
+    ctx::fcontext_t scheduler = nullptr;
+    Fiber* fiber = nullptr;
+    const void* scheduler_stack_bottom = nullptr;
+    size_t scheduler_stack_size = 0;
+    bool direct = false; /* threads run as plain calls: the block's first thread exited without a barrier */
+};
+static __thread BlockRun* g_run = nullptr;
+
+/* Back in a fiber after a switch: the scheduler's context (and, under ASan, its stack) to return to. */
+static void arrived_in_fiber(ctx::transfer_t tr) {
+    g_run->scheduler = tr.fctx;
+#if EMU_ASAN
+    __sanitizer_finish_switch_fiber(g_run->fiber->fake_stack, &g_run->scheduler_stack_bottom, &g_run->scheduler_stack_size);
+#endif
+}
+static void leave_fiber(bool dying) {
+#if EMU_ASAN
+    __sanitizer_start_switch_fiber(dying ? nullptr : &g_run->fiber->fake_stack, g_run->scheduler_stack_bottom,
+                                   g_run->scheduler_stack_size);
+#else
+    (void)dying;
+#endif
+    ctx::transfer_t tr = ctx::jump_fcontext(g_run->scheduler, nullptr);
+    arrived_in_fiber(tr);
+}
+
+static void fiber_entry(ctx::transfer_t tr) {
+    arrived_in_fiber(tr);
+    g_run->spec->body();
+    g_run->fiber->state = FIBER_DONE;
+    leave_fiber(true);
+}
+
+void __syncthreads() {
+    if (g_run && g_run->direct) {
+        const EmuBlock* b = emu_current_block;
+        emu_fail("kernel %s, block (%u, %u, %u): __syncthreads reached by thread (%u, %u, %u), but the block's first "
+                 "thread exited without reaching it",
+                 g_run->spec->name, b->idx.x, b->idx.y, b->idx.z, threadIdx.x, threadIdx.y, threadIdx.z);
+    }
+    if (!g_run || !g_run->fiber) emu_fail("__syncthreads called outside a kernel");
+    g_run->fiber->state = FIBER_AT_BARRIER;
+    leave_fiber(false);
+}
+
+unsigned char* emu_dynamic_shared() { return emu_current_block->dynamic_smem; }
+
+/* Runs one block: every thread from its start to its first barrier, in `reverse` order or not, then
+ * every thread to its next barrier, and so on; a barrier some threads never reach is reported. */
+static void run_block(const EmuLaunchSpec& spec, EmuBlock& block, std::vector<Fiber>& fibers, bool reverse) {
+    BlockRun run;
+    run.spec = &spec;
+    g_run = &run;
+    emu_current_block = &block;
+    /* shared memory is uninitialized at block start: NaN bytes, as in cudaMalloc */
+    if (spec.smem) memset(block.dynamic_smem, 0xFF, spec.smem);
+    size_t n = fibers.size();
+    unsigned int i = 0;
+    for (unsigned int z = 0; z < block.dim.z; z++)
+        for (unsigned int y = 0; y < block.dim.y; y++)
+            for (unsigned int x = 0; x < block.dim.x; x++, i++) {
+                fibers[i].t.idx = make_uint3(x, y, z);
+                fibers[i].state = FIBER_NEW;
+            }
+    for (;;) {
+        size_t at_barrier = 0, done = 0;
+        for (size_t k = 0; k < n; k++) {
+            Fiber& f = fibers[reverse ? n - 1 - k : k];
+            if (f.state == FIBER_DONE) {
+                done++;
+                continue;
+            }
+            /* the first thread ran to its end without a barrier: in a correct kernel no thread of the block
+             * reaches one (all or none must), so the others run as plain calls, without switches; one that
+             * does reach a barrier is reported by __syncthreads */
+            if (f.state == FIBER_NEW && k > 0 && done == k && at_barrier == 0) {
+                run.direct = true;
+                run.fiber = nullptr;
+                emu_current_thread = &f.t;
+                spec.body();
+                f.state = FIBER_DONE;
+                done++;
+                continue;
+            }
+            if (f.state == FIBER_NEW) {
+                f.stack = stack_get();
+                f.ctx = ctx::make_fcontext((char*)f.stack + STACK_BYTES, STACK_BYTES, fiber_entry);
+            }
+            f.state = FIBER_RUNNING;
+            run.fiber = &f;
+            emu_current_thread = &f.t;
+#if EMU_ASAN
+            void* fake = nullptr;
+            __sanitizer_start_switch_fiber(&fake, f.stack, STACK_BYTES);
+#endif
+            ctx::transfer_t tr = ctx::jump_fcontext(f.ctx, nullptr);
+#if EMU_ASAN
+            __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+            f.ctx = tr.fctx;
+            if (f.state == FIBER_DONE) {
+                stack_put(f.stack);
+                done++;
+            } else {
+                at_barrier++;
+            }
+        }
+        if (done == n) break;
+        if (done > 0)
+            emu_fail("kernel %s, block (%u, %u, %u): __syncthreads reached by %zu of the block's %zu threads (the others exited)",
+                     spec.name, block.idx.x, block.idx.y, block.idx.z, at_barrier, n);
+    }
+    run.fiber = nullptr;
+    g_run = nullptr;
+    emu_current_thread = nullptr;
+    emu_current_block = nullptr;
+}
+
+static void run_grid(const EmuLaunchSpec& spec, bool reverse) {
+    EmuBlock block;
+    block.dim = spec.block;
+    block.grid = spec.grid;
+    unsigned char* smem = (unsigned char*)malloc(spec.smem ? spec.smem : 1);
+    block.dynamic_smem = smem;
+    std::vector<Fiber> fibers((size_t)spec.block.x * spec.block.y * spec.block.z);
+    size_t blocks = (size_t)spec.grid.x * spec.grid.y * spec.grid.z;
+    for (size_t k = 0; k < blocks; k++) {
+        size_t b = reverse ? blocks - 1 - k : k;
+        block.idx = make_uint3((unsigned int)(b % spec.grid.x), (unsigned int)(b / spec.grid.x % spec.grid.y),
+                               (unsigned int)(b / ((size_t)spec.grid.x * spec.grid.y)));
+        run_block(spec, block, fibers, reverse);
+    }
+    free(smem);
+}
+
+/* Race mode: the launch from the same memory twice, in opposite thread and block orders; every byte of
+ * the allocations its pointer arguments point into must come out the same. */
+static void run_grid_twice(const EmuLaunchSpec& spec) {
+    std::vector<std::pair<void*, size_t>> allocs;
+    for (const void* p : spec.pointers) {
+        auto it = find_alloc(g_device, p, 0);
+        if (it == g_device.end()) continue; /* null, or pinned memory (not snapshot: kernels only read it) */
+        std::pair<void*, size_t> a((void*)it->first, it->second);
+        bool seen = false;
+        for (auto& q : allocs) seen |= q.first == a.first;
+        if (!seen) allocs.push_back(a);
+    }
+    std::vector<std::vector<unsigned char>> before(allocs.size()), first(allocs.size());
+    for (size_t i = 0; i < allocs.size(); i++)
+        before[i].assign((unsigned char*)allocs[i].first, (unsigned char*)allocs[i].first + allocs[i].second);
+    run_grid(spec, false);
+    for (size_t i = 0; i < allocs.size(); i++) {
+        first[i].assign((unsigned char*)allocs[i].first, (unsigned char*)allocs[i].first + allocs[i].second);
+        memcpy(allocs[i].first, before[i].data(), allocs[i].second);
+    }
+    run_grid(spec, true);
+    for (size_t i = 0; i < allocs.size(); i++) {
+        const unsigned char* a = first[i].data();
+        const unsigned char* b = (const unsigned char*)allocs[i].first;
+        if (memcmp(a, b, allocs[i].second) != 0) {
+            size_t at = 0;
+            while (a[at] == b[at]) at++;
+            emu_fail("race mode: kernel %s (grid %u x %u x %u, block %u x %u x %u) wrote different bytes in two thread/block "
+                     "orders (allocation %p, first at byte %zu: 0x%02x vs 0x%02x): a missing barrier, a shared-memory "
+                     "race or an order-dependent atomic",
+                     spec.name, spec.grid.x, spec.grid.y, spec.grid.z, spec.block.x, spec.block.y, spec.block.z,
+                     allocs[i].first, at, a[at], b[at]);
+        }
+    }
+}
+
+void emu_launch_spec(EmuLaunchSpec&& spec) {
+    const dim3& b = spec.block;
+    const dim3& g = spec.grid;
+    /* CUDA C++ Programming Guide, "Compute Capabilities" (9.0): block and grid limits */
+    if (b.x == 0 || b.y == 0 || b.z == 0 || (int)b.x > MAX_BLOCK_DIM[0] || (int)b.y > MAX_BLOCK_DIM[1] ||
+        (int)b.z > MAX_BLOCK_DIM[2] || (size_t)b.x * b.y * b.z > (size_t)MAX_THREADS_PER_BLOCK || g.x == 0 || g.y == 0 ||
+        g.z == 0 || g.x > MAX_GRID_DIM[0] || g.y > MAX_GRID_DIM[1] || g.z > MAX_GRID_DIM[2]) {
+        fprintf(stderr, "emu: launch of %s: grid (%u, %u, %u), block (%u, %u, %u) is beyond the device's limits\n", spec.name,
+                g.x, g.y, g.z, b.x, b.y, b.z);
+        set_error(cudaErrorInvalidConfiguration);
+        return;
+    }
+    /* dynamic shared memory above 48 KiB needs cudaFuncAttributeMaxDynamicSharedMemorySize (CUDA C++
+     * Programming Guide, "Shared Memory" for 9.0); without it the launch fails with an invalid argument */
+    auto it = g_max_dynamic_smem.find(spec.kernel);
+    size_t limit = it != g_max_dynamic_smem.end() ? (size_t)it->second : SMEM_DEFAULT;
+    if (limit < SMEM_DEFAULT) limit = SMEM_DEFAULT;
+    if (spec.smem > limit) {
+        fprintf(stderr, "emu: launch of %s: %zu bytes of dynamic shared memory, above the kernel's limit of %zu (%s)\n",
+                spec.name, spec.smem, limit, it != g_max_dynamic_smem.end() ? "its opt-in" : "48 KiB without the opt-in");
+        set_error(cudaErrorInvalidValue);
+        return;
+    }
+    /* a kernel dereferencing host memory faults on a GPU (pinned memory is mapped: it is allowed) */
+    for (size_t i = 0; i < spec.pointers.size(); i++) {
+        const void* p = spec.pointers[i];
+        if (p && find_alloc(g_device, p, 0) == g_device.end() && !is_pinned(p, 0))
+            emu_fail("launch of %s: pointer argument %p (the kernel's pointer parameter %zu) is not device memory", spec.name, p, i);
+    }
+    auto shared = std::make_shared<EmuLaunchSpec>(std::move(spec));
+    enqueue(resolve(shared->stream), [shared] {
+        if (g_race)
+            run_grid_twice(*shared);
+        else
+            run_grid(*shared, false);
+    });
+}
