@@ -3,9 +3,10 @@
  * (fp8/gemm_cublaslt.cuh), compiled against the toolkit's real cublasLt.h so the project's source is
  * unchanged. The matmul is computed on the CPU with arithmetic of its own (not fp8/gemm_cpu.h, which the
  * kernel checks compare against): operands decoded exactly to double, products summed in float64 in a
- * fixed order (4 interleaved partial sums over k, added pairwise at the end), then alpha * scale_a *
- * scale_b, + beta * C, rounded once to FP32 and, for BF16 D, to BF16 (round-to-nearest-even) -- what
- * the GPU's FP32 epilogue does, with a more exact accumulator than Hopper's tensor cores.
+ * fixed order (4 interleaved partial sums over k, added pairwise at the end) and rounded to FP32, then
+ * the FP32 epilogue: times alpha * scale_a * scale_b, plus beta * C, in FP32, and for BF16 D rounded to
+ * BF16 (round-to-nearest-even) -- what the GPU's FP32 epilogue does, with a more exact accumulator than
+ * Hopper's tensor cores.
  *
  * It runs on the stream it is given (emu_stream_enqueue): the scale pointers, A, B and C are read from
  * emulated device memory when the stream runs the GEMM, not when it is called; descriptor values and the
@@ -328,16 +329,19 @@ void run_gemm(const Gemm& g) {
     double scale = g.alpha;
     for (int i = 0; i < 2; i++)
         if (g.desc.scale_ptr[i]) scale *= *(const float*)g.desc.scale_ptr[i];
+    const float scale_f = (float)scale, beta_f = (float)g.beta;
     for (uint64_t j0 = 0; j0 < g.n; j0 += TILE_J)
         for (uint64_t i0 = 0; i0 < g.m; i0 += TILE_I) {
             double dots[TILE_I][TILE_J];
             dot_tile(&ar[i0 * kp], &bc[j0 * kp], kp, dots);
             for (uint64_t j = j0; j < j0 + TILE_J && j < g.n; j++)
                 for (uint64_t i = i0; i < i0 + TILE_I && i < g.m; i++) {
-                    double v = scale * dots[i - i0][j - j0];
+                    /* the FP32 epilogue: the accumulator rounded to FP32 first, then scaled and added to C
+                       in FP32, fl(fl(scale * fl(acc)) + fl(beta * C)); so a wgrad accumulated through
+                       beta = 1 equals the same product stored and then added by a kernel, as on the GPU */
+                    float f = scale_f * (float)dots[i - i0][j - j0];
                     /* C is not read when beta is 0 (docs, cublasLtMatmul), so NaN-poisoned D/C stays harmless */
-                    if (g.beta != 0.0) v += g.beta * load(g.pc, g.c.type, i + j * (size_t)g.c.ld);
-                    float f = (float)v;
+                    if (g.beta != 0.0) f += beta_f * (float)load(g.pc, g.c.type, i + j * (size_t)g.c.ld);
                     size_t at = i + j * (size_t)g.d.ld;
                     if (g.d.type == CUDA_R_32F) ((float*)g.pd)[at] = f;
                     else ((__nv_bfloat16*)g.pd)[at] = __float2bfloat16_rn(f);

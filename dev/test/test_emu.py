@@ -58,18 +58,8 @@ def test_runtime_rule_stops_the_run(fault, message):
     assert "not caught" not in r.stdout
 
 
-# Known failures, each with its cause (README "The emulated GPU", limits).
-EPILOGUE = ("the cuBLASLt double rounds alpha*acc + beta*C once from float64; the GPU's FP32 epilogue rounds the "
-            "accumulator first, which ZeRO-0's beta = 1 wgrad needs to equal ZeRO-2's accumulation bit for bit")
-KNOWN = {"zero_one_rank": EPILOGUE, "nccl_one_rank": EPILOGUE}
-
-
-def known_failure(check):
-    return pytest.param(check, marks=pytest.mark.xfail(reason=KNOWN[check])) if check in KNOWN else check
-
-
 @pytest.mark.parametrize("race", [False, True], ids=["normal", "race"])
-@pytest.mark.parametrize("check", [known_failure(c) for c in kernel_checks()])
+@pytest.mark.parametrize("check", kernel_checks())
 def test_kernel_check(check, race):
     env = emu_env(LLM8_EMU_RACE="1") if race else emu_env()
     r = run([EMU / "test_llama", "--only", check], env=env, timeout=600)
@@ -87,7 +77,7 @@ def model_checks():
         return []
     r = subprocess.run([str(exe), "--list"], capture_output=True, text=True, cwd=REPO)
     names = [c for c in r.stdout.split() if not c.startswith(("kernel_", "prod_"))]
-    return [known_failure(c) for c in names]
+    return names
 
 
 @pytest.mark.parametrize("check", model_checks())
