@@ -249,7 +249,7 @@ static int check_fp8_gemm(void) {
         {DT_E4M3, 1, DT_ACT, 0, 32, 32, 32, "mixed operand types"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        GemmCall g = {NULL, DT_F32, 0, {NULL, bad[i].a, &one}, {NULL, bad[i].b, &one}, bad[i].ta, bad[i].tb, bad[i].m, bad[i].n, bad[i].k, 0};
+        GemmCall g = {NULL, DT_F32, 0, {NULL, bad[i].a, &one}, {NULL, bad[i].b, &one}, bad[i].ta, bad[i].tb, bad[i].m, bad[i].n, bad[i].k, 0, FP8_ACCUM_EXACT};
         if (!gemm_check(&g, why, sizeof(why)) || strstr(why, bad[i].expect) == NULL)
             failures += fail("bad GEMM %zu not rejected with '%s' (got '%s')", i, bad[i].expect, why);
     }
@@ -289,7 +289,7 @@ static int check_gemm_threads(void) {
                 omp_set_num_threads(threads[t]);
                 for (size_t i = 0; i < m * n; i++) d[i] = accumulate ? (float)(i % 13) - 6.0f : NAN; /* poison when overwritten */
                 GemmCall g = {d, DT_F32, accumulate, gemm_operand(a, DT_F32), gemm_operand(b, DT_F32), shapes[c].ta, shapes[c].tb,
-                              m, n, k, 0};
+                              m, n, k, 0, FP8_ACCUM_EXACT};
                 gemm_cpu(&g);
                 if (t == 0) {
                     memcpy(first, d, m * n * sizeof(float));
@@ -816,6 +816,16 @@ static void write_bytes(const char* path, const void* data, size_t bytes) {
     fcloseCheck(f, path);
 }
 
+/* n bytes from path, which must hold exactly n. */
+static uint8_t* read_codes(const char* path, size_t n) {
+    FILE* f = fopenCheck(path, "rb");
+    if (file_size(f, path) != n) die("%s: expected %zu bytes", path, n);
+    uint8_t* c = (uint8_t*)mallocCheck(n);
+    freadCheck(c, 1, n, f, path);
+    fcloseCheck(f, path);
+    return c;
+}
+
 static Fp8Format parse_format(const char* s) {
     if (strcmp(s, "e4m3") == 0) return FP8_E4M3;
     if (strcmp(s, "e5m2") == 0) return FP8_E5M2;
@@ -826,8 +836,11 @@ static Fp8Format parse_format(const char* s) {
  * --fp8-decode FMT OUT: the 256 codes' values (float32); --fp8-encode FMT SCALE IN OUT: fp8_quantize
  * of each float32 of IN; --bf16-round IN OUT; --fp8-scale FMT POW2 IN OUT: for each amax in IN, the
  * (scale, scale_inv, finite flag) the policy gives; --dump-run PREC OUT: this build's run of the HF
- * reference batch, in the reference-state format (test_llama compares the GPU with it). Returns -1
- * when argv is not a tool call.
+ * reference batch, in the reference-state format (test_llama compares the GPU with it);
+ * --fp8-gemm ACCUM FMT_X FMT_W M N K FAST SPLITS SCALE_X SCALE_W X W OUT: Y (M, N) float32 =
+ * scale_x scale_w X W^T for FP8 codes X (M, K) and W (N, K), row-major, run as an fprop GemmCall with
+ * fast accumulation FAST and --fp8-accum ACCUM (hopper with SPLITS > 1: contiguous split-K parts).
+ * Returns -1 when argv is not a tool call.
  */
 static int tool_main(int argc, char** argv) {
     if (argc < 2) return -1;
@@ -857,6 +870,30 @@ static int tool_main(int argc, char** argv) {
         float* x = read_floats(argv[2], &n);
         for (size_t i = 0; i < n; i++) x[i] = bf16_round(x[i]);
         write_bytes(argv[3], x, n * sizeof(float));
+        return 0;
+    }
+    if (strcmp(argv[1], "--fp8-gemm") == 0 && argc == 15) {
+        int accum = fp8_accum_parse(argv[2]);
+        if (accum < 0) die("--fp8-gemm: '%s' is not exact or hopper", argv[2]);
+        Fp8Format fx = parse_format(argv[3]), fw = parse_format(argv[4]);
+        size_t M = strtoull(argv[5], NULL, 10), N = strtoull(argv[6], NULL, 10), K = strtoull(argv[7], NULL, 10);
+        int fast = atoi(argv[8]), splits = atoi(argv[9]);
+        float scale_x = strtof(argv[10], NULL), scale_w = strtof(argv[11], NULL);
+        uint8_t* x = read_codes(argv[12], M * K);
+        uint8_t* w = read_codes(argv[13], N * K);
+        float* y = (float*)mallocCheck(M * N * sizeof(float));
+        GemmCall g = gemm_fprop(y, DT_F32, gemm_operand_fp8(w, fw == FP8_E4M3 ? DT_E4M3 : DT_E5M2, &scale_w),
+                                gemm_operand_fp8(x, fx == FP8_E4M3 ? DT_E4M3 : DT_E5M2, &scale_x), M, K, N);
+        g.fast_accum = fast;
+        g.accum = accum;
+        char why[256];
+        if (gemm_check(&g, why, sizeof(why))) die("--fp8-gemm: %s", why);
+        if (accum == FP8_ACCUM_HOPPER && splits != 1) {
+            if (gemm_hopper(&g, splits)) die("--fp8-gemm: non-finite codes");
+        } else {
+            gemm_cpu(&g);
+        }
+        write_bytes(argv[14], y, M * N * sizeof(float));
         return 0;
     }
     if (strcmp(argv[1], "--fp8-scale") == 0 && argc == 6) {

@@ -25,6 +25,8 @@
 typedef float act_t;
 #define LLM8_BACKEND "cpu"
 #define LLM8_BACKEND_MATH "BLAS (its OPENBLAS_* variables must reach every rank: mpirun -x)"
+/* The CPU emulation can model Hopper's FP8 accumulation (--fp8-accum hopper, fp8/gemm_hopper.h). */
+#define BACKEND_MODELS_FP8_ACCUM 1
 
 #include "../llama/backend.h"
 #include "../llama/op_math.h"
