@@ -56,7 +56,11 @@
 #define HOPPER_RESULT_EMIN (-126) /* a block result's exponent is clamped below at FP32's emin */
 #define HOPPER_SLOW_CHUNK 128  /* without fast accumulation, the chain restarts every 128 elements */
 #define HOPPER_SPLIT_TILE 128  /* split-K k-tile of the sm_90 kernels */
-#define HOPPER_ZERO_EXP (-1000) /* exponent of a zero product: never the block's maximum */
+#define HOPPER_ZERO_EXP (-1000) /* a block without a non-zero product: no exponent */
+/* A zero code's exponent in the decoded operands: a product with a zero factor has an exponent of at
+   most -100 + 15, below every non-zero product's (>= -6 - 14), so it is never a block's maximum. */
+#define HOPPER_ZERO_CODE_EXP (-100)
+#define HOPPER_NONZERO_EXP_MIN (-20)
 
 /* An FP8 code as significand and clamped exponent: value = sig * 2^(exp - mantissa bits). */
 typedef struct {
@@ -73,7 +77,7 @@ static inline void hopper_code_table(HopperCodeTable* t, Fp8Format f) {
         int nonfinite = f == FP8_E4M3 ? (c & 0x7f) == 0x7f : e == (1 << ebits) - 1;
         int sig = e == 0 ? m : (1 << mbits) + m;
         t->sig[c] = (int8_t)(nonfinite ? 0 : sign ? -sig : sig);
-        t->exp[c] = (int8_t)(e == 0 ? 1 - bias : e - bias);
+        t->exp[c] = (int8_t)(sig == 0 || nonfinite ? HOPPER_ZERO_CODE_EXP : e == 0 ? 1 - bias : e - bias);
         t->nonfinite[c] = (uint8_t)nonfinite;
     }
 }
@@ -87,18 +91,18 @@ typedef struct {
 static inline int hopper_bit_length(uint64_t x) { return x == 0 ? 0 : 64 - __builtin_clzll(x); }
 
 /*
- * One block FMA (see the banner): c = block(c, the n <= HOPPER_BLOCK products of sa/ea and sb/eb).
- * base = 13 - (mantissa bits of A + of B).
+ * One block FMA (see the banner): c = block(c, the n products of sa/ea and sb/eb), n 16 or 32 (K is a
+ * multiple of 16). base = 13 - (mantissa bits of A + of B). Inlined with n constant, the two loops
+ * vectorise (variable shifts on 32-bit lanes).
  */
-static inline void hopper_block(HopperAcc* c, const int8_t* sa, const int8_t* ea, const int8_t* sb, const int8_t* eb,
-                                int n, int base) {
-    int32_t p[HOPPER_BLOCK], ep[HOPPER_BLOCK];
-    int32_t emax = HOPPER_ZERO_EXP;
+static inline __attribute__((always_inline)) void hopper_block(HopperAcc* c, const int8_t* sa, const int8_t* ea,
+                                                               const int8_t* sb, const int8_t* eb, int n, int base) {
+    int32_t emax = 2 * HOPPER_ZERO_CODE_EXP;
     for (int t = 0; t < n; t++) {
-        p[t] = (int32_t)sa[t] * (int32_t)sb[t];
-        ep[t] = p[t] != 0 ? (int32_t)ea[t] + (int32_t)eb[t] : HOPPER_ZERO_EXP;
-        emax = ep[t] > emax ? ep[t] : emax;
+        int32_t ep = (int32_t)ea[t] + (int32_t)eb[t];
+        emax = ep > emax ? ep : emax;
     }
+    if (emax < HOPPER_NONZERO_EXP_MIN) emax = HOPPER_ZERO_EXP; /* every product is zero */
     int E = emax > HOPPER_MIN_EXP ? emax : HOPPER_MIN_EXP;
     uint64_t cmag = (uint64_t)(c->m < 0 ? -c->m : c->m);
     if (cmag != 0) {
@@ -107,10 +111,11 @@ static inline void hopper_block(HopperAcc* c, const int8_t* sa, const int8_t* ea
     }
     int32_t s = 0;
     for (int t = 0; t < n; t++) {
-        int32_t sh = E - ep[t];
+        int32_t p = (int32_t)sa[t] * (int32_t)sb[t];
+        int32_t sh = E - ((int32_t)ea[t] + (int32_t)eb[t]);
         sh = sh < 31 ? sh : 31;                    /* |p| << base < 2^16: a shift of 31 leaves 0 */
-        int32_t q = ((p[t] < 0 ? -p[t] : p[t]) << base) >> sh;
-        s += p[t] < 0 ? -q : q;
+        int32_t q = ((p < 0 ? -p : p) << base) >> sh;
+        s += p < 0 ? -q : q;
     }
     /* c truncated toward zero to a multiple of 2^(E - 13); |c| < 2^(E + 1), so it fits */
     int64_t ct = 0;
@@ -142,8 +147,8 @@ static inline float hopper_chain(const int8_t* sa, const int8_t* ea, const int8_
                                  size_t k1, int base) {
     HopperAcc c = {0, 0};
     for (size_t k = k0; k < k1; k += HOPPER_BLOCK) {
-        int n = k1 - k < HOPPER_BLOCK ? (int)(k1 - k) : HOPPER_BLOCK;
-        hopper_block(&c, sa + k, ea + k, sb + k, eb + k, n, base);
+        if (k1 - k >= HOPPER_BLOCK) hopper_block(&c, sa + k, ea + k, sb + k, eb + k, HOPPER_BLOCK, base);
+        else hopper_block(&c, sa + k, ea + k, sb + k, eb + k, HOPPER_BLOCK / 2, base); /* K % 16 == 0 */
     }
     return hopper_acc_value(&c);
 }
