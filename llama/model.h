@@ -792,8 +792,9 @@ static inline Fp8Scale* llama_fused_x_amax(Llama* m, int layer, LinearId lin) {
  * fprop of linear layer `lin` of block `layer`: out (N, OC) = inp (N, C) W^T, N = the forward's B*T.
  * An FP8 layer casts inp to E4M3 with its just-in-time scale (amax by the input's producer, fused, or
  * by op_amax here), keeping the X^T copy for wgrad when the run keeps it, and runs E4M3 x E4M3 with fast
- * accumulation; a replay (-r 2) casts with the scale of the forward it repeats. Any other layer runs a
- * GEMM in the activation type.
+ * accumulation unless --fp8-fast-accum 0 (and with the run's --fp8-accum, as the backward GEMMs); a
+ * replay (-r 2) casts with the scale of the forward it repeats. Any other layer runs a GEMM in the
+ * activation type.
  */
 static inline void linear_forward(Llama* m, int layer, LinearId lin, act_t* out, const act_t* inp) {
     Linear x = llama_linear(m, layer, lin);
