@@ -330,7 +330,7 @@ static inline int trainer_check_args(const TrainArgs* a, LlamaConfig* cfg) {
     train_args_check(a);
     /* the GPU's accumulation is its tensor cores': only a backend that emulates them can model Hopper's */
     if (fp8_accum_parse(a->fp8_accum) == FP8_ACCUM_HOPPER && !BACKEND_MODELS_FP8_ACCUM)
-        die("flag --fp8-accum hopper: the %s build accumulates as its GPU does; the Hopper model runs in train_llama_cpu only",
+        die("flag --fp8-accum hopper: the %s build accumulates on the tensor cores themselves; the Hopper model runs in train_llama_cpu only",
             backend_name());
     int from_checkpoint = train_args_model(a, cfg);
     if (a->tokenizer_path != NULL && access(a->tokenizer_path, R_OK) != 0)
