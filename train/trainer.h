@@ -397,7 +397,12 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaC
     printf("| lr %g (%s, warmup %d, final x%g), weight decay %g, clip %g, seed %lld\n", a->lr, a->schedule, a->warmup,
            a->final_lr_frac, a->weight_decay, a->grad_clip, a->seed);
     if (a->output_dir == NULL) printf("| warning: no -o: no logs, checkpoints or final model will be saved\n");
-    if (a->precision == PRECISION_FP8) trainer_print_safety_net(tr);
+    if (a->precision == PRECISION_FP8) {
+        printf("| FP8 GEMMs: accumulation %s%s, fprop fast accumulation %s\n", a->fp8_accum,
+               fp8_accum_parse(a->fp8_accum) == FP8_ACCUM_HOPPER ? " (model of Hopper's tensor cores, unsplit)" : "",
+               a->fp8_fast_accum ? "on" : "off");
+        trainer_print_safety_net(tr);
+    }
 
     Sharding sharding = {tr->world, tr->rank, a->zero_stage};
     llama_build(&tr->model, &tr->cfg, (Precision)a->precision, a->B, a->T, a->pow2_scales, a->recompute, sharding);
