@@ -134,6 +134,7 @@ help:
 	@echo "make clean        remove build outputs"
 	@echo "make dev/cuda/bench_kernels  kernel playground: every GPU op vs its CPU op, timed at Llama-2 7B/13B shapes"
 	@echo "make device-prepare  prepare build/device for scripts/device_check.sh on a GPU machine (prints what to carry)"
+	@echo "make build/time_cpu_reference [BLAS=none]  time the CPU side of test_llama's production checks (no GPU)"
 
 # Installs what is missing (Debian: OpenBLAS, OpenMPI; PyPI: numpy, sentencepiece, ml_dtypes, ...).
 $(SETUP_STAMP): scripts/setup.sh
@@ -171,6 +172,10 @@ test_llama: test_llama.cu train_llama.cu dev/cuda/kernel_cases.cuh build/cpu_ref
 	$(NVCC) $(NVCC_FLAGS) $< build/cpu_reference.o $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(CPU_LIBS)
 
 # Kernel playground (not part of `all`): every GPU op against the CPU reference object, like test_llama.
+# The CPU side of test_llama's production checks, timed (scripts/device_check.sh budgets from it; no GPU).
+build/time_cpu_reference: dev/cuda/time_cpu_reference.c build/cpu_reference.o $(HEADERS) | $(SETUP_STAMP)
+	$(CC) $(CFLAGS) $(CPU_INCLUDES) $< build/cpu_reference.o -o $@ $(CPU_LIBS)
+
 dev/cuda/bench_kernels: dev/cuda/bench_kernels.cu dev/cuda/kernel_cases.cuh build/cpu_reference.o $(HEADERS) $(CUDA_HEADERS) $(CUDNN_OBJ) | $(SETUP_STAMP)
 	$(NVCC) $(NVCC_FLAGS) $< build/cpu_reference.o $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(CPU_LIBS)
 

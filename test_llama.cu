@@ -6,7 +6,8 @@
  *   - the CPU reference build running the same recipe on the same batch (./test_llama_cpu --dump-run
  *     writes it to build/), which isolates GPU-specific errors from the recipe's own;
  *   - every kernel family against the CPU implementation of its op (dev/cuda/kernel_cases.cuh);
- *   - bit-identical resume, recompute and gradient accumulation on the GPU;
+ *   - bit-identical resume, recompute and gradient accumulation on the GPU; ZeRO-1/2 on one rank without
+ *     NCCL and, in the one check that starts NCCL (nccl_one_rank), through a one-rank communicator;
  *   - the FP8 safety net's model paths: BF16 linears in an fp8 run, the shadow gradient comparison;
  *   - production shapes: cuDNN attention at T 4096, HS 128 (default and deterministic backward), and the
  *     FP8 linear layers of Llama-2 7B and 13B (casts and fprop/dgrad/wgrad) at N 4096 tokens.
@@ -71,9 +72,21 @@ static int check_fused_amax(void) { return check_fused_amax_in(PRECISION_FP8); }
 /* BF16: the split changes GEMM shapes (other algorithms, other summation order), hence 1e-2. */
 static int check_grad_accumulation(void) { return check_grad_accumulation_in(PRECISION_BF16, 1e-2); }
 
-/* The NCCL path with one rank (ZeRO-1/2: reduce-scatters, accumulation kernels, the communication
-   stream and its events) against ZeRO-0, which communicates nothing: bit-identical. */
-static int check_nccl_one_rank(void) { return check_zero_stages_in(PRECISION_FP8); }
+/* One rank without NCCL (ZeRO-1/2: reduce-scatters as local copies, accumulation kernels, the
+   communication stream and its events) against ZeRO-0: bit-identical. Needs a process that has not
+   started NCCL (nccl_one_rank does; the device check runs every check in its own process). */
+static int check_zero_one_rank(void) {
+    if (g_nccl != NULL) return fail("an NCCL communicator exists already (nccl_one_rank ran first): run --only zero_one_rank");
+    return check_zero_stages_in(PRECISION_FP8);
+}
+
+/* NCCL's start on this machine (a one-rank communicator: bootstrap, /dev/shm, its kernels) and the same
+   ZeRO-1/2 run through it against ZeRO-0: bit-identical. The only check that starts NCCL, so that a
+   machine where NCCL cannot start fails this row alone. */
+static int check_nccl_one_rank(void) {
+    comm_nccl_start();
+    return check_zero_stages_in(PRECISION_FP8);
+}
 
 /* An fp8 run's block linears in BF16 (fallback, --bf16-layers) run the bf16 recipe's kernels: bit for bit
    (deterministic attention backward, set in main). */
@@ -393,7 +406,8 @@ static Check CHECKS[] = {
     {"forward_deferred", check_forward_deferred, "GPU: losses summed on the device (llama_forward_deferred) equal llama_forward's"},
     {"fused_amax", check_fused_amax, "GPU fp8 with the producers' fused amax vs separate op_amax: bit-identical runs"},
     {"grad_accumulation", check_grad_accumulation, "GPU: 2 micro-batches accumulate the 1-batch gradient"},
-    {"nccl_one_rank", check_nccl_one_rank, "GPU: ZeRO-1/2 over a one-rank NCCL communicator equal ZeRO-0 bit for bit"},
+    {"zero_one_rank", check_zero_one_rank, "GPU: ZeRO-1/2 on one rank without NCCL (local copies) equal ZeRO-0 bit for bit"},
+    {"nccl_one_rank", check_nccl_one_rank, "GPU: NCCL starts (one-rank communicator); ZeRO-1/2 through it equal ZeRO-0 bit for bit"},
     {"prod_attention", check_prod_attention, "attention at T 4096, HS 128, default (fastest) backward vs CPU on a slice"},
     {"prod_attention_deterministic", check_prod_attention_deterministic, "the same with the deterministic backward"},
     {"prod_fp8_linear_7b", check_prod_fp8_linear_7b, "Llama-2 7B linear layers, N 4096: FP8 casts vs CPU, fprop/dgrad/wgrad vs CPU emulation"},
@@ -415,7 +429,8 @@ int main(int argc, char** argv) {
     }
     /* cuDNN's default attention backward is not bit-reproducible; the resume check needs it to be */
     setenv("LLM8_DETERMINISTIC", "1", 0);
-    /* one rank: the NCCL communicator of the checkpoint and ZeRO checks (listing the checks needs no GPU) */
+    /* one rank: the device and the communication stream of the checkpoint and ZeRO checks, no NCCL
+       (only nccl_one_rank starts it); listing the checks needs no GPU */
     if (!(argc == 2 && strcmp(argv[1], "--list") == 0)) comm_init(&argc, &argv);
     g_seed = test_seed(argc, argv);
     return run_checks(CHECKS, (int)(sizeof(CHECKS) / sizeof(CHECKS[0])), argc, argv);

@@ -208,17 +208,40 @@ static inline size_t backend_memory_total(const char** what) {
    MiB with CUDA 12+ lazy module loading on Hopper; the device check's memory row measures it). */
 #define CUDA_CONTEXT_ESTIMATE_BYTES ((size_t)1 << 30)
 
+#ifdef USE_CUDNN
+/* The GPU generation a plan is for: the current device's compute capability major, else Hopper (9, the
+   H100/H200 DESIGN.md targets) on a machine without a GPU, as *assumed says. */
+static inline int plan_sm_major(int* assumed) {
+    int count = 0, device = 0, major = 0;
+    *assumed = cudaGetDeviceCount(&count) != cudaSuccess || count == 0 || cudaGetDevice(&device) != cudaSuccess ||
+               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess;
+    if (*assumed) {
+        cudaGetLastError(); /* clear the sticky "no device" error */
+        return 9;
+    }
+    return major;
+}
+#endif
+
 static inline int backend_workspaces(const WorkspaceQuery* q, MemoryEstimate* out) {
     const LlamaConfig* c = q->cfg;
     size_t N = (size_t)q->B * q->T, C = (size_t)c->dim;
-    size_t NH = (size_t)c->n_heads, rows = (size_t)q->B * NH * (size_t)q->T;
     int n = 0;
     out[n++] = (MemoryEstimate){"cuda_context", CUDA_CONTEXT_ESTIMATE_BYTES, 1, "CUDA context, cuBLASLt/cuDNN handles and kernels"};
     out[n++] = (MemoryEstimate){"cublaslt", CUBLASLT_WORKSPACE_BYTES, 0, "cuBLASLt workspace"};
 #ifdef USE_CUDNN
-    out[n++] = (MemoryEstimate){"cudnn_attention", N * C * sizeof(float) + rows * sizeof(float), 1,
-                                "cuDNN SDPA workspace: FP32 dQ accumulator and row sums of the backward"};
+    /* the backward's workspace (the forward's is smaller: it keeps no dQ accumulator or dP) on the path
+       cuDNN takes for this run: the deterministic backward (LLM8_DETERMINISTIC=1) on Hopper holds dP,
+       B NH T T BF16, 1 GiB for Llama-2 7B at B 1, T 4096 */
+    static char attention_what[sizeof(((CudnnAttWorkspace*)0)->what) + 64];
+    int assumed;
+    int sm = plan_sm_major(&assumed);
+    CudnnAttWorkspace att = cudnn_att_backward_workspace(q->B, q->T, c->n_heads, c->n_kv_heads, c->dim / c->n_heads,
+                                                         cudnn_att_deterministic_env(), sm);
+    snprintf(attention_what, sizeof(attention_what), "%s%s", att.what, assumed ? "; no GPU here: planned for Hopper" : "");
+    out[n++] = (MemoryEstimate){"cudnn_attention", att.bytes, 1, attention_what};
 #else
+    size_t rows = (size_t)q->B * (size_t)c->n_heads * (size_t)q->T;
     out[n++] = (MemoryEstimate){"attention", rows * sizeof(float), 0, "fallback attention backward row sums"};
 #endif
     out[n++] = (MemoryEstimate){"encoder_backward", (3 * N + 1) * sizeof(int), 0,

@@ -123,14 +123,106 @@ static std::shared_ptr<fe::graph::Graph> build_graph(bool backward, int B, int T
     return g;
 }
 
+/* ---------------------------------------------------------------- the backward's workspace, planned */
+
+/* Where the frontend's SDPA backward (CompositeSDPABackwardNode::expand_node and
+   get_fe_workspace_size_node in cudnn_frontend/node/scaled_dot_product_flash_attention.h, frontend 1.32)
+   reads its dP-workspace limit, in bytes: unset, -1 (no limit), 0 (never) or n. */
+static const char* const DP_LIMIT_ENV = "CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT";
+/* The frontend's default limit for cuDNN 8.9.5 <= version < 9.0 on Hopper (same header). */
+static const int64_t DP_DEFAULT_LIMIT = (int64_t)256 << 20;
+
+static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+/* The dP workspace, B NH s_q s_kv BF16 with the sequence lengths rounded up to the engine's tiles: 64 x 64
+   in the frontend's cuDNN 8.9 rule, 64 x 128 in its Hopper rule for cuDNN >= 9.25 (the larger; the two
+   agree when T is a multiple of 128, as at T 4096: 1 GiB for Llama-2 7B at B 1). */
+static int64_t dp_workspace_bytes(int B, int T, int NH, int kv_tile) {
+    return (int64_t)B * NH * round_up(T, 64) * round_up(T, kv_tile) * BF16_BYTES;
+}
+
+extern "C" int cudnn_att_deterministic_env(void) {
+    const char* env = getenv("LLM8_DETERMINISTIC");
+    return env != nullptr && strcmp(env, "1") == 0;
+}
+
+/*
+ * The frontend's choice, restated (causal, no bias, no dropout, dense BHSD tensors, as build_graph makes):
+ *   - cuDNN 8.9.5 <= version < 9.0 on sm >= 90: the dP path when its bytes (64 x 64 tiles) are within the
+ *     limit (unset: 256 MiB; -1: always; 0: never);
+ *   - deterministic on sm 9x with cuDNN >= 9.25: the "ordered dQ" engine (linear workspace) only when the
+ *     limit is set to n >= 0 below the dP bytes (64 x 128 tiles);
+ *   - otherwise a deterministic backward always takes the dP path.
+ * The frontend's own workspace: the softmax row sums (B NH T FP32) always, plus the FP32 dQ accumulator
+ * (B NH T HS) off the dP path; on the dP path the engine's workspace holds dP instead.
+ */
+extern "C" CudnnAttWorkspace cudnn_att_backward_workspace(int B, int T, int NH, int NKV, int HS, int deterministic,
+                                                          int sm_major) {
+    (void)NKV; /* K and V head counts change no workspace of a dense layout (dK/dV full-head sums are virtual) */
+    size_t version = cudnnGetVersion();
+    /* parsed as the frontend parses it: strtoll, valid when nothing follows the number */
+    const char* env = getenv(DP_LIMIT_ENV);
+    int64_t limit = 0;
+    bool limit_set = false;
+    if (env != nullptr) {
+        char* end = nullptr;
+        limit = std::strtoll(env, &end, 10);
+        limit_set = *end == '\0';
+    }
+    bool dp = false;
+    if (version >= 8905 && version < 90000 && sm_major >= 9) {
+        /* the frontend's 8.9 rule fails the graph on a malformed limit (its Hopper rule below ignores one) */
+        if (env != nullptr && !limit_set) die("%s=%s: the cuDNN frontend takes an integer (bytes; -1 no limit, 0 never)", DP_LIMIT_ENV, env);
+        int64_t need = dp_workspace_bytes(B, T, NH, 64), cap = limit_set ? limit : DP_DEFAULT_LIMIT;
+        dp = cap == -1 || (cap != 0 && need <= cap);
+    }
+    bool ordered_dq = deterministic && sm_major == 9 && version >= 92500 && limit_set && limit >= 0 &&
+                      dp_workspace_bytes(B, T, NH, 128) > limit;
+    if (deterministic && !ordered_dq) dp = true;
+
+    CudnnAttWorkspace w;
+    int64_t rows = (int64_t)B * NH * T, row_sums = rows * (int64_t)sizeof(float);
+    const char* algorithm = deterministic ? "deterministic" : "fastest";
+    char version_text[32];
+    /* cuDNN 9 numbers its versions major * 10000 + minor * 100 + patch, cuDNN 8 major * 1000 + minor * 100 + patch */
+    if (version >= 90000) snprintf(version_text, sizeof(version_text), "cuDNN %zu.%zu", version / 10000, version / 100 % 100);
+    else snprintf(version_text, sizeof(version_text), "cuDNN %zu.%zu", version / 1000, version / 100 % 10);
+    if (dp) {
+        int64_t dp_bytes = dp_workspace_bytes(B, T, NH, sm_major == 9 ? 128 : 64);
+        w.bytes = (size_t)(dp_bytes + row_sums);
+        snprintf(w.what, sizeof(w.what), "cuDNN SDPA backward (%s, dP workspace path, %s, sm %d): dP %.1f MiB + row sums",
+                 algorithm, version_text, sm_major * 10, (double)dp_bytes / (1 << 20));
+    } else {
+        int64_t dq_accum = rows * HS * (int64_t)sizeof(float);
+        w.bytes = (size_t)(dq_accum + row_sums);
+        snprintf(w.what, sizeof(w.what), "cuDNN SDPA backward (%s%s, %s, sm %d): FP32 dQ accumulator + row sums", algorithm,
+                 ordered_dq ? ", ordered dQ" : "", version_text, sm_major * 10);
+    }
+    w.dp_workspace = dp ? 1 : 0;
+    return w;
+}
+
+/* ---------------------------------------------------------------- graphs */
+
 /* The cached graph of a shape, with the shared workspace grown to what it needs. */
 static fe::graph::Graph& graph_for(bool backward, int B, int T, int NH, int NKV, int HS) {
     if (g_cudnn == nullptr) die("cudnn_att_init was not called before attention");
     GraphKey key(B, T, NH, NKV, HS, backward ? 1 : 0, backward && g_deterministic ? 1 : 0);
     auto it = g_graphs.find(key);
-    if (it == g_graphs.end()) it = g_graphs.emplace(key, build_graph(backward, B, T, NH, NKV, HS)).first;
+    bool built = it == g_graphs.end();
+    if (built) it = g_graphs.emplace(key, build_graph(backward, B, T, NH, NKV, HS)).first;
     int64_t need = 0;
     feCheck(it->second->get_workspace_size(need), shape_name(backward, B, T, NH, NKV, HS));
+    if (built && backward) {
+        /* what the memory plan counted for this shape against what cuDNN asks for: the plan must not be short */
+        int device = 0, major = 0;
+        cudaCheck(cudaGetDevice(&device));
+        cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        CudnnAttWorkspace planned = cudnn_att_backward_workspace(B, T, NH, NKV, HS, g_deterministic, major);
+        printf("| attention %s: workspace %.1f MiB, planned %.1f MiB (%s)%s\n", shape_name(true, B, T, NH, NKV, HS).c_str(),
+               (double)need / (1 << 20), (double)planned.bytes / (1 << 20), planned.what,
+               (size_t)need > planned.bytes ? ": warning: more than the memory plan counts" : "");
+    }
     if (need > g_workspace_bytes) {
         /* the old workspace may still be in use by a queued attention kernel */
         cudaCheck(cudaDeviceSynchronize());
@@ -146,8 +238,7 @@ static void* offset(const void* p, int64_t elements) { return (char*)p + element
 extern "C" void cudnn_att_init(void) {
     if (g_cudnn != nullptr) return;
     cudnnCheck(cudnnCreate(&g_cudnn));
-    const char* env = getenv("LLM8_DETERMINISTIC");
-    g_deterministic = env != nullptr && strcmp(env, "1") == 0;
+    g_deterministic = cudnn_att_deterministic_env() != 0;
 }
 
 extern "C" int cudnn_att_set_deterministic(int on) {

@@ -22,6 +22,24 @@ extern "C" {
 /* Creates the cuDNN handle (once) and takes the backward algorithm from LLM8_DETERMINISTIC (1: deterministic). */
 void cudnn_att_init(void);
 
+/* 1 when LLM8_DETERMINISTIC=1 asks for the deterministic backward (what cudnn_att_init will select). */
+int cudnn_att_deterministic_env(void);
+
+/* The backward's workspace for one shape as the cuDNN frontend decides and sizes it (see cudnn_att.cpp). */
+typedef struct {
+    size_t bytes;
+    int dp_workspace; /* 1: the dP-workspace path (B NH T T BF16 in the engine's workspace, no FP32 dQ) */
+    char what[192];   /* the path and its sizes, for the memory plan and the start-up line */
+} CudnnAttWorkspace;
+
+/*
+ * The workspace cudnn_att_backward takes for (B, T, NH, NKV, HS) with the deterministic (deterministic != 0)
+ * or the fastest algorithm on a GPU of compute capability major sm_major, with the cuDNN library loaded now
+ * and CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT as set now: needs no GPU and no handle (the memory plan).
+ * Stops where the frontend would fail the graph (a malformed limit with cuDNN 8.9).
+ */
+CudnnAttWorkspace cudnn_att_backward_workspace(int B, int T, int NH, int NKV, int HS, int deterministic, int sm_major);
+
 /*
  * Selects cuDNN's deterministic SDPA backward (on != 0) or its fastest one, which accumulates dQ with
  * atomics and is not bit-reproducible (on == 0); both kinds of graphs are cached. Returns the previous choice.

@@ -40,8 +40,8 @@ static DistInfo g_dist = {0, 1, 0, 1, 0, "localhost"};
 /* ---------------------------------------------------------------- life cycle */
 
 /* Bootstraps the job (MPI_Init_thread when launched by mpirun/srun) and fills g_dist; on the GPU also
-   selects the local rank's device and creates the NCCL communicator. Stops naming the host when a node
-   has more ranks than GPUs. */
+   selects the local rank's device and, when world > 1, creates the NCCL communicator (one rank needs
+   none: its collectives are local copies). Stops naming the host when a node has more ranks than GPUs. */
 static inline void comm_init(int* argc, char*** argv);
 /* Clean shutdown, on the success path only (a failed job must never wait in finalize). */
 static inline void comm_finalize(void);

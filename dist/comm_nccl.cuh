@@ -4,7 +4,11 @@
  * ncclUniqueId sent by MPI_Bcast, then MPI_Barrier before ncclCommInitRank (a broadcast still in flight
  * can deadlock against the blocking init: NVIDIA/cuDecomp#24). Every collective of the step loop is
  * NCCL's, host values included, so no MPI call runs inside it. Built without MPI (make USE_MPI=0), or
- * started without a launcher, the job is one rank with a one-rank NCCL communicator.
+ * started without a launcher, the job is one rank, and one rank starts no NCCL: each collective is then
+ * what NCCL computes over one rank (a sum or max of one contribution is that contribution, bit for bit),
+ * a copy on the communication stream or nothing, so that NCCL's own start-up (bootstrap sockets, /dev/shm)
+ * cannot fail a one-GPU run or check. comm_nccl_start creates a one-rank communicator on demand (the
+ * nccl_one_rank check of test_llama); streams, events and conversions are the same with or without it.
  *
  * Collectives run on their own non-blocking, high-priority stream, after an event recorded on the
  * compute stream (the legacy default stream, which a non-blocking stream does not synchronize with), so
@@ -39,6 +43,22 @@ static int g_waits = 0;                       /* timed waits since comm_exposed_
 static DeviceScratch g_comm_scratch;          /* conversions and accumulation */
 static DeviceScratch g_host_scratch;          /* comm_host_* values */
 
+/* Creates the NCCL communicator of the job's g_dist.world ranks (once): rank 0's unique id, broadcast
+   and a barrier under MPI, then ncclCommInitRank. Called by comm_init when world > 1; a one-rank job
+   calls it only to test NCCL itself. */
+static inline void comm_nccl_start(void) {
+    if (g_nccl != NULL) return;
+    ncclUniqueId id;
+    if (g_dist.rank == 0) ncclCheck(ncclGetUniqueId(&id));
+#ifdef LLM8_MPI
+    if (mpi_active()) {
+        mpiCheck(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD));
+        mpiCheck(MPI_Barrier(MPI_COMM_WORLD));
+    }
+#endif
+    ncclCheck(ncclCommInitRank(&g_nccl, g_dist.world, id, g_dist.rank));
+}
+
 static inline void comm_init(int* argc, char*** argv) {
     mpi_bootstrap(argc, argv);
     int gpus = 0;
@@ -50,16 +70,7 @@ static inline void comm_init(int* argc, char*** argv) {
         die("%s runs %d ranks but has %d visible GPU(s): start at most one rank per GPU (mpirun --map-by ppr:%d:node)",
             g_dist.host, g_dist.local_world, gpus, gpus);
     cudaCheck(cudaSetDevice(g_dist.local_rank));
-
-    ncclUniqueId id;
-    if (g_dist.rank == 0) ncclCheck(ncclGetUniqueId(&id));
-#ifdef LLM8_MPI
-    if (mpi_active()) {
-        mpiCheck(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD));
-        mpiCheck(MPI_Barrier(MPI_COMM_WORLD));
-    }
-#endif
-    ncclCheck(ncclCommInitRank(&g_nccl, g_dist.world, id, g_dist.rank));
+    if (g_dist.world > 1) comm_nccl_start();
     int least, greatest;
     cudaCheck(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     cudaCheck(cudaStreamCreateWithPriority(&g_comm_stream, cudaStreamNonBlocking, greatest));
@@ -71,7 +82,7 @@ static inline void comm_init(int* argc, char*** argv) {
 
 static inline void comm_finalize(void) {
     cudaCheck(cudaStreamSynchronize(g_comm_stream));
-    ncclCheck(ncclCommDestroy(g_nccl));
+    if (g_nccl != NULL) ncclCheck(ncclCommDestroy(g_nccl));
     mpi_finalize();
 }
 
@@ -82,8 +93,12 @@ LLM8_NORETURN static inline void comm_abort(int status) {
 
 static inline int comm_async_error(char* why, size_t len) {
     if (g_nccl == NULL) return 0;
-    ncclResult_t r;
-    if (ncclCommGetAsyncError(g_nccl, &r) != ncclSuccess) return 0;
+    ncclResult_t r, query = ncclCommGetAsyncError(g_nccl, &r);
+    /* a communicator that cannot even say whether it failed is reported, not taken for a healthy one */
+    if (query != ncclSuccess) {
+        snprintf(why, len, "ncclCommGetAsyncError failed: %s", ncclGetErrorString(query));
+        return 1;
+    }
     if (r == ncclSuccess || r == ncclInProgress) return 0;
     snprintf(why, len, "NCCL asynchronous error: %s", ncclGetErrorString(r));
     return 1;
@@ -112,6 +127,12 @@ __global__ void comm_nan_to_inf_kernel(float* x, size_t n) {
 
 /* ---------------------------------------------------------------- collectives */
 
+/* One rank without a communicator: recv = send (bytes), what any NCCL collective over one rank leaves,
+   ordered on the communication stream like the collective it stands for; nothing when in place. */
+static inline void comm_one_rank_copy(void* recv, const void* send, size_t bytes) {
+    if (recv != send) cudaCheck(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, g_comm_stream));
+}
+
 /* The communication stream waits until the compute stream reaches this point. */
 static inline void comm_issue(void) {
     cudaCheck(cudaEventRecord(g_issue_event, 0));
@@ -126,16 +147,19 @@ static inline void comm_reduce_scatter(const float* send, float* recv, size_t n,
         __nv_bfloat16* tmp = (__nv_bfloat16*)scratch_reserve(&g_comm_scratch, (W + 1) * n * sizeof(__nv_bfloat16));
         comm_to_bf16_kernel<<<blocks, BLOCK_THREADS, 0, g_comm_stream>>>(tmp, send, W * n);
         launchCheck();
-        ncclCheck(ncclReduceScatter(tmp, tmp + W * n, n, ncclBfloat16, ncclSum, g_nccl, g_comm_stream));
+        if (g_nccl) ncclCheck(ncclReduceScatter(tmp, tmp + W * n, n, ncclBfloat16, ncclSum, g_nccl, g_comm_stream));
+        else comm_one_rank_copy(tmp + W * n, tmp, n * sizeof(__nv_bfloat16));
         comm_store_kernel<<<grid_for(n, BLOCK_THREADS), BLOCK_THREADS, 0, g_comm_stream>>>(recv, tmp + W * n, n, accumulate);
         launchCheck();
     } else if (accumulate) {
         float* tmp = (float*)scratch_reserve(&g_comm_scratch, n * sizeof(float));
-        ncclCheck(ncclReduceScatter(send, tmp, n, ncclFloat, ncclSum, g_nccl, g_comm_stream));
+        if (g_nccl) ncclCheck(ncclReduceScatter(send, tmp, n, ncclFloat, ncclSum, g_nccl, g_comm_stream));
+        else comm_one_rank_copy(tmp, send, n * sizeof(float));
         comm_store_kernel<<<grid_for(n, BLOCK_THREADS), BLOCK_THREADS, 0, g_comm_stream>>>(recv, tmp, n, 1);
         launchCheck();
     } else {
-        ncclCheck(ncclReduceScatter(send, recv, n, ncclFloat, ncclSum, g_nccl, g_comm_stream));
+        if (g_nccl) ncclCheck(ncclReduceScatter(send, recv, n, ncclFloat, ncclSum, g_nccl, g_comm_stream));
+        else comm_one_rank_copy(recv, send, n * sizeof(float));
     }
 }
 
@@ -145,30 +169,31 @@ static inline void comm_all_reduce(float* buf, size_t n, CommWire wire) {
         __nv_bfloat16* tmp = (__nv_bfloat16*)scratch_reserve(&g_comm_scratch, n * sizeof(__nv_bfloat16));
         comm_to_bf16_kernel<<<grid_for(n, BLOCK_THREADS), BLOCK_THREADS, 0, g_comm_stream>>>(tmp, buf, n);
         launchCheck();
-        ncclCheck(ncclAllReduce(tmp, tmp, n, ncclBfloat16, ncclSum, g_nccl, g_comm_stream));
+        if (g_nccl) ncclCheck(ncclAllReduce(tmp, tmp, n, ncclBfloat16, ncclSum, g_nccl, g_comm_stream));
         comm_store_kernel<<<grid_for(n, BLOCK_THREADS), BLOCK_THREADS, 0, g_comm_stream>>>(buf, tmp, n, 0);
         launchCheck();
     } else {
-        ncclCheck(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, g_nccl, g_comm_stream));
+        if (g_nccl) ncclCheck(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, g_nccl, g_comm_stream));
     }
 }
 
 static inline void comm_all_reduce_f64(double* buf, size_t n) {
     comm_issue();
-    ncclCheck(ncclAllReduce(buf, buf, n, ncclDouble, ncclSum, g_nccl, g_comm_stream));
+    if (g_nccl) ncclCheck(ncclAllReduce(buf, buf, n, ncclDouble, ncclSum, g_nccl, g_comm_stream));
 }
 
 static inline void comm_all_reduce_max(float* buf, size_t n) {
     comm_issue();
     comm_nan_to_inf_kernel<<<grid_for(n, BLOCK_THREADS), BLOCK_THREADS, 0, g_comm_stream>>>(buf, n);
     launchCheck();
-    ncclCheck(ncclAllReduce(buf, buf, n, ncclFloat, ncclMax, g_nccl, g_comm_stream));
+    if (g_nccl) ncclCheck(ncclAllReduce(buf, buf, n, ncclFloat, ncclMax, g_nccl, g_comm_stream));
 }
 
 static inline void comm_all_gather(void* buf, size_t bytes) {
     comm_issue();
     const char* mine = (const char*)buf + (size_t)g_dist.rank * bytes;
-    ncclCheck(ncclAllGather(mine, buf, bytes, ncclUint8, g_nccl, g_comm_stream));
+    if (g_nccl) ncclCheck(ncclAllGather(mine, buf, bytes, ncclUint8, g_nccl, g_comm_stream));
+    else comm_one_rank_copy(buf, mine, bytes);
 }
 
 /* NCCL's own device buffers for a multi-rank communicator: an estimate (per channel and ring peer NCCL
@@ -226,7 +251,7 @@ static inline void comm_host_reduce(double* x, size_t n, ncclRedOp_t op) {
     double* d = (double*)scratch_reserve(&g_host_scratch, n * sizeof(double));
     cudaCheck(cudaMemcpy(d, x, n * sizeof(double), cudaMemcpyHostToDevice));
     comm_issue();
-    ncclCheck(ncclAllReduce(d, d, n, ncclDouble, op, g_nccl, g_comm_stream));
+    if (g_nccl) ncclCheck(ncclAllReduce(d, d, n, ncclDouble, op, g_nccl, g_comm_stream));
     cudaCheck(cudaStreamSynchronize(g_comm_stream));
     cudaCheck(cudaMemcpy(x, d, n * sizeof(double), cudaMemcpyDeviceToHost));
 }
@@ -238,7 +263,7 @@ static inline void comm_host_broadcast(void* x, size_t bytes, int root) {
     void* d = scratch_reserve(&g_host_scratch, bytes);
     cudaCheck(cudaMemcpy(d, x, bytes, cudaMemcpyHostToDevice));
     comm_issue();
-    ncclCheck(ncclBroadcast(d, d, bytes, ncclUint8, root, g_nccl, g_comm_stream));
+    if (g_nccl) ncclCheck(ncclBroadcast(d, d, bytes, ncclUint8, root, g_nccl, g_comm_stream));
     cudaCheck(cudaStreamSynchronize(g_comm_stream));
     cudaCheck(cudaMemcpy(x, d, bytes, cudaMemcpyDeviceToHost));
 }
@@ -248,7 +273,8 @@ static inline void comm_host_all_gather(const void* mine, void* all, size_t byte
     char* d = (char*)scratch_reserve(&g_host_scratch, W * bytes);
     cudaCheck(cudaMemcpy(d + (size_t)g_dist.rank * bytes, mine, bytes, cudaMemcpyHostToDevice));
     comm_issue();
-    ncclCheck(ncclAllGather(d + (size_t)g_dist.rank * bytes, d, bytes, ncclUint8, g_nccl, g_comm_stream));
+    if (g_nccl) ncclCheck(ncclAllGather(d + (size_t)g_dist.rank * bytes, d, bytes, ncclUint8, g_nccl, g_comm_stream));
+    else comm_one_rank_copy(d, d + (size_t)g_dist.rank * bytes, bytes);
     cudaCheck(cudaStreamSynchronize(g_comm_stream));
     cudaCheck(cudaMemcpy(all, d, W * bytes, cudaMemcpyDeviceToHost));
 }

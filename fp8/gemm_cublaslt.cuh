@@ -4,7 +4,9 @@
  * (wgrad accumulates into the FP32 gradient with beta = 1, C = D). FP8 operands carry per-tensor
  * scale_inv values in device memory that cuBLASLt reads as its A/B scale pointers, so no host
  * synchronization is needed between the cast that produces a scale and the GEMM that uses it. The
- * heuristic's algorithm is looked up once per GEMM shape and kept in a small table.
+ * heuristic's algorithm is looked up once per GEMM shape and kept in a small table; for FP8 it is asked
+ * with the A/B scale pointers already set (to a device 1.0f), and each call then points them at its
+ * operands' scale_inv. Split-K reductions are limited to those that round D once (gemm_reduction_mask).
  */
 #pragma once
 
@@ -29,6 +31,8 @@ static inline void cublas_check(cublasStatus_t status, const char* call, const c
 
 static cublasLtHandle_t g_cublaslt = NULL;
 static void* g_cublaslt_workspace = NULL;
+/* A device 1.0f: the A/B scale an FP8 plan's heuristic query sees (gemm_plan_build). */
+static float* g_gemm_unit_scale = NULL;
 
 /* One cached GEMM: the key (everything the algorithm choice depends on) and its descriptors. */
 typedef struct {
@@ -50,6 +54,27 @@ static inline void gemm_cublaslt_init(void) {
     if (g_cublaslt) return;
     cublasCheck(cublasLtCreate(&g_cublaslt));
     cudaCheck(cudaMalloc(&g_cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES));
+    const float one = 1.0f;
+    cudaCheck(cudaMalloc(&g_gemm_unit_scale, sizeof(float)));
+    cudaCheck(cudaMemcpy(g_gemm_unit_scale, &one, sizeof(float), cudaMemcpyHostToDevice));
+}
+
+/*
+ * The split-K reduction schemes (cublasLt.h, cublasLtReductionScheme_t) a GEMM with D of type dt may
+ * use, so that D is rounded once, from the FP32 sum of all k, as llama/backend.h's op_gemm promises and
+ * the CPU emulation (fp8/gemm_cpu.h) computes:
+ *   - INPLACE reduces "in place - using the output buffer (and output data type)": each split adds its
+ *     partial sum into D, so an accumulating FP32 D (wgrad, beta = 1) becomes ((D + p1) + p2) + ..., one
+ *     rounding per split instead of one, and a BF16 D holds BF16-rounded partial sums: never allowed;
+ *   - OUTPUT_TYPE stores the partial sums "in output type in the workspace": BF16 for a BF16 D (a
+ *     rounding of every partial sum before the final one), exact for FP32 D: allowed for FP32 D only;
+ *   - COMPUTE_TYPE keeps them in FP32 and reduces them in a separate step, then applies alpha, beta and C
+ *     once, like NONE (no split-K): always allowed (only the order of the FP32 summation over k changes).
+ */
+static inline uint32_t gemm_reduction_mask(DType dt) {
+    uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    if (dt == DT_F32) mask |= CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+    return mask;
 }
 
 static inline cudaDataType_t gemm_cuda_type(DType t) {
@@ -96,6 +121,14 @@ static inline void gemm_plan_build(GemmPlan* p, const GemmPlan* key) {
     if (dtype_is_fp8(p->at)) {
         int8_t fast = p->fast_accum ? 1 : 0;
         cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+        /* Scale pointers are set before the heuristic query, as Transformer Engine does: cuBLASLt does not
+           promise that an algorithm chosen without them works with them (XLA got wrong results and errors
+           with cuBLASLt 12.8 until it set them first: openxla/xla#40747). The value does not matter to
+           the choice; gemm_cublaslt overwrites both pointers on every call. No C/D scale: D is never FP8. */
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g_gemm_unit_scale,
+                                                   sizeof(g_gemm_unit_scale)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g_gemm_unit_scale,
+                                                   sizeof(g_gemm_unit_scale)));
     }
     /* column-major layouts: op(A) m x k stored (transA ? k x m : m x k), op(B) k x n likewise, D m x n */
     uint64_t a_rows = p->transA ? p->k : p->m, a_cols = p->transA ? p->m : p->k;
@@ -115,6 +148,9 @@ static inline void gemm_plan_build(GemmPlan* p, const GemmPlan* key) {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
     for (int i = 0; i < 4; i++)
         cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof(aligns[i])));
+    uint32_t reduction = gemm_reduction_mask(p->dt);
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
+                                                     sizeof(reduction)));
     cublasLtMatmulHeuristicResult_t result;
     int found = 0;
     cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(g_cublaslt, p->desc, p->a_layout, p->b_layout, p->d_layout,
@@ -177,7 +213,8 @@ static inline void gemm_cublaslt(const GemmCall* g) {
     key.used = 1;
     GemmPlan* p = gemm_plan_get(&key);
     if (fp8) {
-        /* the pointers change per call (one Fp8Scale per operand); the algorithm does not depend on them */
+        /* the pointers change per call (one Fp8Scale per operand), replacing the plan's unit scale; the
+           algorithm was chosen with scale pointers set, so it supports them */
         cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g->a.scale_inv,
                                                    sizeof(g->a.scale_inv)));
         cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g->b.scale_inv,

@@ -196,6 +196,7 @@ static inline void op_fp8_clear_nonfinite(Fp8Scale* s, size_t n);
 /* out_t (cols, rows) = in (rows, cols) transposed: FP8 codes, copied. */
 static inline void op_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols);
 /* Runs a GEMM (fp8/gemm.h: build it with gemm_fprop / gemm_dgrad / gemm_wgrad); DT_ACT outputs are
-   stored in the activation type; an accumulating GEMM adds its whole product to D in one rounding
-   (D = D + op(A) op(B)). Stops with gemm_check's reason for a GEMM the FP8 rules forbid. */
+   stored in the activation type; each element of D is rounded once, from the FP32 sum over all of k (no
+   rounded partial sums, split-K included), and an accumulating GEMM adds its whole product to D in that
+   one rounding (D = D + op(A) op(B)). Stops with gemm_check's reason for a GEMM the FP8 rules forbid. */
 static inline void op_gemm(const GemmCall* g);

@@ -2,7 +2,9 @@
 # The device check (DESIGN.md section 8): the one command run on a lent GPU machine (one H100/H200, no
 # network, under 8 minutes), and all the evidence the project gets from it. Every phase runs in its own
 # process under its own timeout, so a crash, a die() or a hang costs only its own row, and the table is
-# printed (and appended to OUT_DIR/summary.txt) row by row, so even a killed run leaves it:
+# printed (and appended to OUT_DIR/summary.txt) row by row, so even a killed run leaves it. The phases run
+# in the order of their value per second, so that when the budget runs out only the least valuable rows say
+# "no time left":
 #   1. environment: nvidia-smi; the CUDA toolkit, cuDNN, nvrtc and NCCL (the system's, else those of
 #      PyTorch's nvidia-* wheels), MPI, OpenBLAS, compute-sanitizer (on PATH or in the toolkit);
 #   2. the files `make device-prepare` made on a machine without a GPU (build/device: the cuDNN glue
@@ -10,15 +12,17 @@
 #   3. the build of train_llama, test_llama and test_llama_cpu on the device;
 #   4. test_llama --device-info: GPU, CUDA / cuBLASLt / cuDNN versions and the attention path (must be
 #      cuDNN SDPA: the fallback kernels would make every number below measure the wrong thing);
-#   5. every check of test_llama (--list) in a process of its own (--only NAME): HF's reference, the CPU
-#      build, each kernel family, resume, the NCCL path on one rank against no NCCL (nccl_one_rank), and
-#      the production shapes (attention at T 4096, HS 128 with both cuDNN backward algorithms; the FP8
-#      linear layers of Llama-2 7B and 13B);
+#   5. test_llama checks, each in a process of its own (--only NAME), in four groups placed among the
+#      other phases: a smoke check (SMOKE_CHECKS: cuBLASLt BF16/FP8 at a small shape), the production
+#      shapes (PROD_CHECKS: the FP8 linear layers of Llama-2 7B and 13B, cuDNN attention at T 4096, HS 128
+#      with both backward algorithms), after the throughput rows the model-level checks (HF's reference,
+#      the CPU build, resume, recompute, ZeRO on one rank without NCCL, and nccl_one_rank, the one check
+#      that starts NCCL), and last the kernel families at a small shape; every check of --list gets a row;
 #   6. FP8 vs BF16 GEMM TFLOP/s at the 7B and 13B shapes;
 #   7. throughput of a 7B-shaped model (LAYERS layers, T 4096, 32768 tokens per step: 8 micro-steps) in bf16
 #      and fp8: mean tokens/s and MFU of the steps after warm-up (skipped steps excluded) and the trainer's
 #      own per-phase profile (--profile), and the device memory in use against the memory plan (--dry-run 1);
-#      then the cost of the FP8 safety net's shadow check (with gradients) at that shape;
+#      at the end, the cost of the FP8 safety net's shadow check (with gradients) at that shape;
 #   8. real text: `tiny` on tiny-shakespeare on the GPU in bf16 and fp8 with the flags of the carried CPU
 #      run: fp8 within 1% of bf16, and within 0.5% of the CPU build's emulated fp8 curve;
 #   9. a GPU run resumed from its step-3 checkpoint against the uninterrupted run;
@@ -29,8 +33,40 @@
 # phase); bulky files (shards, checkpoints, runs) live in a folder under /tmp, removed at the end.
 #   usage: scripts/device_check.sh [OUT_DIR]     env: LAYERS (4), STEPS (10), JOBS (nproc), BUDGET_S (480)
 # Exit status 0 when no row says FAIL. README "Device check" says how to prepare, carry and read it.
-set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
+#
+# Budget, in run order: expected seconds on one H200 with 16 cores, the phase's own timeout, and where the
+# expectation comes from. "Measured" means measured on the 2-core CI machine without a GPU (shared, so
+# times are upper bounds): CPU seconds of the build (`time make`, user), and the CPU side of the
+# production checks on one thread with the device's BLAS=none build (build/time_cpu_reference, make
+# build/time_cpu_reference BLAS=none; OMP_NUM_THREADS=1), divided by the threads that share the work there.
+# What runs on the GPU could not be measured here: those figures are estimates.
+#   phase                                      expected   timeout  basis
+#   environment, prepared files                     5 s     60 s  tool calls
+#   build (cudnn_att.o carried)                    30 s    180 s  measured: test_llama.cu 19 s, train_llama.cu 17 s,
+#                                                                 test_llama_cpu + cpu_reference.o 9 s of CPU, one
+#                                                                 translation unit each, in parallel (-j JOBS)
+#   --device-info                                   5 s     60 s  estimate: CUDA context, cuBLASLt, cuDNN handle
+#   smoke: kernel_gemm                             10 s     60 s  estimate
+#   prod_fp8_linear_7b                             20 s    120 s  measured: CPU side 119 s on 1 thread (fills 61,
+#                                                                 casts 23, emulated GEMMs 36), OpenMP over 16: ~8 s
+#   prod_attention, prod_attention_deterministic 2x 45 s   120 s  measured: CPU side 279 s on 1 thread (forward
+#                                                                 178, backward 95, fills 6), parallel over its 8
+#                                                                 heads only: ~35 s each
+#   prod_fp8_linear_13b                            25 s    120 s  measured: CPU side 134 s on 1 thread: ~9 s
+#   throughput bf16, fp8 (+ their plans)        2x 40 s    150 s  estimate: 10 steps of ~0.6 s (scripts/perf_model.py's
+#                                                                 7B on one H200, scaled to 4 of 32 blocks plus the
+#                                                                 classifier), model set-up
+#   GEMM benchmark                                 15 s     60 s  estimate: 24 GEMM shapes x 23 runs each
+#   -- ~280 s so far: the rows above are the ones the 480 s must hold --
+#   model-level checks (15)                    15x 10 s     60 s  estimate; cpu_vs_gpu_* run test_llama_cpu
+#                                                                 --dump-run: measured 0.6 s on 1 thread
+#   real text bf16, fp8 (+ comparisons)         2x 30 s    150 s  estimate: 200 steps of 2048 tokens of `tiny`
+#   resume (2 runs)                             2x 10 s     60 s  estimate
+#   -- ~510 s: the 460 s left after RESERVE_S end about here, so the rows below (and the last of the
+#      ones above) are the ones that may say "no time left" --
+#   kernel families (11, one smoke already run) 10x 6 s     60 s  estimate
+#   shadow check cost                              40 s    150 s  estimate
+#   memcheck                                   up to 90 s   90 s  MEMCHECK_S
 
 OUT_DIR=${1:-${OUT:-build/device_check}}
 LAYERS=${LAYERS:-4}
@@ -41,10 +77,10 @@ RESERVE_S=20               # kept back for the final table and the log archive
 MIN_PHASE_S=10             # a phase that would get less than this is skipped
 KILL_AFTER_S=10            # a command still running this long after its TERM is killed
 TOOL_S=60                  # a short command: nvidia-smi, --device-info, writing a shard, a loss comparison
-BUILD_S=300                # the build on the device
-CHECK_S=90                 # one test_llama check
-PROD_CHECK_S=180           # one production-shape check (CPU references at 7B/13B sizes)
-BENCH_S=90                 # the GEMM benchmark
+BUILD_S=180                # the build on the device
+CHECK_S=60                 # one test_llama check
+PROD_CHECK_S=120           # one production-shape check (CPU references at 7B/13B sizes)
+BENCH_S=60                 # the GEMM benchmark
 TRAIN_S=150                # one training run
 RESUME_S=60                # each of the two resume runs
 MEMCHECK_S=90              # all memcheck runs together
@@ -56,6 +92,10 @@ WARMUP_STEPS=2             # throughput: steps left out of the means (cuBLASLt a
 PROFILE_EVERY=5            # throughput: --profile
 PREP=build/device          # what `make device-prepare` made (scripts/device_prepare.sh)
 LIB_LINKS=$PWD/build/device_libs
+# the smoke check, run right after the build: cuBLASLt BF16 and FP8 GEMMs and the FP8 casts at a small shape
+SMOKE_CHECKS=(kernel_gemm)
+# the production-shape checks, the most valuable rows after the throughput ones, in this order
+PROD_CHECKS=(prod_fp8_linear_7b prod_attention prod_attention_deterministic prod_fp8_linear_13b)
 # the checks whose GPU work is our own kernels only (no cuBLASLt, no cuDNN): what memcheck runs
 MEMCHECK_CHECKS=(kernel_optimizer kernel_encoder kernel_rmsnorm kernel_rope kernel_swiglu kernel_classifier kernel_fp8_cast kernel_fp8_weight)
 
@@ -292,9 +332,8 @@ fi
 if is_cudnn "$ATTENTION"; then row "attention path" ok "$ATTENTION"
 else row "attention path" FAIL "${ATTENTION:-unknown} (the GPU path must be cuDNN SDPA; carry build/device with cudnn_att.o)"; fi
 
-# ---------------------------------------------------------------- 5. test_llama, one process per check
+# ---------------------------------------------------------------- 5. test_llama checks, one process each
 
-echo "== test_llama checks"
 CHECKS=()
 no_run=""
 if [ -x ./test_llama ]; then mapfile -t CHECKS < <(timeout "$TOOL_S" ./test_llama --list 2> /dev/null); fi
@@ -303,6 +342,7 @@ if [ ${#CHECKS[@]} -eq 0 ]; then
     mapfile -t CHECKS < <(sed -n 's/^ *{"\([a-z0-9_]*\)", check_[a-z0-9_]*, ".*$/\1/p' test_llama.cu)
     no_run=$([ -x ./test_llama ] && echo "test_llama --list failed" || echo "test_llama not built (see the build row)")
 fi
+declare -A CHECK_DONE=() # the checks that have their row
 
 # check_detail LOG: its first failures, else its worst norm comparison (rel L2 over its tolerance), else its first measured error
 check_detail() {
@@ -321,12 +361,14 @@ check_detail() {
          }' "$1"
 }
 
-for name in "${CHECKS[@]}"; do
-    label="test_llama $name"
-    if [ -n "$no_run" ]; then row "$label" FAIL "$no_run"; continue; fi
+# run_check NAME: test_llama --only NAME in its own process under its own timeout, one row
+run_check() {
+    local name=$1 label="test_llama $1" want s log t0 rc detail
+    CHECK_DONE[$name]=1
+    if [ -n "$no_run" ]; then row "$label" FAIL "$no_run"; return; fi
     case $name in prod_*) want=$PROD_CHECK_S ;; *) want=$CHECK_S ;; esac
     s=$(budget "$want")
-    if [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"; continue; fi
+    if [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"; return; fi
     log=$LOGS/test_llama_$name.log
     t0=$(date +%s)
     limited "$s" "$log" ./test_llama --only "$name"
@@ -335,93 +377,134 @@ for name in "${CHECKS[@]}"; do
     if [ "$rc" -eq 0 ] && grep -q "^ok   $name\$" "$log"; then row "$label" ok "$detail"
     elif grep -q "^FAIL $name\$" "$log"; then row "$label" FAIL "$detail"
     else row "$label" FAIL "$(why_failed "$rc" "$s" "$log")"; fi
-done
-pack_logs "$LOG_CAP"
+}
+
+# run_checks TITLE NAME...: those checks, in that order, that have no row yet (a name test_llama does not
+# list gets a FAIL row: this script and test_llama.cu disagree)
+run_checks() {
+    local title=$1 name
+    shift
+    echo "== test_llama checks: $title"
+    for name in "$@"; do
+        [ -n "${CHECK_DONE[$name]:-}" ] && continue
+        if printf '%s\n' "${CHECKS[@]}" | grep -qx "$name"; then run_check "$name"
+        else CHECK_DONE[$name]=1; row "test_llama $name" FAIL "not a check of test_llama --list (update device_check.sh)"; fi
+    done
+    pack_logs "$LOG_CAP"
+}
+
+# remaining_checks kernels|model: the listed checks without a row yet, kernel_* ones or all others, in --list order
+remaining_checks() {
+    local name
+    for name in "${CHECKS[@]}"; do
+        [ -n "${CHECK_DONE[$name]:-}" ] && continue
+        case $name in kernel_*) [ "$1" = kernels ] && echo "$name" ;; *) [ "$1" = model ] && echo "$name" ;; esac
+    done
+}
+
+# ---------------------------------------------------------------- the random shard (throughput, shadow, resume)
+
+SHARD=$WORK/random_tokens.bin
+declare -A TOKS=() # tokens/s of the throughput runs, by precision
+make_shard() {
+    if [ -x ./test_llama ]; then limited "$TOOL_S" "$LOGS/random_shard.log" ./test_llama --write-shard "$SHARD" "$SHARD_TOKENS" 1; fi
+}
 
 # ---------------------------------------------------------------- 6. GEMM benchmark
 
-echo "== GEMM FP8 vs BF16"
-s=$(budget "$BENCH_S")
-if [ ! -x ./test_llama ]; then row "GEMM benchmark" FAIL "test_llama not built"
-elif [ "$s" -eq 0 ]; then row "GEMM benchmark" skip "$NO_TIME"
-else
-    limited "$s" "$LOGS/gemm.log" ./test_llama --bench-gemm
-    rc=$?
-    while read -r line; do
-        row "$(echo "$line" | cut -d: -f1)" bench "$(echo "$line" | cut -d: -f2- | sed 's/^ *//')"
-    done < <(grep '^gemm ' "$LOGS/gemm.log")
-    grep -q '^gemm ' "$LOGS/gemm.log" || row "GEMM benchmark" FAIL "$(why_failed "$rc" "$s" "$LOGS/gemm.log")"
-fi
-pack_logs "$LOG_CAP"
+# FP8 vs BF16 GEMM TFLOP/s at the 7B and 13B shapes, one row per model
+phase_gemm_bench() {
+    echo "== GEMM FP8 vs BF16"
+    s=$(budget "$BENCH_S")
+    if [ ! -x ./test_llama ]; then row "GEMM benchmark" FAIL "test_llama not built"
+    elif [ "$s" -eq 0 ]; then row "GEMM benchmark" skip "$NO_TIME"
+    else
+        limited "$s" "$LOGS/gemm.log" ./test_llama --bench-gemm
+        rc=$?
+        while read -r line; do
+            row "$(echo "$line" | cut -d: -f1)" bench "$(echo "$line" | cut -d: -f2- | sed 's/^ *//')"
+        done < <(grep '^gemm ' "$LOGS/gemm.log")
+        grep -q '^gemm ' "$LOGS/gemm.log" || row "GEMM benchmark" FAIL "$(why_failed "$rc" "$s" "$LOGS/gemm.log")"
+    fi
+    pack_logs "$LOG_CAP"
+}
 
 # ---------------------------------------------------------------- 7. throughput
 
-echo "== throughput: llama2-7b shape, $LAYERS layers, T 4096, $TOKENS_PER_STEP tokens per step, $STEPS steps"
-SHARD=$WORK/random_tokens.bin
-declare -A TOKS
-if [ -x ./test_llama ]; then limited "$TOOL_S" "$LOGS/random_shard.log" ./test_llama --write-shard "$SHARD" "$SHARD_TOKENS" 1; fi
-for p in bf16 fp8; do
-    label="train 7b-shape L$LAYERS T4096 -d $TOKENS_PER_STEP -p $p"
-    log=$LOGS/train_$p.log
-    s=$(budget "$TRAIN_S")
-    if [ ! -x ./train_llama ] || [ ! -f "$SHARD" ]; then row "$label" FAIL "train_llama or the random shard is missing"; continue; fi
-    if [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"; continue; fi
-    TRAIN_ARGS=(-e llama2-7b --n-layers "$LAYERS" -b 1 -t 4096 -d "$TOKENS_PER_STEP" -p "$p")
-    # -o for metrics.jsonl (mem_mib: device memory in use), -n -1: no checkpoint
-    limited "$s" "$log" ./train_llama "${TRAIN_ARGS[@]}" -x "$STEPS" -v 0 -m 1 -u 2 --profile "$PROFILE_EVERY" \
-        -i "$SHARD" -j "$SHARD" -o "$WORK/train_$p" -n -1
-    rc=$?
-    limited "$TOOL_S" "$LOGS/plan_$p.log" ./train_llama "${TRAIN_ARGS[@]}" --dry-run 1
-    planned=$(sed -n 's/^plan: .*"total_gib": \([0-9.]*\).*/\1/p' "$LOGS/plan_$p.log")
-    used=$(sed -n 's/.*"mem_mib": \([0-9.]*\).*/\1/p' "$WORK/train_$p/metrics.jsonl" 2> /dev/null | sort -g | tail -1)
-    if [ -n "$planned" ] && [ -n "$used" ]; then
-        row "  -p $p memory plan" bench "plan $planned GiB (with estimates), in use $(awk -v u="$used" 'BEGIN {printf "%.2f", u / 1024}') GiB (cudaMemGetInfo)"
-    else
-        row "  -p $p memory plan" FAIL "plan ${planned:-missing (see plan_$p.log)} GiB; in use ${used:-not measured (the run failed: next row)}"
+# tokens/s and MFU of the 7B-shaped model in bf16 and fp8, and its memory against the plan
+phase_throughput() {
+    echo "== throughput: llama2-7b shape, $LAYERS layers, T 4096, $TOKENS_PER_STEP tokens per step, $STEPS steps"
+    for p in bf16 fp8; do
+        label="train 7b-shape L$LAYERS T4096 -d $TOKENS_PER_STEP -p $p"
+        log=$LOGS/train_$p.log
+        s=$(budget "$TRAIN_S")
+        if [ ! -x ./train_llama ] || [ ! -f "$SHARD" ]; then row "$label" FAIL "train_llama or the random shard is missing"; continue; fi
+        if [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"; continue; fi
+        TRAIN_ARGS=(-e llama2-7b --n-layers "$LAYERS" -b 1 -t 4096 -d "$TOKENS_PER_STEP" -p "$p")
+        # -o for metrics.jsonl (mem_mib: device memory in use), -n -1: no checkpoint
+        limited "$s" "$log" ./train_llama "${TRAIN_ARGS[@]}" -x "$STEPS" -v 0 -m 1 -u 2 --profile "$PROFILE_EVERY" \
+            -i "$SHARD" -j "$SHARD" -o "$WORK/train_$p" -n -1
+        rc=$?
+        limited "$TOOL_S" "$LOGS/plan_$p.log" ./train_llama "${TRAIN_ARGS[@]}" --dry-run 1
+        planned=$(sed -n 's/^plan: .*"total_gib": \([0-9.]*\).*/\1/p' "$LOGS/plan_$p.log")
+        used=$(sed -n 's/.*"mem_mib": \([0-9.]*\).*/\1/p' "$WORK/train_$p/metrics.jsonl" 2> /dev/null | sort -g | tail -1)
+        if [ -n "$planned" ] && [ -n "$used" ]; then
+            row "  -p $p memory plan" bench "plan $planned GiB (with estimates), in use $(awk -v u="$used" 'BEGIN {printf "%.2f", u / 1024}') GiB (cudaMemGetInfo)"
+        else
+            row "  -p $p memory plan" FAIL "plan ${planned:-missing (see plan_$p.log)} GiB; in use ${used:-not measured (the run failed: next row)}"
+        fi
+        # cuDNN's attention workspace against the plan's figure (cuda/cudnn_att.cpp prints both at the first backward)
+        att=$(sed -n 's/^| attention backward [^:]*: \(workspace [0-9.]* MiB, planned [0-9.]* MiB\).*$/\1/p' "$log" | head -1)
+        if [ -n "$att" ]; then
+            if grep -q '^| attention backward .*more than the memory plan counts' "$log"; then row "  -p $p attention workspace" FAIL "$att: the plan undercounts it"
+            else row "  -p $p attention workspace" bench "$att"; fi
+        fi
+        # means over the steps after warm-up, leaving out skipped steps ("step k skipped: ..." precedes step k's line)
+        stats=$(awk -v warm="$WARMUP_STEPS" '
+            $1 == "step" && $3 == "skipped:" { skipped[$2] = 1 }
+            $1 == "step" && / tok\/s/ {
+                split($2, f, "/"); k = f[1] + 0
+                for (i = 1; i <= NF; i++) { if ($i == "tok/s") t = $(i - 1); if ($i == "MFU") m = $(i + 1) + 0 }
+                if (k > warm && !(k in skipped)) { st += t; sm += m; n++ }
+                last = k
+            }
+            END { nskip = 0; for (k in skipped) nskip++; if (n) printf "%.0f %.1f %d %d %d", st / n, sm / n, warm + 1, last, nskip }' "$log")
+        read -r toks mfu first last nskip <<< "$stats"
+        path=$(attention_of "$log")
+        if [ "$rc" -ne 0 ] || [ -z "$toks" ]; then
+            row "$label" FAIL "$(why_failed "$rc" "$s" "$log")"
+            continue
+        fi
+        TOKS[$p]=$toks
+        detail="$toks tok/s, MFU $mfu% (mean of steps $first-$last, $nskip skipped); $(grep '^val loss' "$log" | tail -1)"
+        if is_cudnn "$path"; then row "$label" ok "$detail"
+        else row "$label" FAIL "attention: ${path:-unknown}, not cuDNN SDPA: $detail"; fi
+        profile=$(grep '^profile step' "$log" | tail -1)
+        [ -n "$profile" ] && row "  -p $p ${profile%%:*}" info "${profile#*: }"
+    done
+    if [ -n "${TOKS[bf16]:-}" ] && [ -n "${TOKS[fp8]:-}" ]; then
+        row "train fp8 / bf16 tokens/s" bench "$(awk -v a="${TOKS[fp8]}" -v b="${TOKS[bf16]}" 'BEGIN {printf "%.2fx", a / b}')"
     fi
-    # means over the steps after warm-up, leaving out skipped steps ("step k skipped: ..." precedes step k's line)
-    stats=$(awk -v warm="$WARMUP_STEPS" '
-        $1 == "step" && $3 == "skipped:" { skipped[$2] = 1 }
-        $1 == "step" && / tok\/s/ {
-            split($2, f, "/"); k = f[1] + 0
-            for (i = 1; i <= NF; i++) { if ($i == "tok/s") t = $(i - 1); if ($i == "MFU") m = $(i + 1) + 0 }
-            if (k > warm && !(k in skipped)) { st += t; sm += m; n++ }
-            last = k
-        }
-        END { nskip = 0; for (k in skipped) nskip++; if (n) printf "%.0f %.1f %d %d %d", st / n, sm / n, warm + 1, last, nskip }' "$log")
-    read -r toks mfu first last nskip <<< "$stats"
-    path=$(attention_of "$log")
-    if [ "$rc" -ne 0 ] || [ -z "$toks" ]; then
-        row "$label" FAIL "$(why_failed "$rc" "$s" "$log")"
-        continue
-    fi
-    TOKS[$p]=$toks
-    detail="$toks tok/s, MFU $mfu% (mean of steps $first-$last, $nskip skipped); $(grep '^val loss' "$log" | tail -1)"
-    if is_cudnn "$path"; then row "$label" ok "$detail"
-    else row "$label" FAIL "attention: ${path:-unknown}, not cuDNN SDPA: $detail"; fi
-    profile=$(grep '^profile step' "$log" | tail -1)
-    [ -n "$profile" ] && row "  -p $p ${profile%%:*}" info "${profile#*: }"
-done
-if [ -n "${TOKS[bf16]:-}" ] && [ -n "${TOKS[fp8]:-}" ]; then
-    row "train fp8 / bf16 tokens/s" bench "$(awk -v a="${TOKS[fp8]}" -v b="${TOKS[bf16]}" 'BEGIN {printf "%.2fx", a / b}')"
-fi
-pack_logs "$LOG_CAP"
+    pack_logs "$LOG_CAP"
+}
 
 # ---------------------------------------------------------------- 7b. the FP8 safety net's shadow check
 
-echo "== shadow check cost: llama2-7b shape, $LAYERS layers, T 4096, checks with gradients after steps 1 and 3"
-label="shadow check 7b-shape L$LAYERS T4096 --shadow-grad 1"
-log=$LOGS/train_shadow.log
-s=$(budget "$TRAIN_S")
-if [ ! -x ./train_llama ] || [ ! -f "$SHARD" ]; then row "$label" FAIL "train_llama or the random shard is missing"
-elif [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"
-else
-    # no -o: a checkpoint of this shape takes minutes; the console has what is needed
-    limited "$s" "$log" ./train_llama -e llama2-7b --n-layers "$LAYERS" -b 1 -t 4096 -x 4 -v 0 -m 1 -u 2 -i "$SHARD" \
-        -j "$SHARD" -p fp8 --shadow-every 2 --shadow-grad 1
-    rc=$?
-    # the second check (the first pays the set-up) against steps 2 and 4, which run none
-    cost=$(python3 - "$log" << 'PY' 2> /dev/null
+# the cost of a shadow check with gradients at the throughput shape
+phase_shadow() {
+    echo "== shadow check cost: llama2-7b shape, $LAYERS layers, T 4096, checks with gradients after steps 1 and 3"
+    label="shadow check 7b-shape L$LAYERS T4096 --shadow-grad 1"
+    log=$LOGS/train_shadow.log
+    s=$(budget "$TRAIN_S")
+    if [ ! -x ./train_llama ] || [ ! -f "$SHARD" ]; then row "$label" FAIL "train_llama or the random shard is missing"
+    elif [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"
+    else
+        # no -o: a checkpoint of this shape takes minutes; the console has what is needed
+        limited "$s" "$log" ./train_llama -e llama2-7b --n-layers "$LAYERS" -b 1 -t 4096 -x 4 -v 0 -m 1 -u 2 -i "$SHARD" \
+            -j "$SHARD" -p fp8 --shadow-every 2 --shadow-grad 1
+        rc=$?
+        # the second check (the first pays the set-up) against steps 2 and 4, which run none
+        cost=$(python3 - "$log" << 'PY' 2> /dev/null
 import re, sys
 text = open(sys.argv[1]).read()
 steps = {int(m[1]): float(m[2]) for m in re.finditer(r"^step +(\d+)/\d+ \|.*?\| ([\d.]+) ms", text, re.M)}
@@ -429,124 +512,153 @@ checks = re.findall(r"^shadow check: .*rel diff (\S+) \| grad cos (\S+),.*\| ([\
 rel, cos, ms = checks[1]
 print(f"{float(ms):.0f} ms per check vs {(steps[2] + steps[4]) / 2:.0f} ms per step; rel loss diff {rel}, grad cos {cos}")
 PY
-)
-    if [ "$rc" -eq 0 ] && [ -n "$cost" ]; then row "$label" bench "$cost"
-    else row "$label" FAIL "$(why_failed "$rc" "$s" "$log")"; fi
-fi
-pack_logs "$LOG_CAP"
+    )
+        if [ "$rc" -eq 0 ] && [ -n "$cost" ]; then row "$label" bench "$cost"
+        else row "$label" FAIL "$(why_failed "$rc" "$s" "$log")"; fi
+    fi
+    pack_logs "$LOG_CAP"
+}
 
 # ---------------------------------------------------------------- 8. real text
 
-echo "== real text: tiny-shakespeare, GPU bf16 and fp8 vs the carried CPU fp8 run"
-REAL_DATA=$PREP/tinyshakespeare
-real_ok=1
-if [ ! -f "$PREP/real_text.flags" ] || [ ! -f "$PREP/cpu_fp8/main.log" ]; then
-    real_ok=0
-    row "real text runs" FAIL "$PREP/real_text.flags or $PREP/cpu_fp8 missing: run make device-prepare and carry $PREP"
-else
-    read -r -a REAL_FLAGS < "$PREP/real_text.flags"
-    for p in bf16 fp8; do
-        label="real text: GPU -p $p run"
-        log=$LOGS/real_$p.log
-        s=$(budget "$TRAIN_S")
-        if [ ! -x ./train_llama ]; then real_ok=0; row "$label" FAIL "train_llama not built"; continue; fi
-        if [ "$s" -eq 0 ]; then real_ok=0; row "$label" skip "$NO_TIME"; continue; fi
-        rm -rf "$WORK/real_$p"
-        limited "$s" "$log" ./train_llama "${REAL_FLAGS[@]}" -i "$REAL_DATA/tiny_shakespeare_train.bin" \
-            -j "$REAL_DATA/tiny_shakespeare_val.bin" -p "$p" -o "$WORK/real_$p"
+# tiny on tiny-shakespeare, GPU bf16 and fp8 against each other and the carried CPU fp8 curve
+phase_real_text() {
+    echo "== real text: tiny-shakespeare, GPU bf16 and fp8 vs the carried CPU fp8 run"
+    REAL_DATA=$PREP/tinyshakespeare
+    real_ok=1
+    if [ ! -f "$PREP/real_text.flags" ] || [ ! -f "$PREP/cpu_fp8/main.log" ]; then
+        real_ok=0
+        row "real text runs" FAIL "$PREP/real_text.flags or $PREP/cpu_fp8 missing: run make device-prepare and carry $PREP"
+    else
+        read -r -a REAL_FLAGS < "$PREP/real_text.flags"
+        for p in bf16 fp8; do
+            label="real text: GPU -p $p run"
+            log=$LOGS/real_$p.log
+            s=$(budget "$TRAIN_S")
+            if [ ! -x ./train_llama ]; then real_ok=0; row "$label" FAIL "train_llama not built"; continue; fi
+            if [ "$s" -eq 0 ]; then real_ok=0; row "$label" skip "$NO_TIME"; continue; fi
+            rm -rf "$WORK/real_$p"
+            limited "$s" "$log" ./train_llama "${REAL_FLAGS[@]}" -i "$REAL_DATA/tiny_shakespeare_train.bin" \
+                -j "$REAL_DATA/tiny_shakespeare_val.bin" -p "$p" -o "$WORK/real_$p"
+            rc=$?
+            cp "$WORK/real_$p/main.log" "$LOGS/real_${p}_main.log" 2> /dev/null
+            if [ "$rc" -eq 0 ]; then row "$label" ok "${REAL_FLAGS[*]}: $(grep '^val loss' "$log" | tail -1)"
+            else real_ok=0; row "$label" FAIL "$(why_failed "$rc" "$s" "$log")"; fi
+        done
+    fi
+    # compare NAME A B TOLERANCE: scripts/compare_loss.py's verdict on run A against baseline B
+    compare() {
+        local label=$1 a=$2 b=$3 tolerance=$4 log=$LOGS/compare_$5.log rc
+        limited "$TOOL_S" "$log" python3 scripts/compare_loss.py "$a" "$b" --tolerance "$tolerance" --out "$LOGS/compare_$5.png"
         rc=$?
-        cp "$WORK/real_$p/main.log" "$LOGS/real_${p}_main.log" 2> /dev/null
-        if [ "$rc" -eq 0 ]; then row "$label" ok "${REAL_FLAGS[*]}: $(grep '^val loss' "$log" | tail -1)"
-        else real_ok=0; row "$label" FAIL "$(why_failed "$rc" "$s" "$log")"; fi
-    done
-fi
-# compare NAME A B TOLERANCE: scripts/compare_loss.py's verdict on run A against baseline B
-compare() {
-    local label=$1 a=$2 b=$3 tolerance=$4 log=$LOGS/compare_$5.log rc
-    limited "$TOOL_S" "$log" python3 scripts/compare_loss.py "$a" "$b" --tolerance "$tolerance" --out "$LOGS/compare_$5.png"
-    rc=$?
-    case $rc in
-        0) row "$label" ok "$(grep -E '^PASS' "$log")" ;;
-        1) row "$label" FAIL "$(grep -E '^FAIL' "$log" || why_failed "$rc" "$TOOL_S" "$log")" ;;
-        *) row "$label" FAIL "$(why_failed "$rc" "$TOOL_S" "$log")" ;;
-    esac
+        case $rc in
+            0) row "$label" ok "$(grep -E '^PASS' "$log")" ;;
+            1) row "$label" FAIL "$(grep -E '^FAIL' "$log" || why_failed "$rc" "$TOOL_S" "$log")" ;;
+            *) row "$label" FAIL "$(why_failed "$rc" "$TOOL_S" "$log")" ;;
+        esac
+    }
+    if [ "$real_ok" -eq 1 ]; then
+        compare "real text: GPU fp8 vs GPU bf16 (1%)" "$WORK/real_fp8" "$WORK/real_bf16" 0.01 fp8_vs_bf16
+        compare "real text: GPU fp8 vs CPU fp8 curve (0.5%)" "$WORK/real_fp8" "$PREP/cpu_fp8" 0.005 gpu_vs_cpu_fp8
+    else
+        row "real text: comparisons" FAIL "a run is missing (rows above)"
+    fi
+    pack_logs "$LOG_CAP"
 }
-if [ "$real_ok" -eq 1 ]; then
-    compare "real text: GPU fp8 vs GPU bf16 (1%)" "$WORK/real_fp8" "$WORK/real_bf16" 0.01 fp8_vs_bf16
-    compare "real text: GPU fp8 vs CPU fp8 curve (0.5%)" "$WORK/real_fp8" "$PREP/cpu_fp8" 0.005 gpu_vs_cpu_fp8
-else
-    row "real text: comparisons" FAIL "a run is missing (rows above)"
-fi
-pack_logs "$LOG_CAP"
 
 # ---------------------------------------------------------------- 9. resume
 
-echo "== resume: tiny, 6 steps, checkpoint at step 3, resumed in a second folder"
-label="resume tiny from step 3 (LLM8_DETERMINISTIC=1)"
-FULL=$WORK/resume_full
-RESUMED=$WORK/resume_resumed
-mkdir -p "$RESUMED"
-RESUME_ARGS=(-e tiny -b 4 -t 256 -x 6 -n 3 -v 0 -m 1 -i "$SHARD" -j "$SHARD")
-# "step loss lr" of steps 3..5 in a metrics.jsonl
-steps_3_to_5() { grep -E '^\{"step": [345], "loss":' "$1" 2> /dev/null | awk -F'[:,] *' '{print $2, $4, $6}'; }
-s=$(budget "$RESUME_S")
-if [ ! -x ./train_llama ] || [ ! -f "$SHARD" ]; then row "$label" FAIL "train_llama or the random shard is missing"
-elif [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"
-else
-    # cuDNN's default attention backward is not bit-reproducible; both runs take the deterministic one
-    export LLM8_DETERMINISTIC=1
-    limited "$s" "$LOGS/resume_full.log" ./train_llama "${RESUME_ARGS[@]}" -o "$FULL"
-    rc=$?
-    if [ "$rc" -eq 0 ]; then
-        cp "$FULL/model_00000003.bin" "$FULL/state_00000003_00000.bin" "$FULL/DONE_00000003" "$RESUMED/"
-        limited "$s" "$LOGS/resume_resumed.log" ./train_llama "${RESUME_ARGS[@]}" -y 1 -o "$RESUMED"
-        rc=$?
-    fi
-    unset LLM8_DETERMINISTIC
-    full=$(steps_3_to_5 "$FULL/metrics.jsonl")
-    resumed=$(steps_3_to_5 "$RESUMED/metrics.jsonl")
-    if [ "$rc" -ne 0 ]; then
-        row "$label" FAIL "$(why_failed "$rc" "$s" "$(ls -t "$LOGS"/resume_*.log | head -1)")"
-    elif [ "$(echo "$full" | grep -c .)" -eq 3 ] && [ "$full" = "$resumed" ]; then
-        row "$label" ok "loss and lr of steps 3..5 identical: $(echo "$full" | awk '{print $2}' | tr '\n' ' ')"
+# a GPU run resumed from its step-3 checkpoint against the uninterrupted run
+phase_resume() {
+    echo "== resume: tiny, 6 steps, checkpoint at step 3, resumed in a second folder"
+    label="resume tiny from step 3 (LLM8_DETERMINISTIC=1)"
+    FULL=$WORK/resume_full
+    RESUMED=$WORK/resume_resumed
+    mkdir -p "$RESUMED"
+    RESUME_ARGS=(-e tiny -b 4 -t 256 -x 6 -n 3 -v 0 -m 1 -i "$SHARD" -j "$SHARD")
+    # "step loss lr" of steps 3..5 in a metrics.jsonl
+    steps_3_to_5() { grep -E '^\{"step": [345], "loss":' "$1" 2> /dev/null | awk -F'[:,] *' '{print $2, $4, $6}'; }
+    s=$(budget "$RESUME_S")
+    if [ ! -x ./train_llama ] || [ ! -f "$SHARD" ]; then row "$label" FAIL "train_llama or the random shard is missing"
+    elif [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"
     else
-        row "$label" FAIL "steps 3..5 (step loss lr) differ: [$(echo "$full" | tr '\n' ' ')] vs [$(echo "$resumed" | tr '\n' ' ')]"
+        # cuDNN's default attention backward is not bit-reproducible; both runs take the deterministic one
+        export LLM8_DETERMINISTIC=1
+        limited "$s" "$LOGS/resume_full.log" ./train_llama "${RESUME_ARGS[@]}" -o "$FULL"
+        rc=$?
+        if [ "$rc" -eq 0 ]; then
+            cp "$FULL/model_00000003.bin" "$FULL/state_00000003_00000.bin" "$FULL/DONE_00000003" "$RESUMED/"
+            limited "$s" "$LOGS/resume_resumed.log" ./train_llama "${RESUME_ARGS[@]}" -y 1 -o "$RESUMED"
+            rc=$?
+        fi
+        unset LLM8_DETERMINISTIC
+        full=$(steps_3_to_5 "$FULL/metrics.jsonl")
+        resumed=$(steps_3_to_5 "$RESUMED/metrics.jsonl")
+        if [ "$rc" -ne 0 ]; then
+            row "$label" FAIL "$(why_failed "$rc" "$s" "$(ls -t "$LOGS"/resume_*.log | head -1)")"
+        elif [ "$(echo "$full" | grep -c .)" -eq 3 ] && [ "$full" = "$resumed" ]; then
+            row "$label" ok "loss and lr of steps 3..5 identical: $(echo "$full" | awk '{print $2}' | tr '\n' ' ')"
+        else
+            row "$label" FAIL "steps 3..5 (step loss lr) differ: [$(echo "$full" | tr '\n' ' ')] vs [$(echo "$resumed" | tr '\n' ' ')]"
+        fi
     fi
-fi
+    pack_logs "$LOG_CAP"
+}
 
 # ---------------------------------------------------------------- 10. memcheck
 
-echo "== compute-sanitizer memcheck: ${MEMCHECK_CHECKS[*]}"
-memcheck_end=$(( $(elapsed) + $(budget "$MEMCHECK_S") ))
-cannot=""  # why compute-sanitizer cannot run on this machine, once a run said so
-filter=()
-if [ -n "$SANITIZER" ] && timeout "$TOOL_S" "$SANITIZER" --help 2>&1 | grep -q -- '--kernel-name'; then
-    filter=(--kernel-name kns=_kernel) # ours are all named *_kernel; cuBLASLt's and cuDNN's are not checked
-fi
-for name in "${MEMCHECK_CHECKS[@]}"; do
-    label="memcheck $name"
-    s=$(( memcheck_end - $(elapsed) ))
-    if [ -z "$SANITIZER" ]; then row "$label" skip "compute-sanitizer not found (PATH, $CUDA_HOME/bin)"; continue; fi
-    if [ -n "$cannot" ]; then row "$label" skip "compute-sanitizer cannot run here: $cannot"; continue; fi
-    if [ ! -x ./test_llama ]; then row "$label" FAIL "test_llama not built"; continue; fi
-    if [ "$s" -lt "$MIN_PHASE_S" ]; then row "$label" skip "no time left (memcheck: ${MEMCHECK_S}s at most, within the ${BUDGET_S}s budget)"; continue; fi
-    log=$LOGS/memcheck_$name.log
-    limited "$s" "$log" "$SANITIZER" --tool memcheck "${filter[@]}" ./test_llama --only "$name"
-    rc=$?
-    summary=$(grep -o 'ERROR SUMMARY: [0-9]* error[s]*' "$log" | tail -1)
-    # gVisor: "Device not supported", then the program's first allocation fails
-    cannot=$(grep -m1 -i 'not supported' "$log")
-    if [ -n "$cannot" ]; then
-        row "$label" skip "compute-sanitizer cannot run here: $cannot"
-    elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] || [ -z "$summary" ]; then
-        row "$label" FAIL "$(why_failed "$rc" "$s" "$log")"
-    elif [ "$rc" -eq 0 ] && [ "$summary" = "ERROR SUMMARY: 0 errors" ]; then
-        row "$label" ok "$summary${filter[*]:+, ${filter[*]}}"
-    else
-        first=$(grep -m1 -E '^=+ +(Invalid|Error|Program hit)' "$log")
-        row "$label" FAIL "$summary, exit $rc${first:+: $first}"
+# compute-sanitizer memcheck of the checks that run only our kernels
+phase_memcheck() {
+    echo "== compute-sanitizer memcheck: ${MEMCHECK_CHECKS[*]}"
+    memcheck_end=$(( $(elapsed) + $(budget "$MEMCHECK_S") ))
+    cannot=""  # why compute-sanitizer cannot run on this machine, once a run said so
+    filter=()
+    if [ -n "$SANITIZER" ] && timeout "$TOOL_S" "$SANITIZER" --help 2>&1 | grep -q -- '--kernel-name'; then
+        filter=(--kernel-name kns=_kernel) # ours are all named *_kernel; cuBLASLt's and cuDNN's are not checked
     fi
-done
+    for name in "${MEMCHECK_CHECKS[@]}"; do
+        label="memcheck $name"
+        s=$(( memcheck_end - $(elapsed) ))
+        if [ -z "$SANITIZER" ]; then row "$label" skip "compute-sanitizer not found (PATH, $CUDA_HOME/bin)"; continue; fi
+        if [ -n "$cannot" ]; then row "$label" skip "compute-sanitizer cannot run here: $cannot"; continue; fi
+        if [ ! -x ./test_llama ]; then row "$label" FAIL "test_llama not built"; continue; fi
+        if [ "$s" -lt "$MIN_PHASE_S" ]; then row "$label" skip "no time left (memcheck: ${MEMCHECK_S}s at most, within the ${BUDGET_S}s budget)"; continue; fi
+        log=$LOGS/memcheck_$name.log
+        limited "$s" "$log" "$SANITIZER" --tool memcheck "${filter[@]}" ./test_llama --only "$name"
+        rc=$?
+        summary=$(grep -o 'ERROR SUMMARY: [0-9]* error[s]*' "$log" | tail -1)
+        # gVisor: "Device not supported", then the program's first allocation fails
+        cannot=$(grep -m1 -i 'not supported' "$log")
+        if [ -n "$cannot" ]; then
+            row "$label" skip "compute-sanitizer cannot run here: $cannot"
+        elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] || [ -z "$summary" ]; then
+            row "$label" FAIL "$(why_failed "$rc" "$s" "$log")"
+        elif [ "$rc" -eq 0 ] && [ "$summary" = "ERROR SUMMARY: 0 errors" ]; then
+            row "$label" ok "$summary${filter[*]:+, ${filter[*]}}"
+        else
+            first=$(grep -m1 -E '^=+ +(Invalid|Error|Program hit)' "$log")
+            row "$label" FAIL "$summary, exit $rc${first:+: $first}"
+        fi
+    done
+}
+
+# ---------------------------------------------------------------- the phases, by value per second
+
+# What matters most runs first, so that the budget cuts only the least valuable rows (the header's table):
+# the production-shape checks and the throughput rows are the evidence no CPU test can give.
+run_checks "smoke" "${SMOKE_CHECKS[@]}"
+run_checks "production shapes" "${PROD_CHECKS[@]}"
+make_shard
+phase_throughput
+phase_gemm_bench
+mapfile -t MODEL_CHECKS < <(remaining_checks model)
+run_checks "model, resume, ZeRO and NCCL on one rank" "${MODEL_CHECKS[@]}"
+phase_real_text
+phase_resume
+mapfile -t KERNEL_CHECKS < <(remaining_checks kernels)
+run_checks "kernel families at a small shape" "${KERNEL_CHECKS[@]}"
+phase_shadow
+phase_memcheck
 
 finish
 [ "$FAILED" -eq 0 ]

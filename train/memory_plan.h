@@ -5,7 +5,9 @@
  * llama_acts_table, llama_small_table, laid out by llama_configure with dist/zero.h's shard layout for
  * --ranks N), printed exactly as a run prints them, so a plan and the run it describes can be compared
  * line by line; what the backend's ops and the communication library allocate outside the tables comes
- * from backend_workspaces and comm_workspaces (sizes, bounds, or estimates marked "~"). A dry run
+ * from backend_workspaces and comm_workspaces (sizes, bounds, or estimates marked "~"; the JSON line has
+ * each one's bytes under "workspaces"; GPU: cuDNN's attention workspace on the path the run's
+ * LLM8_DETERMINISTIC and CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT select). A dry run
  * allocates nothing of the model, reads no data, starts no communication and needs no GPU when
  * --gpu-mem is given. Each binary plans its own backend: train_llama a GPU run (BF16 activations),
  * train_llama_cpu a CPU run (FP32 activations, attention probabilities) against host RAM.
@@ -32,6 +34,8 @@ static const char* const PLAN_CATEGORIES[] = {"master weights", "working weights
 typedef struct {
     size_t by_category[NUM_PLAN_CATEGORIES];
     size_t total;
+    MemoryEstimate workspaces[MAX_PLAN_WORKSPACES]; /* the "workspaces" category, entry by entry */
+    int num_workspaces;
 } MemoryPlan;
 
 /* The settings a plan is for. */
@@ -79,6 +83,8 @@ static inline MemoryPlan memory_plan(const PlanSettings* s, int print) {
         ws[nws++] = (MemoryEstimate){"bf16_scratch", m.bf16_scratch_elems * sizeof(act_t), 0,
                                      "BF16 weight of a block linear running BF16 (llama_bf16_weight)"};
     for (int i = 0; i < nws; i++) p.by_category[plan_category("workspaces")] += ws[i].bytes;
+    memcpy(p.workspaces, ws, (size_t)nws * sizeof(ws[0]));
+    p.num_workspaces = nws;
     for (size_t c = 0; c < NUM_PLAN_CATEGORIES; c++) p.total += p.by_category[c];
     if (print) {
         buffers_print(STATE_TABLE_TITLE, state, nstate);
@@ -186,6 +192,8 @@ static inline int memory_plan_main(const TrainArgs* a) {
            a->model, backend_name(), precision_name(s.precision), a->B, a->T, ranks, a->zero_stage, a->recompute, accum, p.total,
            gib(p.total), gib(memory), memory ? plan_usable(memory) : 0, fits, cheapest, largest, largest_leanest);
     for (size_t c = 0; c < NUM_PLAN_CATEGORIES; c++) printf("%s\"%s\": %zu", c ? ", " : "", PLAN_CATEGORIES[c], p.by_category[c]);
+    printf("}, \"workspaces\": {");
+    for (int i = 0; i < p.num_workspaces; i++) printf("%s\"%s\": %zu", i ? ", " : "", p.workspaces[i].name, p.workspaces[i].bytes);
     printf("}}\n");
     return EXIT_SUCCESS;
 }

@@ -10,6 +10,17 @@
 #include "../../fp8/gemm.h"
 #include "../../llama/config.h"
 
+/*
+ * The CPU work one GPU-vs-CPU comparison of dev/cuda/kernel_cases.cuh may take (dev/cuda/time_cpu_reference.c
+ * times what they cost): multiply-adds of one GEMM on OpenBLAS (every Llama-2 7B/13B linear layer, seconds
+ * on 16 cores) and with the plain loop of a build without BLAS (make BLAS=none, as on a GPU host where
+ * nothing can be installed); query-head x T x T x HS units of one attention comparison (8 heads at T 4096,
+ * HS 128: ~10 s on 16 cores, 0.5 GiB of probabilities).
+ */
+#define CPU_REF_GEMM_WORK_BLAS 4e11
+#define CPU_REF_GEMM_WORK_LOOP 2e9
+#define CPU_REF_ATT_WORK (8.0 * 4096.0 * 4096.0 * 128.0)
+
 #ifdef __cplusplus
 extern "C" {
 #endif

@@ -685,12 +685,9 @@ static int kc_case_rope(const KernelShape* s, int iters, uint64_t seed) {
 
 /* ------------------------------------------------------------ attention */
 
-/*
- * CPU work allowed for one attention comparison, in query-head x T x T x HS units: 8 heads at T 4096,
- * HS 128 (~10 s of the CPU reference on 16 cores, 0.5 GiB of probabilities).
- */
+/* CPU work allowed for one attention comparison (cpu_reference.h). */
 #ifndef KC_ATT_CPU_WORK
-#define KC_ATT_CPU_WORK (8.0 * 4096.0 * 4096.0 * 128.0)
+#define KC_ATT_CPU_WORK CPU_REF_ATT_WORK
 #endif
 /* T of the extra GQA check when the shape itself has NKV == NH. */
 #define KC_ATT_GQA_T 512
@@ -1242,15 +1239,8 @@ typedef struct {
     double rel_l2_tol, max_abs_frac;
 } KcGemm;
 
-/*
- * CPU multiply-adds allowed for one GEMM comparison: every Llama-2 7B/13B linear layer when the CPU
- * reference runs its GEMMs on OpenBLAS (seconds on 16 cores); far fewer with the plain loop of a CPU
- * reference built without BLAS (make BLAS=none, as on a GPU host where nothing can be installed).
- */
-#define KC_GEMM_CPU_WORK_BLAS 4e11
-#define KC_GEMM_CPU_WORK_LOOP 2e9
-
-static inline double kc_gemm_cpu_work(void) { return cpu_ref_has_blas() ? KC_GEMM_CPU_WORK_BLAS : KC_GEMM_CPU_WORK_LOOP; }
+/* CPU multiply-adds allowed for one GEMM comparison, with and without BLAS (cpu_reference.h). */
+static inline double kc_gemm_cpu_work(void) { return cpu_ref_has_blas() ? CPU_REF_GEMM_WORK_BLAS : CPU_REF_GEMM_WORK_LOOP; }
 
 /*
  * Runs g on both sides and compares D. When m n k exceeds kc_gemm_cpu_work() the CPU computes only the first

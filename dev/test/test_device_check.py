@@ -1,7 +1,9 @@
 """
 scripts/device_check.sh on a machine without a GPU (CI's): it must still run to the end and print its
-table, with one row per test_llama check (each FAIL or skip, with the reason), and leave in its output
-folder no more than the device machine gives back: at most 8 files of at most 16 MiB.
+table, with one row per test_llama check (each FAIL or skip, with the reason), in the order of value per
+second the script's header budgets (build, smoke check, production shapes, throughput, ..., kernel
+families, memcheck), and leave in its output folder no more than the device machine gives back: at most 8
+files of at most 16 MiB.
 """
 import re
 import subprocess
@@ -34,19 +36,35 @@ def test_device_check_without_gpu(tmp_path):
     assert r.returncode == 1, f"without a GPU some rows must say FAIL:\n{r.stdout[-3000:]}\n{r.stderr[-2000:]}"
     assert SUMMARY_MARK in r.stdout, r.stdout[-3000:]
     table = r.stdout.split(SUMMARY_MARK, 1)[1].splitlines()
-    rows = {}
+    rows, order = {}, []
     for line in table:
         m = ROW.match(line)
         if m and m[1].strip() != "check":
             rows[m[1].strip()] = (m[2], m[3])
+            order.append(m[1].strip())
     checks = run([REPO / "test_llama", "--list"]).stdout.split()
     assert "prod_fp8_linear_13b" in checks and "prod_attention" in checks and "nccl_one_rank" in checks
     for name in checks:
         status, reason = rows[f"test_llama {name}"]
         assert status in ("FAIL", "skip") and reason.strip(), (name, status, reason)
+        assert order.count(f"test_llama {name}") == 1, name
     for name in ["GPU (nvidia-smi)", "attention path"]:
         assert name in rows, f"no row {name!r}"
     assert any(name.startswith("memcheck ") for name in rows)
+    assert not any("not a check of test_llama" in reason for _, reason in rows.values()), rows
+
+    # the order of value per second: what the budget must hold first, what it may cut last
+    def first(prefix):
+        return next(i for i, name in enumerate(order) if name.startswith(prefix))
+
+    phases = ["build ", "device and library versions", "test_llama kernel_gemm", "test_llama prod_fp8_linear_7b",
+              "test_llama prod_attention", "test_llama prod_fp8_linear_13b", "train 7b-shape", "test_llama reference_bf16",
+              "test_llama nccl_one_rank", "real text", "resume ", "test_llama kernel_optimizer", "shadow check", "memcheck "]
+    at = [first(p) for p in phases]
+    assert at == sorted(at), list(zip(phases, at))
+    kernel_rows = [i for i, name in enumerate(order) if name.startswith("test_llama kernel_") and name != "test_llama kernel_gemm"]
+    model_rows = [i for i, name in enumerate(order) if name.startswith("test_llama ") and "kernel_" not in name and "prod_" not in name]
+    assert max(model_rows) < min(kernel_rows) and max(kernel_rows) < first("memcheck ")
 
     files = [p for p in out.rglob("*") if p.is_file()]
     assert 0 < len(files) <= MAX_FILES, files

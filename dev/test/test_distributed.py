@@ -40,10 +40,13 @@ THREADS = ["1", "default"]
 
 
 def mpi_env(threads="1"):
-    """MPI_ENV with OMP_NUM_THREADS=threads, or without it for "default" (the trainer shares the cores)."""
+    """MPI_ENV with OMP_NUM_THREADS=threads, or without it for "default": the trainer shares the cores, and
+    mpirun binds nothing, as scripts/launch.sh (--bind-to none) runs it; mpirun's own default binds each
+    of 1 or 2 ranks to one core, which would leave every rank one thread."""
     env = dict(MPI_ENV)
     if threads == "default":
         env.pop("OMP_NUM_THREADS")
+        env["OMPI_MCA_hwloc_base_binding_policy"] = "none"
     else:
         env["OMP_NUM_THREADS"] = threads
     return env
@@ -110,6 +113,18 @@ def test_one_rank_accumulating_equals_two_ranks(tmp_path, precision, threads):
         if stats:
             assert len(weight_stats(tmp_path / "r1")) == 3 * 4 * 4
             assert weight_stats(tmp_path / f"r2z{z}") == weight_stats(tmp_path / "r1")
+
+
+@pytest.mark.parametrize("precision", ["fp8", "bf16"])
+def test_default_threads_larger_micro_batches(tmp_path, precision):
+    """Micro-batches of 256 tokens, where OpenBLAS would split a GEMM by the thread count: 1 rank on both
+    cores (2 OpenMP threads) = 2 ranks with one each (ZeRO-1), bit for bit, over 6 steps with validation.
+    A single multi-threaded BLAS call per GEMM made these runs differ from step 5 on."""
+    args = ["-b", 4, "-t", 64, "-x", 6, "-v", 3, "-m", 2, "-p", precision, "--seed", 5, "-d", 512]
+    for ranks, name in [(1, "r1"), (2, "r2")]:
+        r = mpirun(ranks, [*args, "-z", 1, "-o", tmp_path / name], env=mpi_env("default"))
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert_same_run(tmp_path / "r1", tmp_path / "r2", 6)
 
 
 @pytest.mark.parametrize("threads", THREADS)

@@ -10,6 +10,8 @@ bf16 run of its shape; Llama-2 7B fp8 at B 1, T 4096 on one 141 GB H200; 7B ZeRO
 8 x 80 GB) on the GPU build's plan, which needs no GPU, and the CPU build's.
 """
 import json
+import os
+import re
 
 import numpy as np
 import pytest
@@ -159,3 +161,54 @@ def test_gpu_targets():
 def test_dry_run_refuses_a_launcher():
     r = mpirun(1, ["--dry-run", "1"])
     assert r.returncode != 0 and "--dry-run" in r.stderr
+
+
+# cuDNN SDPA backward workspaces, restated from the cuDNN frontend's header
+# (cudnn_frontend/node/scaled_dot_product_flash_attention.h, CompositeSDPABackwardNode: expand_node decides,
+# get_fe_workspace_size_node sizes): the softmax row sums (b h s_q FP32) always; the FP32 dQ accumulator
+# (b h s_q d) off the dP path; dP (b h s_q s_kv BF16, s_q rounded up to 64 and s_kv to 128 on Hopper) on it.
+# A deterministic backward takes the dP path unless cuDNN >= 9.25 and the limit variable is set below dP.
+DP_LIMIT = "CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT"
+
+
+def round_up(x, to):
+    return -(-x // to) * to
+
+
+def gpu_attention_plan(T, deterministic, limit=None):
+    env = {k: v for k, v in os.environ.items() if k not in ("LLM8_DETERMINISTIC", DP_LIMIT)}
+    if deterministic:
+        env["LLM8_DETERMINISTIC"] = "1"
+    if limit is not None:
+        env[DP_LIMIT] = str(limit)
+    r = run([GPU_TRAINER, "--dry-run", "1", "-e", "llama2-7b", "-b", 1, "-t", T, "-p", "fp8", "--gpu-mem", GIB_H200], env=env)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout.strip().splitlines()[-1][len("plan: "):])
+    line = next(l for l in r.stdout.splitlines() if "cudnn_attention" in l and l.startswith("|"))
+    return summary, line
+
+
+@pytest.mark.skipif(not GPU_TRAINER.exists(), reason="train_llama is not built (the CUDA build needs nvcc)")
+@pytest.mark.parametrize("T", [4096, 4032])
+def test_gpu_plan_counts_the_deterministic_attention_workspace(T):
+    """LLM8_DETERMINISTIC=1 makes cuDNN's SDPA backward hold dP on Hopper: 1 GiB more for Llama-2 7B at B 1,
+    T 4096 than the FP32 dQ accumulator of the default backward; the plan counts it, in the total too."""
+    B, NH, HS = 1, 32, 128
+    row_sums = B * NH * T * 4
+    fastest, fastest_line = gpu_attention_plan(T, False)
+    assert fastest["workspaces"]["cudnn_attention"] == B * NH * T * HS * 4 + row_sums, fastest_line
+    dp = B * NH * round_up(T, 64) * round_up(T, 128) * 2
+    det, det_line = gpu_attention_plan(T, True)
+    assert "dP workspace path" in det_line, det_line
+    assert det["workspaces"]["cudnn_attention"] == dp + row_sums, det_line
+    assert det["total_bytes"] - fastest["total_bytes"] == dp - B * NH * T * HS * 4
+    assert sum(det["workspaces"].values()) <= det["bytes"]["workspaces"]  # the category holds table buffers too
+    if T == 4096:
+        assert dp == 1 << 30
+    # -1 (no limit) changes nothing with cuDNN 9; 0 selects the linear ordered-dQ engine only from cuDNN 9.25
+    version = tuple(int(v) for v in re.search(r"cuDNN (\d+)\.(\d+)", det_line).groups())
+    assert version >= (9, 0), det_line
+    assert gpu_attention_plan(T, False, -1)[0]["workspaces"] == fastest["workspaces"]
+    limited, line = gpu_attention_plan(T, True, 0)
+    want = fastest["workspaces"]["cudnn_attention"] if version >= (9, 25) else dp + row_sums
+    assert limited["workspaces"]["cudnn_attention"] == want, line
