@@ -71,6 +71,7 @@ typedef struct {
     int B, T;
     Precision precision;
     size_t grad_chunks; /* the gradient norm's ZERO_CHUNK chunks (op_sum_f64's input) */
+    int fp8_accum;      /* the FP8 GEMMs' Fp8Accum (--fp8-accum; fp8/gemm.h) */
 } WorkspaceQuery;
 /* Most MemoryEstimate entries backend_workspaces writes. */
 #define MAX_BACKEND_WORKSPACES 8
