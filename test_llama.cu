@@ -10,7 +10,9 @@
  *     NCCL and, in the one check that starts NCCL (nccl_one_rank), through a one-rank communicator;
  *   - the FP8 safety net's model paths: BF16 linears in an fp8 run, the shadow gradient comparison;
  *   - production shapes: cuDNN attention at T 4096, HS 128 (default and deterministic backward), and the
- *     FP8 linear layers of Llama-2 7B and 13B (casts and fprop/dgrad/wgrad) at N 4096 tokens.
+ *     FP8 linear layers of Llama-2 7B and 13B (casts and fprop/dgrad/wgrad) at N 4096 tokens;
+ *   - the oracle of the CPU model of Hopper's FP8 accumulation (fp8/gemm_hopper.h): cuBLASLt's bits against
+ *     the model's, printed as fractions (hopper_accum_oracle).
  * `--list` / `--only NAME` as in test_llama_cpu. Tool modes: --device-info (the start-up line: device,
  * CUDA / cuBLASLt / cuDNN versions, attention path), --bench-gemm (FP8 vs BF16 GEMM TFLOP/s at Llama-2
  * 7B/13B shapes) and --write-shard PATH TOKENS SEED (random tokens for throughput runs).
@@ -268,6 +270,121 @@ static int check_prod_fp8_linear_7b(void) { return prod_fp8_linear("llama2-7b");
 
 static int check_prod_fp8_linear_13b(void) { return prod_fp8_linear("llama2-13b"); }
 
+/* ------------------------------------------------------------ the Hopper accumulation model's oracle */
+
+#define ORACLE_M 1024            /* output features: small, so the CPU model takes seconds */
+#define ORACLE_N 64              /* tokens */
+#define ORACLE_OUTLIER_EVERY 97  /* one channel (k) in 97 of X and dY is an outlier ... */
+#define ORACLE_OUTLIER_GAIN 32.0f /* ... this many times larger (a power of 2: still a BF16 value) */
+#define ORACLE_MAX_SPLITS 4      /* contiguous split-K counts tried with the model, 1 (the trainer's) first */
+
+/* x (rows, K) = N(0, std^2) BF16 values; with outliers, every ORACLE_OUTLIER_EVERY-th channel k scaled up. */
+static float* oracle_values(size_t rows, size_t K, uint64_t* stream, float std, int outliers) {
+    float* x = prod_normal(rows * K, stream, std);
+    if (outliers) {
+#pragma omp parallel for schedule(static)
+        for (size_t r = 0; r < rows; r++)
+            for (size_t k = 3; k < K; k += ORACLE_OUTLIER_EVERY) x[r * K + k] *= ORACLE_OUTLIER_GAIN;
+    }
+    return x;
+}
+
+/* Number of outputs whose bits agree (kc_same_bits). */
+static size_t oracle_same(const float* a, const float* b, size_t n) {
+    size_t same = 0;
+    for (size_t i = 0; i < n; i++) same += kc_same_bits(a[i], b[i]);
+    return same;
+}
+
+/*
+ * The only real oracle of fp8/gemm_hopper.h (issue 23): cuBLASLt's FP8 GEMM (op_gemm, i.e. gemm_cublaslt) on
+ * the GPU against the CPU model on the same codes and scales, at the 7B reduction lengths K 4096 (C) and 11008
+ * (F) with m ORACLE_M, n ORACLE_N: fprop (E4M3 x E4M3, fast accumulation) and dgrad (E4M3 x E5M2, without),
+ * each to BF16 and to FP32 D. The operands are cast on the GPU (prod_cast: bit-identical to the CPU cast), X and
+ * dY with outlier channels (they set the block alignment that truncates the small products). Prints, per GEMM,
+ * the fraction of bit-equal outputs for the model unsplit (what the trainer runs), for the best of 1 ..
+ * ORACLE_MAX_SPLITS contiguous split-K parts (cuBLASLt's split choice is not modelled), and for the exact
+ * emulation, and the "table:" line device_check.sh puts in its row. A low fraction does not fail (the split
+ * guess, another cuBLASLt); errors beyond the normal FP8 GEMM tolerance against the exact emulation
+ * (kc_fp8_gemm_tolerance) or a cast that differs from the CPU's do.
+ */
+static int check_hopper_accum_oracle(void) {
+    backend_init(PRECISION_FP8);
+    cpu_ref_init(PRECISION_BF16);
+    uint64_t stream = g_seed;
+    const size_t Ks[2] = {4096, 11008}, M = ORACLE_M, N = ORACLE_N, nd = M * N;
+    int failed = 0;
+    size_t same_unsplit[2] = {0, 0}, same_best[2] = {0, 0}, same_exact[2] = {0, 0}, total[2] = {0, 0}; /* [BF16, FP32] */
+    float* exact = kc_host(nd);
+    float* model = kc_host(nd);
+    for (int ki = 0; ki < 2; ki++) {
+        size_t K = Ks[ki];
+        for (int kind = 0; kind < 2; kind++) { /* fprop, dgrad */
+            ProdFp8Operand a, b;
+            char label[32];
+            float* host = oracle_values(M, K, &stream, 0.02f, 0);
+            snprintf(label, sizeof(label), "%s K %zu", kind == 0 ? "W" : "W^T", K);
+            failed += prod_cast(&a, label, host, M, K, FP8_E4M3);
+            free(host);
+            host = oracle_values(N, K, &stream, kind == 0 ? 1.0f : 1e-3f, 1);
+            snprintf(label, sizeof(label), "%s K %zu", kind == 0 ? "X" : "dY", K);
+            failed += prod_cast(&b, label, host, N, K, kind == 0 ? FP8_E4M3 : FP8_E5M2);
+            free(host);
+            for (int f32 = 0; f32 < 2; f32++) {
+                DType dt = f32 ? DT_F32 : DT_ACT;
+                GemmCall call[2]; /* [CPU, GPU]: the same codes and scales */
+                for (int gpu = 0; gpu < 2; gpu++)
+                    call[gpu] = kind == 0 ? gemm_fprop(NULL, dt, prod_gemm_operand(&a, 0, gpu), prod_gemm_operand(&b, 0, gpu), N, K, M)
+                                          : gemm_dgrad(NULL, dt, prod_gemm_operand(&a, 0, gpu), prod_gemm_operand(&b, 0, gpu), N, M, K);
+                char name[96];
+                snprintf(name, sizeof(name), "%s %s K %zu %s", kind == 0 ? "fprop" : "dgrad",
+                         kind == 0 ? "E4M3xE4M3 fast_accum" : "E4M3xE5M2", K, f32 ? "f32" : "bf16");
+                size_t elem = f32 ? sizeof(float) : sizeof(act_t);
+                void* d = dev_alloc(nd * elem);
+                kc_poison(d, nd * elem);
+                call[1].d = d;
+                op_gemm(&call[1]);
+                float* got = f32 ? kc_get_f32((const float*)d, nd) : kc_get_act((const act_t*)d, nd);
+                dev_free(d);
+                call[0].d = exact;
+                cpu_ref_gemm(&call[0]);
+                size_t se = oracle_same(got, exact, nd), s1 = 0, best = 0;
+                int best_splits = 1;
+                call[0].d = model;
+                call[0].accum = FP8_ACCUM_HOPPER;
+                for (int splits = 1; splits <= ORACLE_MAX_SPLITS; splits++) {
+                    if (cpu_ref_gemm_hopper(&call[0], splits)) {
+                        failed += fail("%s: the Hopper model refused the GEMM (non-finite code?)", name);
+                        break;
+                    }
+                    size_t same = oracle_same(got, model, nd);
+                    if (splits == 1) s1 = same;
+                    if (same > best) best = same, best_splits = splits;
+                }
+                printf("    %s: bit-equal outputs of %zu: hopper model unsplit %.4f, best split (%d) %.4f, exact emulation %.4f\n",
+                       name, nd, (double)s1 / nd, best_splits, (double)best / nd, (double)se / nd);
+                double rel_l2, max_abs_frac;
+                kc_fp8_gemm_tolerance(&call[1], &rel_l2, &max_abs_frac);
+                failed += kc_compare_norm(name, got, exact, nd, rel_l2, max_abs_frac);
+                same_unsplit[f32] += s1;
+                same_best[f32] += best;
+                same_exact[f32] += se;
+                total[f32] += nd;
+                free(got);
+            }
+            fflush(stdout);
+            prod_operand_free(&a);
+            prod_operand_free(&b);
+        }
+    }
+    printf("table: bit-equal BF16 %.4f (best split %.4f, exact %.4f), FP32 %.4f (best split %.4f, exact %.4f)\n",
+           (double)same_unsplit[0] / total[0], (double)same_best[0] / total[0], (double)same_exact[0] / total[0],
+           (double)same_unsplit[1] / total[1], (double)same_best[1] / total[1], (double)same_exact[1] / total[1]);
+    free(exact);
+    free(model);
+    return failed != 0;
+}
+
 /* ------------------------------------------------------------ GEMM benchmark */
 
 /* Fills n BF16 values with a hash of their index, in [-1, 1). */
@@ -412,6 +529,7 @@ static Check CHECKS[] = {
     {"prod_attention_deterministic", check_prod_attention_deterministic, "the same with the deterministic backward"},
     {"prod_fp8_linear_7b", check_prod_fp8_linear_7b, "Llama-2 7B linear layers, N 4096: FP8 casts vs CPU, fprop/dgrad/wgrad vs CPU emulation"},
     {"prod_fp8_linear_13b", check_prod_fp8_linear_13b, "Llama-2 13B linear layers, N 4096: the same"},
+    {"hopper_accum_oracle", check_hopper_accum_oracle, "cuBLASLt FP8 GEMMs at K 4096/11008 vs the CPU Hopper accumulation model: bit-equal fractions"},
     {"bf16_linears_in_fp8", check_bf16_linears_in_fp8, "GPU: fp8 with every block linear in BF16 equals the bf16 recipe bit for bit"},
     {"shadow_grad_compare", check_shadow_grad_compare, "GPU: shadow gradient comparison (three passes) vs the direct one"},
 };

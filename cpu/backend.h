@@ -25,6 +25,8 @@
 typedef float act_t;
 #define LLM8_BACKEND "cpu"
 #define LLM8_BACKEND_MATH "BLAS (its OPENBLAS_* variables must reach every rank: mpirun -x)"
+/* The CPU emulation can model Hopper's FP8 accumulation (--fp8-accum hopper, fp8/gemm_hopper.h). */
+#define BACKEND_MODELS_FP8_ACCUM 1
 
 #include "../llama/backend.h"
 #include "../llama/op_math.h"
@@ -71,8 +73,9 @@ static inline size_t backend_memory_total(const char** what) {
     return pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
 }
 
-/* The grow-only scratch of the emulated GEMMs (fp8/gemm_cpu.h decodes FP8 operands to floats; op_gemm
-   computes an accumulating product apart) and the embedding backward's sort. */
+/* The grow-only scratch of the emulated GEMMs (fp8/gemm_cpu.h decodes FP8 operands to floats, the Hopper
+   model of --fp8-accum hopper to significands and exponents; op_gemm computes an accumulating product
+   apart) and the embedding backward's sort. */
 static inline int backend_workspaces(const WorkspaceQuery* q, MemoryEstimate* out) {
     const LlamaConfig* c = q->cfg;
     size_t N = (size_t)q->B * q->T, C = (size_t)c->dim, F = (size_t)c->ffn_dim, V = (size_t)c->vocab_size;
@@ -85,6 +88,18 @@ static inline int backend_workspaces(const WorkspaceQuery* q, MemoryEstimate* ou
         out[n++] = (MemoryEstimate){"gemm_decode_a", a * sizeof(float), 0, "FP8 GEMM A operand decoded to floats"};
         out[n++] = (MemoryEstimate){"gemm_decode_b", N * (out_max > in_max ? out_max : in_max) * sizeof(float), 0,
                                     "FP8 GEMM B operand decoded to floats"};
+        if (q->fp8_accum == FP8_ACCUM_HOPPER) {
+            /* gemm_hopper: 2 (m + n) k bytes; fprop (OC + N) C, dgrad (C + N) OC, wgrad (C + OC) N per linear */
+            const size_t dims[4][2] = {{QKV, C}, {C, C}, {2 * F, C}, {C, F}}; /* (OC, C): wqkv, wo, w13, w2 */
+            size_t most = 0;
+            for (int l = 0; l < 4; l++) {
+                size_t oc = dims[l][0], ic = dims[l][1];
+                size_t per[3] = {(oc + N) * ic, (ic + N) * oc, (ic + oc) * N};
+                for (int g = 0; g < 3; g++) most = per[g] > most ? per[g] : most;
+            }
+            out[n++] = (MemoryEstimate){"gemm_hopper", 2 * most, 0,
+                                        "FP8 GEMM operands decoded for the Hopper model (--fp8-accum hopper)"};
+        }
     }
     out[n++] = (MemoryEstimate){"gemm_accumulate", (out_max > V ? out_max : V) * C * sizeof(float), 0,
                                 "a wgrad's product before it is added (the largest weight)"};

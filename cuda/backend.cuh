@@ -25,6 +25,8 @@
 typedef __nv_bfloat16 act_t;
 #define LLM8_BACKEND "cuda"
 #define LLM8_BACKEND_MATH "GPU and cuBLASLt"
+/* The GPU accumulates as its tensor cores do: --fp8-accum hopper is refused (train/trainer.h). */
+#define BACKEND_MODELS_FP8_ACCUM 0
 
 #include "../llama/backend.h"
 #include "optimizer.cuh"

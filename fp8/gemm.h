@@ -22,6 +22,7 @@
 #pragma once
 
 #include <stdio.h>
+#include <string.h>
 
 #include "fp8.h"
 
@@ -37,6 +38,20 @@ static inline const char* dtype_name(DType t) {
 }
 
 static inline int dtype_is_fp8(DType t) { return t == DT_E4M3 || t == DT_E5M2; }
+
+/*
+ * How an FP8 GEMM accumulates (--fp8-accum). FP8_ACCUM_EXACT: FP32 accumulation of the exact products
+ * (the CPU emulation's BLAS; the GPU ignores it: its accumulation is the tensor cores'). FP8_ACCUM_HOPPER:
+ * the CPU emulation models Hopper's tensor-core chains (gemm_hopper.h); only the CPU build runs it.
+ */
+typedef enum { FP8_ACCUM_EXACT = 0, FP8_ACCUM_HOPPER = 1 } Fp8Accum;
+
+static inline const char* fp8_accum_name(int a) { return a == FP8_ACCUM_HOPPER ? "hopper" : "exact"; }
+
+/* The Fp8Accum a --fp8-accum value names, or -1. */
+static inline int fp8_accum_parse(const char* s) {
+    return strcmp(s, "exact") == 0 ? FP8_ACCUM_EXACT : strcmp(s, "hopper") == 0 ? FP8_ACCUM_HOPPER : -1;
+}
 
 /*
  * One input of a GEMM, as Transformer Engine's tensors carry it: the data, its type and, for FP8, a
@@ -69,6 +84,7 @@ typedef struct {
     int trans_a, trans_b;
     size_t m, n, k;
     int fast_accum; /* Hopper's FP8 fast accumulation (FP8 only) */
+    int accum;      /* Fp8Accum (FP8 only; gemm_fprop/dgrad/wgrad leave it FP8_ACCUM_EXACT) */
 } GemmCall;
 
 /*
@@ -76,7 +92,7 @@ typedef struct {
  * use fast accumulation, as Transformer Engine does for the forward GEMM.
  */
 static inline GemmCall gemm_fprop(void* y, DType y_type, GemmOperand w, GemmOperand x, size_t N, size_t C, size_t OC) {
-    GemmCall g = {y, y_type, 0, w, x, 1, 0, OC, N, C, dtype_is_fp8(w.dtype)};
+    GemmCall g = {y, y_type, 0, w, x, 1, 0, OC, N, C, dtype_is_fp8(w.dtype), FP8_ACCUM_EXACT};
     return g;
 }
 
@@ -86,7 +102,7 @@ static inline GemmCall gemm_fprop(void* y, DType y_type, GemmOperand w, GemmOper
  */
 static inline GemmCall gemm_dgrad(void* dx, DType dx_type, GemmOperand w, GemmOperand dy, size_t N, size_t C, size_t OC) {
     int fp8 = dtype_is_fp8(w.dtype);
-    GemmCall g = {dx, dx_type, 0, w, dy, fp8, 0, C, N, OC, 0};
+    GemmCall g = {dx, dx_type, 0, w, dy, fp8, 0, C, N, OC, 0, FP8_ACCUM_EXACT};
     return g;
 }
 
@@ -96,7 +112,7 @@ static inline GemmCall gemm_dgrad(void* dx, DType dx_type, GemmOperand w, GemmOp
  */
 static inline GemmCall gemm_wgrad(float* dw, GemmOperand x, GemmOperand dy, size_t N, size_t C, size_t OC) {
     int fp8 = dtype_is_fp8(x.dtype);
-    GemmCall g = {dw, DT_F32, 1, x, dy, fp8, !fp8, C, OC, N, 0};
+    GemmCall g = {dw, DT_F32, 1, x, dy, fp8, !fp8, C, OC, N, 0, FP8_ACCUM_EXACT};
     return g;
 }
 

@@ -3,8 +3,9 @@
  * values, multiplied with FP32 accumulation (OpenBLAS sgemm, or a plain loop with make BLAS=none), and
  * the product is multiplied by scale_inv_a * scale_inv_b, as cuBLASLt applies its A/B scales, tile by
  * tile so that the result does not depend on the thread count (sgemm_tiled). What
- * remains different from the GPU is the accumulation order and the tensor cores' FP8 fast accumulation,
- * which has no CPU counterpart. The output is FP32 in both DT_F32 and DT_ACT (the CPU's activation type
+ * remains different from the GPU is the accumulation order and the tensor cores' truncating FP8
+ * accumulation, unless the call asks for FP8_ACCUM_HOPPER: then gemm_hopper.h models the latter (with
+ * the call's fast_accum), bit for bit as mmaemu computes an H100's cuBLASLt FP8 GEMM, unsplit. The output is FP32 in both DT_F32 and DT_ACT (the CPU's activation type
  * is float); the CPU backend rounds a DT_ACT output to BF16 where the GPU would store BF16.
  */
 #pragma once
@@ -17,6 +18,7 @@
 #endif
 
 #include "gemm.h"
+#include "gemm_hopper.h"
 
 /* Decoding tables of the two formats (every code's exact value), built on first use. */
 static float g_fp8_lut[2][256];
@@ -147,6 +149,8 @@ static inline void gemm_cpu_blas_identity(char* out, size_t len) {
 static inline void gemm_cpu(const GemmCall* g) {
     char why[256];
     if (gemm_check(g, why, sizeof(why))) die("%s", why);
+    /* a non-finite code (never made by the trainer's saturating casts) falls back to the IEEE path */
+    if (g->accum == FP8_ACCUM_HOPPER && dtype_is_fp8(g->a.dtype) && gemm_hopper(g, 1) == 0) return;
     float alpha = dtype_is_fp8(g->a.dtype) ? *g->a.scale_inv * *g->b.scale_inv : 1.0f;
     const float* a = gemm_cpu_operand(&g->a, g->m * g->k, 0);
     const float* b = gemm_cpu_operand(&g->b, g->k * g->n, 1);

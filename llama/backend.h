@@ -50,6 +50,9 @@ static inline void backend_init(Precision p);
 /* Waits for all queued work; surfaces asynchronous faults. */
 static inline void backend_synchronize(void);
 static inline const char* backend_name(void);
+/* Each backend also defines BACKEND_MODELS_FP8_ACCUM: 1 when its FP8 GEMMs can run the Hopper
+   accumulation model (--fp8-accum hopper; fp8/gemm_hopper.h), 0 when they accumulate on hardware.
+   Known without a device, so the flag check runs before the GPU is looked for. */
 /* The libraries and hardware whose choice changes results in the last bits, as text (len >= 128), for
    the start-up agreement: CPU, the BLAS and its kernels; GPU, the device and cuBLASLt. Needs
    backend_init. LLM8_BACKEND_MATH names it in messages. */
@@ -68,6 +71,7 @@ typedef struct {
     int B, T;
     Precision precision;
     size_t grad_chunks; /* the gradient norm's ZERO_CHUNK chunks (op_sum_f64's input) */
+    int fp8_accum;      /* the FP8 GEMMs' Fp8Accum (--fp8-accum; fp8/gemm.h) */
 } WorkspaceQuery;
 /* Most MemoryEstimate entries backend_workspaces writes. */
 #define MAX_BACKEND_WORKSPACES 8

@@ -144,6 +144,8 @@ typedef struct {
     LlamaConfig cfg;
     Precision precision;
     int pow2_scales;           /* round FP8 scales down to powers of two */
+    int fp8_fprop_fast_accum;  /* --fp8-fast-accum: fprop's FP8 GEMMs use fast accumulation (default 1) */
+    int fp8_accum;             /* --fp8-accum: Fp8Accum of the FP8 GEMMs (fp8/gemm.h; hopper: CPU build only) */
     int recompute;             /* -r: RECOMPUTE_* (see Recompute) */
     int replaying;             /* backward is replaying a block's forward (-r 2) */
     int unfused_amax;          /* tests: every FP8 X amax by a separate op_amax read (see llama_fused_x_amax) */
@@ -463,6 +465,8 @@ static inline void llama_configure(Llama* m, const LlamaConfig* cfg, Precision p
     m->cfg = *cfg;
     m->precision = precision;
     m->pow2_scales = pow2_scales;
+    m->fp8_fprop_fast_accum = 1; /* Transformer Engine's fprop; the trainer sets --fp8-fast-accum */
+    m->fp8_accum = FP8_ACCUM_EXACT;
     m->recompute = recompute;
     m->B = B;
     m->T = T;
@@ -788,8 +792,9 @@ static inline Fp8Scale* llama_fused_x_amax(Llama* m, int layer, LinearId lin) {
  * fprop of linear layer `lin` of block `layer`: out (N, OC) = inp (N, C) W^T, N = the forward's B*T.
  * An FP8 layer casts inp to E4M3 with its just-in-time scale (amax by the input's producer, fused, or
  * by op_amax here), keeping the X^T copy for wgrad when the run keeps it, and runs E4M3 x E4M3 with fast
- * accumulation; a replay (-r 2) casts with the scale of the forward it repeats. Any other layer runs a
- * GEMM in the activation type.
+ * accumulation unless --fp8-fast-accum 0 (and with the run's --fp8-accum, as the backward GEMMs); a
+ * replay (-r 2) casts with the scale of the forward it repeats. Any other layer runs a GEMM in the
+ * activation type.
  */
 static inline void linear_forward(Llama* m, int layer, LinearId lin, act_t* out, const act_t* inp) {
     Linear x = llama_linear(m, layer, lin);
@@ -806,6 +811,8 @@ static inline void linear_forward(Llama* m, int layer, LinearId lin, act_t* out,
     op_cast_transpose(m->fp8_operand, x.fp8->xt, inp, N, C, FP8_E4M3, sx, m->pow2_scales, fp8_counts(m, x.slot, FP8_OP_X));
     GemmCall g = gemm_fprop(out, DT_ACT, gemm_operand_fp8(x.fp8->w, DT_E4M3, &sw->scale_inv),
                             gemm_operand_fp8(m->fp8_operand, DT_E4M3, &sx->scale_inv), N, C, OC);
+    g.fast_accum = m->fp8_fprop_fast_accum;
+    g.accum = m->fp8_accum;
     op_gemm(&g);
 }
 
@@ -836,6 +843,7 @@ static inline void linear_backward(Llama* m, int layer, LinearId lin, act_t* din
                       fp8_counts(m, x.slot, FP8_OP_DY));
     GemmCall dgrad = gemm_dgrad(dinp, DT_ACT, gemm_operand_fp8(x.fp8->wt, DT_E4M3, &sw->scale_inv),
                                 gemm_operand_fp8(m->fp8_operand, DT_E5M2, &sdy->scale_inv), N, C, OC);
+    dgrad.accum = m->fp8_accum;
     op_gemm(&dgrad);
     const uint8_t* xt = x.fp8->xt;
     if (xt == NULL) {
@@ -845,6 +853,7 @@ static inline void linear_backward(Llama* m, int layer, LinearId lin, act_t* din
     }
     GemmCall wgrad = gemm_wgrad(x.dweight, gemm_operand_fp8(xt, DT_E4M3, &sx->scale_inv),
                                 gemm_operand_fp8(m->fp8_operand_t, DT_E5M2, &sdy->scale_inv), N, C, OC);
+    wgrad.accum = m->fp8_accum;
     op_gemm(&wgrad);
 }
 

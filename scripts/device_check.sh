@@ -17,7 +17,9 @@
 #      shapes (PROD_CHECKS: the FP8 linear layers of Llama-2 7B and 13B, cuDNN attention at T 4096, HS 128
 #      with both backward algorithms), after the throughput rows the model-level checks (HF's reference,
 #      the CPU build, resume, recompute, ZeRO on one rank without NCCL, and nccl_one_rank, the one check
-#      that starts NCCL), and last the kernel families at a small shape; every check of --list gets a row;
+#      that starts NCCL), after the resume phase the Hopper accumulation model's oracle (ORACLE_CHECKS:
+#      cuBLASLt FP8 GEMMs against fp8/gemm_hopper.h, the fraction of bit-equal outputs in its row), and last
+#      the kernel families at a small shape; every check of --list gets a row;
 #   6. FP8 vs BF16 GEMM TFLOP/s at the 7B and 13B shapes;
 #   7. throughput of a 7B-shaped model (LAYERS layers, T 4096, 32768 tokens per step: 8 micro-steps) in bf16
 #      and fp8: mean tokens/s and MFU of the steps after warm-up (skipped steps excluded) and the trainer's
@@ -62,6 +64,9 @@
 #                                                                 --dump-run: measured 0.6 s on 1 thread
 #   real text bf16, fp8 (+ comparisons)         2x 30 s    150 s  estimate: 200 steps of 2048 tokens of `tiny`
 #   resume (2 runs)                             2x 10 s     60 s  estimate
+#   hopper_accum_oracle                            10 s     60 s  measured: the model's CPU side ~20 s on 1
+#                                                                 thread (8 GEMMs m 1024 n 64 K 4096/11008,
+#                                                                 split-K 1..4), OpenMP over 16: ~2 s
 #   -- ~510 s: the 460 s left after RESERVE_S end about here, so the rows below (and the last of the
 #      ones above) are the ones that may say "no time left" --
 #   kernel families (11, one smoke already run) 10x 6 s     60 s  estimate
@@ -83,6 +88,7 @@ PROD_CHECK_S=120           # one production-shape check (CPU references at 7B/13
 BENCH_S=60                 # the GEMM benchmark
 TRAIN_S=150                # one training run
 RESUME_S=60                # each of the two resume runs
+ORACLE_S=60                # the Hopper accumulation model's oracle (hopper_accum_oracle)
 MEMCHECK_S=90              # all memcheck runs together
 LOG_CAP=$((1 << 20))       # bytes kept of one log in the archive (its head and tail)
 ARCHIVE_MAX=$((16 << 20))  # the largest file the device machine gives back
@@ -97,6 +103,8 @@ SMOKE_CHECKS=(kernel_gemm)
 # the production-shape checks, the most valuable rows after the throughput ones, in this order
 PROD_CHECKS=(prod_fp8_linear_7b prod_attention prod_attention_deterministic prod_fp8_linear_13b)
 # the checks whose GPU work is our own kernels only (no cuBLASLt, no cuDNN): what memcheck runs
+# the oracle of the CPU model of Hopper's FP8 accumulation (--fp8-accum hopper): a table row, after resume
+ORACLE_CHECKS=(hopper_accum_oracle)
 MEMCHECK_CHECKS=(kernel_optimizer kernel_encoder kernel_rmsnorm kernel_rope kernel_swiglu kernel_classifier kernel_fp8_cast kernel_fp8_weight)
 
 START=$(date +%s)
@@ -344,11 +352,12 @@ if [ ${#CHECKS[@]} -eq 0 ]; then
 fi
 declare -A CHECK_DONE=() # the checks that have their row
 
-# check_detail LOG: its first failures, else its worst norm comparison (rel L2 over its tolerance), else its first measured error
+# check_detail LOG: its first failures, else its "table:" line, else its worst norm comparison (rel L2 over its tolerance), else its first measured error
 check_detail() {
     local fails
     fails=$(grep -E '^ *FAIL: ' "$1" | head -2 | sed 's/^ *FAIL: //' | paste -sd';')
     if [ -n "$fails" ]; then echo "$fails"; return; fi
+    if grep -q '^table: ' "$1"; then grep -m1 '^table: ' "$1" | sed 's/^table: //'; return; fi
     awk 'match($0, /rel L2 [0-9.e+-]+, tol rel L2 [0-9.e+-]+/) {
              split(substr($0, RSTART, RLENGTH), f, /[ ,]+/)
              r = f[3] / f[7]
@@ -366,7 +375,7 @@ run_check() {
     local name=$1 label="test_llama $1" want s log t0 rc detail
     CHECK_DONE[$name]=1
     if [ -n "$no_run" ]; then row "$label" FAIL "$no_run"; return; fi
-    case $name in prod_*) want=$PROD_CHECK_S ;; *) want=$CHECK_S ;; esac
+    case $name in prod_*) want=$PROD_CHECK_S ;; hopper_accum_oracle) want=$ORACLE_S ;; *) want=$CHECK_S ;; esac
     s=$(budget "$want")
     if [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"; return; fi
     log=$LOGS/test_llama_$name.log
@@ -393,11 +402,13 @@ run_checks() {
     pack_logs "$LOG_CAP"
 }
 
-# remaining_checks kernels|model: the listed checks without a row yet, kernel_* ones or all others, in --list order
+# remaining_checks kernels|model: the listed checks without a row yet, kernel_* ones or all others but the
+# ORACLE_CHECKS (their own phase), in --list order
 remaining_checks() {
     local name
     for name in "${CHECKS[@]}"; do
         [ -n "${CHECK_DONE[$name]:-}" ] && continue
+        printf '%s\n' "${ORACLE_CHECKS[@]}" | grep -qx "$name" && continue
         case $name in kernel_*) [ "$1" = kernels ] && echo "$name" ;; *) [ "$1" = model ] && echo "$name" ;; esac
     done
 }
@@ -655,6 +666,7 @@ mapfile -t MODEL_CHECKS < <(remaining_checks model)
 run_checks "model, resume, ZeRO and NCCL on one rank" "${MODEL_CHECKS[@]}"
 phase_real_text
 phase_resume
+run_checks "the Hopper accumulation model's oracle" "${ORACLE_CHECKS[@]}"
 mapfile -t KERNEL_CHECKS < <(remaining_checks kernels)
 run_checks "kernel families at a small shape" "${KERNEL_CHECKS[@]}"
 phase_shadow

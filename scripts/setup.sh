@@ -7,6 +7,9 @@
 #   PyPI:   numpy, sentencepiece (tokenizing), ml_dtypes (FP8 test reference), matplotlib (loss plots),
 #           safetensors (HF checkpoint interop), pytest, nvidia-cudnn-frontend (header-only cuDNN graph API),
 #           zstandard and pyarrow (reading .jsonl.zst and .parquet corpora in dev/data/tokenize.py).
+# Optional (LLM8_OPTIONAL_TESTS=1): torch and mmaemu, the oracle of dev/test/test_hopper_accum.py (the
+# Hopper accumulation model against the bits an H100's cuBLASLt returns); about 3 GB with torch's CUDA
+# wheels; the test skips without them, and nothing else needs them.
 # The CUDA toolkit (nvcc, cuBLASLt, cuDNN, NCCL) is not installed here: the GPU build is skipped without
 # nvcc. Runs as root or through sudo. Set PYTHON to choose the interpreter (default python3).
 set -euo pipefail
@@ -54,5 +57,18 @@ if [ ${#missing_pip[@]} -gt 0 ]; then
     # Debian's system Python refuses pip installs (PEP 668) unless told otherwise.
     "$PYTHON" -m pip install -q "${missing_pip[@]}" 2>/dev/null ||
         "$PYTHON" -m pip install -q --break-system-packages "${missing_pip[@]}"
+fi
+if [ "${LLM8_OPTIONAL_TESTS:-0}" = 1 ]; then
+    missing_opt=()
+    for spec in torch:torch mmaemu:mmaemu==0.1.0; do
+        module=${spec%%:*}; package=${spec#*:}
+        "$PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$module') is None)" 2>/dev/null ||
+            missing_opt+=("$package")
+    done
+    if [ ${#missing_opt[@]} -gt 0 ]; then
+        echo "setup: installing optional test packages (LLM8_OPTIONAL_TESTS=1): ${missing_opt[*]}"
+        "$PYTHON" -m pip install -q "${missing_opt[@]}" 2>/dev/null ||
+            "$PYTHON" -m pip install -q --break-system-packages "${missing_opt[@]}"
+    fi
 fi
 echo "setup: all dependencies present"

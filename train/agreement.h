@@ -112,8 +112,8 @@ static inline int settings_diff(const RankSettings* a, const RankSettings* b, ch
         long long x = run_setting_value(&a->id, &RUN_SETTINGS[k]), y = run_setting_value(&b->id, &RUN_SETTINGS[k]);
         if (x == y) continue;
         snprintf(flag, flag_len, "%s", RUN_SETTINGS[k].flag);
-        snprintf(va, value_len, "%lld", x);
-        snprintf(vb, value_len, "%lld", y);
+        run_setting_text(&a->id, &RUN_SETTINGS[k], va, value_len);
+        run_setting_text(&b->id, &RUN_SETTINGS[k], vb, value_len);
         return 1;
     }
     if (memcmp(a->id.bf16_blocks, b->id.bf16_blocks, sizeof(a->id.bf16_blocks)) != 0) {

@@ -21,6 +21,7 @@
 #include "shadow_policy.h"
 #include "../core/rng.h"
 #include "../dataloader/dataloader.h"
+#include "../fp8/gemm.h"
 #include "../llama/model_file.h"
 
 #define STATE_MAGIC 20251130
@@ -38,7 +39,9 @@
 typedef struct {
     LlamaConfig cfg;
     int32_t B, T, precision, shuffle, pow2_scales, recompute;
-    int32_t reserved; /* explicit padding (0) so that the hashed bytes are all defined */
+    /* --fp8-accum (Fp8Accum) and !--fp8-fast-accum: in the word that was padding, with 0 for the defaults,
+       so the state files of earlier builds (0 there) read as exact accumulation with fast fprop */
+    int16_t fp8_accum, fp8_fprop_slow_accum;
     int64_t total_batch, seed;
     uint64_t bf16_blocks[RUN_BF16_BLOCK_WORDS]; /* --bf16-layers: bit l set = block l runs BF16 in -p fp8 */
 } RunIdentity;
@@ -47,7 +50,7 @@ typedef struct {
 typedef struct {
     const char* flag;
     size_t offset;
-    size_t size; /* 4 or 8 bytes */
+    size_t size; /* 2, 4 or 8 bytes */
 } RunSetting;
 
 #define RUN_SETTING(flag, field) {flag, offsetof(RunIdentity, field), sizeof(((RunIdentity*)0)->field)}
@@ -60,6 +63,8 @@ static const RunSetting RUN_SETTINGS[] = {
     RUN_SETTING("-r", recompute),
     RUN_SETTING("-d", total_batch),
     RUN_SETTING("--seed", seed),
+    RUN_SETTING("--fp8-accum", fp8_accum),
+    RUN_SETTING("--fp8-fast-accum", fp8_fprop_slow_accum),
 };
 #define NUM_RUN_SETTINGS (sizeof(RUN_SETTINGS) / sizeof(RUN_SETTINGS[0]))
 
@@ -70,9 +75,23 @@ static inline long long run_setting_value(const RunIdentity* id, const RunSettin
         memcpy(&v, p, sizeof(v));
         return v;
     }
+    if (s->size == sizeof(int16_t)) {
+        int16_t v;
+        memcpy(&v, p, sizeof(v));
+        return v;
+    }
     int32_t v;
     memcpy(&v, p, sizeof(v));
     return v;
+}
+
+/* A setting's value as its flag spells it (-p fp8, --fp8-accum hopper, --fp8-fast-accum 0), else the number. */
+static inline void run_setting_text(const RunIdentity* id, const RunSetting* s, char* out, size_t len) {
+    long long v = run_setting_value(id, s);
+    if (s->offset == offsetof(RunIdentity, precision)) snprintf(out, len, "%s", precision_name((Precision)v));
+    else if (s->offset == offsetof(RunIdentity, fp8_accum)) snprintf(out, len, "%s", fp8_accum_name((int)v));
+    else if (s->offset == offsetof(RunIdentity, fp8_fprop_slow_accum)) snprintf(out, len, "%d", v ? 0 : 1);
+    else snprintf(out, len, "%lld", v);
 }
 
 /* Records the BF16 blocks (L, non-zero = BF16) in the identity; stops naming the flag past RUN_BF16_BLOCKS_MAX. */
@@ -135,10 +154,10 @@ static inline int run_identity_diff(const RunIdentity* a, const RunIdentity* b, 
         const RunSetting* s = &RUN_SETTINGS[i];
         long long x = run_setting_value(a, s), y = run_setting_value(b, s);
         if (x == y) continue;
-        if (s->offset == offsetof(RunIdentity, precision))
-            snprintf(why, len, "-p (checkpoint %s, now %s)", precision_name((Precision)x), precision_name((Precision)y));
-        else
-            snprintf(why, len, "%s (checkpoint %lld, now %lld)", s->flag, x, y);
+        char tx[32], ty[32];
+        run_setting_text(a, s, tx, sizeof(tx));
+        run_setting_text(b, s, ty, sizeof(ty));
+        snprintf(why, len, "%s (checkpoint %s, now %s)", s->flag, tx, ty);
         return 1;
     }
     if (memcmp(a->bf16_blocks, b->bf16_blocks, sizeof(a->bf16_blocks)) != 0) {

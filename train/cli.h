@@ -11,6 +11,7 @@
 #include <limits.h>
 #include <math.h>
 
+#include "../fp8/gemm.h"
 #include "../llama/config.h"
 #include "../llama/model_file.h"
 
@@ -46,6 +47,8 @@ typedef struct {
     long long seed;             /* --seed */
     int fp8_stats_every;        /* --fp8-stats */
     int pow2_scales;            /* --pow2-scales */
+    const char* fp8_accum;      /* --fp8-accum exact | hopper (fp8/gemm.h Fp8Accum) */
+    int fp8_fast_accum;         /* --fp8-fast-accum: fprop's FP8 GEMMs with fast accumulation */
     int max_skips;              /* --max-skips */
     int n_layers;               /* --n-layers, overrides the preset's layer count; 0: keep */
     int profile_every;          /* --profile: per-phase times of every N-th step; 0: off */
@@ -110,6 +113,8 @@ static const ArgSpec TRAIN_ARG_SPECS[] = {
     ARG("--seed", ARG_I64, seed, "seed for init, shuffling and sampling"),
     ARG("--fp8-stats", ARG_INT, fp8_stats_every, "log FP8 amax/scale/saturation/underflow every N steps (0: off)"),
     ARG("--pow2-scales", ARG_INT, pow2_scales, "1: round FP8 scales down to powers of two"),
+    ARG("--fp8-accum", ARG_STR, fp8_accum, "fp8 GEMM accumulation: exact (FP32) | hopper (model of H100 tensor cores; CPU build only)"),
+    ARG("--fp8-fast-accum", ARG_INT, fp8_fast_accum, "fp8: 1 fprop GEMMs with fast accumulation (as TE), 0 without"),
     ARG("--max-skips", ARG_INT, max_skips, "stop after this many consecutive non-finite steps"),
     ARG("--n-layers", ARG_INT, n_layers, "override the preset's layer count (benchmarks)"),
     ARG("--profile", ARG_INT, profile_every, "print forward/backward/optimizer/FP8-cast ms of every N-th step (0: off)"),
@@ -164,6 +169,8 @@ static inline TrainArgs train_args_default(void) {
     a.seed = 1337;
     a.fp8_stats_every = 0;
     a.pow2_scales = 0;
+    a.fp8_accum = "exact";
+    a.fp8_fast_accum = 1;
     a.max_skips = 5;
     a.n_layers = 0;
     a.profile_every = 0;
@@ -317,6 +324,8 @@ static inline void train_args_check(const TrainArgs* a) {
     if (a->overfit != 0 && a->overfit != 1) die("flag -a: must be 0 or 1");
     if (a->shuffle != 0 && a->shuffle != 1) die("flag --shuffle: must be 0 or 1");
     if (a->pow2_scales != 0 && a->pow2_scales != 1) die("flag --pow2-scales: must be 0 or 1");
+    if (fp8_accum_parse(a->fp8_accum) < 0) die("flag --fp8-accum: '%s' is not exact or hopper", a->fp8_accum);
+    if (a->fp8_fast_accum != 0 && a->fp8_fast_accum != 1) die("flag --fp8-fast-accum: must be 0 or 1");
     if (a->max_skips < 1) die("flag --max-skips: must be >= 1");
     if (a->n_layers < 0) die("flag --n-layers: must be >= 0");
     if (a->dry_run != 0 && a->dry_run != 1) die("flag --dry-run: must be 0 or 1");
@@ -325,6 +334,9 @@ static inline void train_args_check(const TrainArgs* a) {
     if (a->gpu_mem_gib < 0.0f) die("flag --gpu-mem: must be >= 0 GiB");
     if (a->gpu_mem_gib > 0.0f && !a->dry_run) die("flag --gpu-mem: only --dry-run 1 plans against a memory size");
     int fp8 = a->precision == PRECISION_FP8;
+    if ((strcmp(a->fp8_accum, defaults.fp8_accum) != 0 || a->fp8_fast_accum != defaults.fp8_fast_accum) && !fp8)
+        die("flag %s: needs -p fp8 (it sets the FP8 GEMMs)",
+            strcmp(a->fp8_accum, defaults.fp8_accum) != 0 ? "--fp8-accum" : "--fp8-fast-accum");
     if (strcmp(a->bf16_layers, defaults.bf16_layers) != 0 && !fp8)
         die("flag --bf16-layers: needs -p fp8 (every block runs %s already)", precision_name((Precision)a->precision));
     if (a->shadow_every < 0) die("flag --shadow-every: must be >= 0");

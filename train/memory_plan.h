@@ -46,6 +46,7 @@ typedef struct {
     Sharding sharding;
     CommWire wire;
     int bf16_linears; /* fp8: the flags can run a block linear in BF16 (--bf16-layers, --shadow-every) */
+    int fp8_accum;    /* fp8: the GEMMs' Fp8Accum (--fp8-accum) */
 } PlanSettings;
 
 static inline size_t plan_category(const char* name) {
@@ -76,7 +77,7 @@ static inline MemoryPlan memory_plan(const PlanSettings* s, int print) {
         if (m.segs[i].param.count > segment) segment = m.segs[i].param.count;
     }
     MemoryEstimate ws[MAX_PLAN_WORKSPACES];
-    WorkspaceQuery q = {s->cfg, s->B, s->T, s->precision, m.layout.chunks};
+    WorkspaceQuery q = {s->cfg, s->B, s->T, s->precision, m.layout.chunks, s->fp8_accum};
     int nws = backend_workspaces(&q, ws);
     nws += comm_workspaces(s->sharding.world, s->sharding.zero_stage, s->wire, piece, segment, ws + nws);
     if (s->precision == PRECISION_FP8 && s->bf16_linears)
@@ -148,7 +149,7 @@ static inline int memory_plan_main(const TrainArgs* a) {
     Sharding sh = {ranks, 0, a->zero_stage};
     PlanSettings s = {&cfg, (Precision)a->precision, a->B, a->T, a->recompute, sh,
                       strcmp(a->grad_reduce, "bf16") == 0 ? WIRE_BF16 : WIRE_F32,
-                      strcmp(a->bf16_layers, "none") != 0 || a->shadow_every > 0};
+                      strcmp(a->bf16_layers, "none") != 0 || a->shadow_every > 0, fp8_accum_parse(a->fp8_accum)};
     const char* memory_what = "--gpu-mem";
     size_t memory = a->gpu_mem_gib > 0.0f ? (size_t)((double)a->gpu_mem_gib * (double)(1ull << 30)) : backend_memory_total(&memory_what);
 

@@ -97,6 +97,8 @@ static inline RunIdentity trainer_identity(const Trainer* tr) {
     id.shuffle = tr->args.shuffle;
     id.pow2_scales = tr->args.pow2_scales;
     id.recompute = tr->args.recompute;
+    id.fp8_accum = (int16_t)fp8_accum_parse(tr->args.fp8_accum);
+    id.fp8_fprop_slow_accum = (int16_t)!tr->args.fp8_fast_accum;
     id.total_batch = (int64_t)tr->grad_accum_steps * tr->args.B * tr->args.T * tr->world;
     id.seed = tr->args.seed;
     run_identity_set_bf16_blocks(&id, tr->bf16_blocks, tr->cfg.n_layers);
@@ -326,6 +328,10 @@ static inline RankSettings trainer_rank_settings(const Trainer* tr) {
  */
 static inline int trainer_check_args(const TrainArgs* a, LlamaConfig* cfg) {
     train_args_check(a);
+    /* the GPU's accumulation is its tensor cores': only a backend that emulates them can model Hopper's */
+    if (fp8_accum_parse(a->fp8_accum) == FP8_ACCUM_HOPPER && !BACKEND_MODELS_FP8_ACCUM)
+        die("flag --fp8-accum hopper: the %s build accumulates on the tensor cores themselves; the Hopper model runs in train_llama_cpu only",
+            backend_name());
     int from_checkpoint = train_args_model(a, cfg);
     if (a->tokenizer_path != NULL && access(a->tokenizer_path, R_OK) != 0)
         die("flag --tokenizer: %s: cannot read (%s)", a->tokenizer_path, strerror(errno));
@@ -391,11 +397,18 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaC
     printf("| lr %g (%s, warmup %d, final x%g), weight decay %g, clip %g, seed %lld\n", a->lr, a->schedule, a->warmup,
            a->final_lr_frac, a->weight_decay, a->grad_clip, a->seed);
     if (a->output_dir == NULL) printf("| warning: no -o: no logs, checkpoints or final model will be saved\n");
-    if (a->precision == PRECISION_FP8) trainer_print_safety_net(tr);
+    if (a->precision == PRECISION_FP8) {
+        printf("| FP8 GEMMs: accumulation %s%s, fprop fast accumulation %s\n", a->fp8_accum,
+               fp8_accum_parse(a->fp8_accum) == FP8_ACCUM_HOPPER ? " (model of Hopper's tensor cores, unsplit)" : "",
+               a->fp8_fast_accum ? "on" : "off");
+        trainer_print_safety_net(tr);
+    }
 
     Sharding sharding = {tr->world, tr->rank, a->zero_stage};
     llama_build(&tr->model, &tr->cfg, (Precision)a->precision, a->B, a->T, a->pow2_scales, a->recompute, sharding);
     llama_set_bf16_blocks(&tr->model, tr->bf16_blocks);
+    tr->model.fp8_fprop_fast_accum = a->fp8_fast_accum;
+    tr->model.fp8_accum = fp8_accum_parse(a->fp8_accum);
     tr->loss_sums = (double*)dev_alloc((size_t)tr->grad_accum_steps * sizeof(double));
     shadow_init(&tr->shadow, &tr->model, a->shadow_grad);
     Fp8AlertThresholds th = {a->alert_saturated, a->alert_underflow, a->alert_amax_growth};

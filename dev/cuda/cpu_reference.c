@@ -102,3 +102,15 @@ void cpu_ref_cast_transpose_master(uint8_t* out, uint8_t* out_t, const float* ma
 void cpu_ref_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols) { op_transpose_fp8(out_t, in, rows, cols); }
 
 void cpu_ref_gemm(const GemmCall* g) { op_gemm(g); }
+
+int cpu_ref_gemm_hopper(const GemmCall* g, int splits) {
+    char why[256];
+    if (gemm_check(g, why, sizeof(why))) die("%s", why);
+    if (g->accumulate || !dtype_is_fp8(g->a.dtype) || gemm_hopper(g, splits)) return 1;
+    if (g->d_type == DT_ACT && g_round_bf16) {
+        float* d = (float*)g->d;
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < g->m * g->n; i++) d[i] = bf16_round(d[i]);
+    }
+    return 0;
+}

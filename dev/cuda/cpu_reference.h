@@ -59,6 +59,10 @@ void cpu_ref_cast_transpose_master(uint8_t* out, uint8_t* out_t, const float* ma
                                    Fp8Scale* s, int pow2, Fp8Counts* counts);
 void cpu_ref_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols);
 void cpu_ref_gemm(const GemmCall* g);
+/* The Hopper model (fp8/gemm_hopper.h) of a non-accumulating FP8 GEMM g with `splits` contiguous split-K
+   parts, D rounded to BF16 where op_gemm rounds it; returns 1 without touching D when g accumulates, is not
+   FP8 or holds a non-finite code. */
+int cpu_ref_gemm_hopper(const GemmCall* g, int splits);
 
 #ifdef __cplusplus
 }

@@ -182,6 +182,8 @@ def test_resume_across_rank_counts(tmp_path, threads):
 @pytest.mark.parametrize("flag, value0, value1, shown0, shown1", [
     ("-b", "4", "8", "4", "8"),
     ("--bf16-layers", "first", "1-2", "0", "1-2"),
+    ("--fp8-accum", "exact", "hopper", "exact", "hopper"),
+    ("--fp8-fast-accum", "1", "0", "1", "0"),
 ])
 def test_mismatched_flags_stop_every_rank(tmp_path, flag, value0, value1, shown0, shown1):
     """MPMD launch with another value of a flag on each rank: one message naming it, non-zero, fast."""

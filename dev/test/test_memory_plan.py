@@ -124,6 +124,17 @@ def compare_precisions(binary, model, ranks, zero, recompute, memory_gib):
     return fp8, bf16
 
 
+def test_plan_counts_the_hopper_model_scratch(trainer):
+    """--fp8-accum hopper: the CPU plan adds the Hopper model's decoded operands, 2 (m + n) k bytes of the
+    largest block-linear GEMM (tiny, N 64: w13's dgrad, (C + N) 2 F), and nothing else."""
+    _, exact = plan(trainer, *BASE, "-p", "fp8")
+    _, hopper = plan(trainer, *BASE, "-p", "fp8", "--fp8-accum", "hopper")
+    assert "gemm_hopper" not in exact["workspaces"]
+    N, C, F = 2 * 32, 128, 384  # BASE's -b 2 -t 32 on tiny (dim 128, ffn_dim 384)
+    assert hopper["workspaces"]["gemm_hopper"] == 2 * (C + N) * 2 * F, hopper["workspaces"]
+    assert hopper["total_bytes"] - exact["total_bytes"] == hopper["workspaces"]["gemm_hopper"]
+
+
 @pytest.mark.parametrize("binary", ["train_llama_cpu", "train_llama"])
 def test_fp8_never_needs_more_than_bf16(binary):
     """Apart from its per-operand scale and count records (48 bytes per FP8 operand), an fp8 run needs no

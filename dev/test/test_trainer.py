@@ -47,6 +47,10 @@ def assert_one_line_error(result, *needles):
     (["--ranks", "2"], "--ranks"),
     (["--gpu-mem", "80"], "--gpu-mem"),
     (["--dry-run", "2"], "--dry-run"),
+    (["--fp8-accum", "fast"], "--fp8-accum"),
+    (["--fp8-fast-accum", "2"], "--fp8-fast-accum"),
+    (["-p", "bf16", "--fp8-accum", "hopper"], "--fp8-accum"),
+    (["-p", "bf16", "--fp8-fast-accum", "0"], "--fp8-fast-accum"),
 ])
 def test_bad_flags_rejected(trainer, args, needle):
     assert_one_line_error(run([trainer, *args]), needle)
@@ -55,7 +59,8 @@ def test_bad_flags_rejected(trainer, args, needle):
 def test_help_documents_the_llmc_flags(trainer):
     r = run([trainer, "--help"])
     assert r.returncode == 0
-    for flag in ["-i", "-j", "-o", "-e", "-b", "-t", "-d", "-l", "-x", "-v", "-m", "-s", "-n", "-y", "-z", "-r", "-p"]:
+    for flag in ["-i", "-j", "-o", "-e", "-b", "-t", "-d", "-l", "-x", "-v", "-m", "-s", "-n", "-y", "-z", "-r", "-p",
+                 "--fp8-accum", "--fp8-fast-accum"]:
         assert f"  {flag} " in r.stdout, f"--help does not document {flag}"
     for preset in ["llama2-7b", "llama2-13b", "llama2-70b", "tiny"]:
         assert preset in r.stdout
@@ -66,7 +71,8 @@ GPU_TRAINER = REPO / "train_llama"
 
 @pytest.mark.skipif(not GPU_TRAINER.exists(), reason="train_llama is not built (the CUDA build needs nvcc)")
 @pytest.mark.parametrize("args, needle", [(["-x", "0"], "flag -x"), (["-b", "0"], "flag -b"), (["-z", "3"], "flag -z"),
-                                          (["-p", "fp8", "-b", "1", "-t", "8"], "B*T")])
+                                          (["-p", "fp8", "-b", "1", "-t", "8"], "B*T"),
+                                          (["--fp8-accum", "hopper"], "flag --fp8-accum hopper")])
 def test_gpu_trainer_needs_no_gpu_for_help_and_flag_errors(args, needle):
     """A cluster's login node has no GPU: train_llama's --help prints the usage and a flag out of range
     gives its one-line flag error, not "no usable CUDA GPU" (this machine has no GPU, so it shows)."""
@@ -234,3 +240,33 @@ def test_profile_splits_the_step(trainer, shakespeare, precision):
             assert 0 < casts < forward + backward + optimizer, profiles[step]
         else:
             assert casts == 0, profiles[step]
+
+
+def final_losses(out):
+    return [line for line in (out / "main.log").read_text().splitlines() if "trl:" in line]
+
+
+@pytest.mark.parametrize("flag, value, shown", [("--fp8-accum", "hopper", "exact, now hopper"),
+                                                ("--fp8-fast-accum", "0", "1, now 0")])
+def test_fp8_accumulation_flags_in_run_identity(trainer, tmp_path, shakespeare, flag, value, shown):
+    """A run resumed with another FP8 accumulation is refused, naming the flag and both values."""
+    out = tmp_path / "run"
+    r = run([trainer, *FAST, "-o", out, "-x", "2"])
+    assert r.returncode == 0, r.stderr
+    r = run([trainer, *FAST, "-o", out, "-x", "4", "-y", "1", flag, value])
+    assert_one_line_error(r, "state_00000002_00000.bin", f"{flag} (checkpoint {shown})")
+
+
+def test_hopper_accumulation_trains(trainer, tmp_path, shakespeare):
+    """--fp8-accum hopper runs the model in every FP8 GEMM: the losses differ from exact ones (K of 128
+    and 384 already show it) but stay close; --fp8-fast-accum 0 changes fprop's and so the losses."""
+    losses = {}
+    for name, extra in [("exact", []), ("hopper", ["--fp8-accum", "hopper"]),
+                        ("hopper_slow", ["--fp8-accum", "hopper", "--fp8-fast-accum", "0"])]:
+        out = tmp_path / name
+        r = run([trainer, *FAST, "-o", out, "-x", "3", "-n", "-1", *extra])
+        assert r.returncode == 0, r.stderr
+        losses[name] = [float(line.split("trl:")[1]) for line in final_losses(out)]
+    assert losses["exact"] != losses["hopper"] != losses["hopper_slow"]
+    for name in ("hopper", "hopper_slow"):
+        assert all(abs(a - b) < 1e-2 * a for a, b in zip(losses["exact"], losses[name])), losses
