@@ -2,11 +2,12 @@
  * The GEMM of the CPU emulation, gemm.h's contract in FP32: FP8 operands are decoded to their exact
  * values, multiplied with FP32 accumulation (OpenBLAS sgemm, or a plain loop with make BLAS=none), and
  * the product is multiplied by scale_inv_a * scale_inv_b, as cuBLASLt applies its A/B scales, tile by
- * tile so that the result does not depend on the thread count (sgemm_tiled). What
- * remains different from the GPU is the accumulation order and the tensor cores' truncating FP8
- * accumulation, unless the call asks for FP8_ACCUM_HOPPER: then gemm_hopper.h models the latter (with
- * the call's fast_accum), bit for bit as mmaemu computes an H100's cuBLASLt FP8 GEMM, unsplit. The output is FP32 in both DT_F32 and DT_ACT (the CPU's activation type
- * is float); the CPU backend rounds a DT_ACT output to BF16 where the GPU would store BF16.
+ * tile so that the result does not depend on the thread count (sgemm_tiled). What remains different
+ * from the GPU is the accumulation order and the tensor cores' truncating FP8 accumulation, unless the
+ * call asks for FP8_ACCUM_HOPPER: then gemm_hopper.h models the latter (with the call's fast_accum), bit
+ * for bit as mmaemu computes an H100's cuBLASLt FP8 GEMM, unsplit. The output is FP32 in both DT_F32 and
+ * DT_ACT (the CPU's activation type is float); the CPU backend rounds a DT_ACT output to BF16 where the
+ * GPU would store BF16.
  */
 #pragma once
 
