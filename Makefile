@@ -163,13 +163,21 @@ build/cudnn_att.o: $(if $(CUDNN_PREBUILT),,cuda/cudnn_att.cpp cuda/cudnn_att.h c
 	@mkdir -p build
 	$(CXX) $(CUDNN_ATT_FLAGS) -I$(CUDA_INCLUDE) -isystem $(CUDNN_FRONTEND_INCLUDE) -c $< -o $@
 
+# Both GPU binaries keep ptxas's resource report (-Xptxas -v: registers, static shared memory, stack and
+# spills of every kernel) in build/ptxas/<binary>.log, for scripts/check_kernel_resources.py (make test);
+# its "ptxas info" lines stay out of the build output.
+PTXAS_LOG = build/ptxas
+PTXAS_V = -Xptxas -v 2> $(PTXAS_LOG)/$@.log; rc=$$?; grep -v -e '^ptxas info' -e '^    [0-9]* bytes stack frame' $(PTXAS_LOG)/$@.log >&2; exit $$rc
+
 train_llama: train_llama.cu $(HEADERS) $(CUDA_HEADERS) $(CUDNN_OBJ) | $(SETUP_STAMP)
-	$(NVCC) $(NVCC_FLAGS) $< $(CUDNN_OBJ) -o $@ $(CUDA_LIBS)
+	@mkdir -p $(PTXAS_LOG)
+	$(NVCC) $(NVCC_FLAGS) $< $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(PTXAS_V)
 
 # test_llama links the CPU reference object (the kernel checks compare each GPU op with its CPU op), so
 # it also needs the CPU build's BLAS and OpenMP.
 test_llama: test_llama.cu train_llama.cu dev/cuda/kernel_cases.cuh build/cpu_reference.o $(HEADERS) $(CUDA_HEADERS) $(TEST_HEADERS) $(CUDNN_OBJ) | $(SETUP_STAMP)
-	$(NVCC) $(NVCC_FLAGS) $< build/cpu_reference.o $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(CPU_LIBS)
+	@mkdir -p $(PTXAS_LOG)
+	$(NVCC) $(NVCC_FLAGS) $< build/cpu_reference.o $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(CPU_LIBS) $(PTXAS_V)
 
 # The emulated GPU (emu/, README "The emulated GPU"): train_llama.cu and test_llama.cu compiled as C++
 # by g++ against emu/'s runtime, with ASan, and the doubles of cuBLASLt and NCCL; no nvcc, no GPU. cuDNN
@@ -218,7 +226,8 @@ build/time_cpu_reference: dev/cuda/time_cpu_reference.c build/cpu_reference.o $(
 	$(CC) $(CFLAGS) $(CPU_INCLUDES) $< build/cpu_reference.o -o $@ $(CPU_LIBS)
 
 dev/cuda/bench_kernels: dev/cuda/bench_kernels.cu dev/cuda/kernel_cases.cuh build/cpu_reference.o $(HEADERS) $(CUDA_HEADERS) $(CUDNN_OBJ) | $(SETUP_STAMP)
-	$(NVCC) $(NVCC_FLAGS) $< build/cpu_reference.o $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(CPU_LIBS)
+	@mkdir -p $(PTXAS_LOG)
+	$(NVCC) $(NVCC_FLAGS) $< build/cpu_reference.o $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(CPU_LIBS) $(PTXAS_V)
 
 build/fuzz/fuzz_%: dev/fuzz/fuzz_%.c dev/fuzz/fuzz.h dev/fuzz/fuzz_inputs.h $(HEADERS) | $(SETUP_STAMP)
 	@mkdir -p $(@D)
