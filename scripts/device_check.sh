@@ -33,7 +33,15 @@
 # then the whole table again. OUT_DIR (default $OUT when set, else build/device_check) receives two files:
 # summary.txt (the table) and logs.tar.gz (every log, each cut to LOG_CAP bytes, re-packed after each
 # phase); bulky files (shards, checkpoints, runs) live in a folder under /tmp, removed at the end.
-#   usage: scripts/device_check.sh [OUT_DIR]     env: LAYERS (4), STEPS (10), JOBS (nproc), BUDGET_S (480)
+#   usage: scripts/device_check.sh [--emulated] [OUT_DIR]     env: LAYERS (4), STEPS (10), JOBS (nproc), BUDGET_S (480)
+# --emulated (or LLM8_DEVICE_CHECK_EMU=1) rehearses the check on the emulated GPU (README "The emulated
+# GPU"), without a GPU: build/emu/train_llama and build/emu/test_llama (built beforehand: make emu) at
+# scaled-down shapes, within BUDGET_S 85 by default (dev/test/test_device_check_emu.py runs it in CI).
+# Every row whose only need is an execution model gives a real answer: the kernel and model checks
+# (EMU_CHECKS), the memory plan against what the emulated run allocated (cudaMemGetInfo of emu/, whose
+# capacity LLM8_EMU_MEMORY sets), the real-text curves against a CPU fp8 curve computed here at the same
+# flags, resume. Rows that need the hardware (nvidia-smi, the cuDNN attention path, the production shapes,
+# throughput, the GEMM benchmark, the shadow check's cost, compute-sanitizer) say "emulated: not measured".
 # Exit status 0 when no row says FAIL. README "Device check" says how to prepare, carry and read it.
 #
 # Budget, in run order: expected seconds on one H200 with 16 cores, the phase's own timeout, and where the
@@ -73,6 +81,9 @@
 #   shadow check cost                              40 s    150 s  estimate
 #   memcheck                                   up to 90 s   90 s  MEMCHECK_S
 
+EMULATED=${LLM8_DEVICE_CHECK_EMU:-0}
+if [ "${1:-}" = --emulated ]; then EMULATED=1; shift; fi
+[ "$EMULATED" = 1 ] || EMULATED=0
 OUT_DIR=${1:-${OUT:-build/device_check}}
 LAYERS=${LAYERS:-4}
 STEPS=${STEPS:-10}
@@ -98,6 +109,29 @@ WARMUP_STEPS=2             # throughput: steps left out of the means (cuBLASLt a
 PROFILE_EVERY=5            # throughput: --profile
 PREP=build/device          # what `make device-prepare` made (scripts/device_prepare.sh)
 LIB_LINKS=$PWD/build/device_libs
+TEST_BIN=./test_llama
+TRAIN_BIN=./train_llama
+NOT_MEASURED="emulated: not measured"
+if [ "$EMULATED" -eq 1 ]; then
+    # the rehearsal: the emulated binaries, tiny shapes, and the rows it runs (each check takes seconds there)
+    TEST_BIN=build/emu/test_llama
+    TRAIN_BIN=build/emu/train_llama
+    BUDGET_S=${LLM8_DEVICE_CHECK_BUDGET_S:-85}
+    RESERVE_S=5
+    MIN_PHASE_S=20         # a training run killed by its timeout would be a FAIL row, not a "no time left" one
+    SHARD_TOKENS=65536
+    # an emulated step of `tiny` costs ~2.5 s at any small B x T (AdamW over its 9M parameters and the
+    # 32000-wide classifier under ASan), so the runs are few steps at 2 x 32 tokens
+    EMU_STEPS=1            # the memory-plan runs
+    EMU_TRAIN_ARGS=(-e tiny -b 2 -t 32)
+    EMU_REAL_FLAGS="-e tiny -b 2 -t 32 -x 3 -v 3 -m 1 -l 1e-3 -u 2 --seed 1337"
+    EMU_DATA=${EMU_DATA:-dev/data/tinyshakespeare}
+    # the test_llama checks the rehearsal runs, about a second each (the others: a skip row; dev/test/test_emu.py
+    # runs them all): every kernel family but kernel_fp8_cast_vec (30 s emulated: its shapes cover every
+    # vector-path case), and the cheap model-level ones
+    EMU_CHECKS=(kernel_gemm kernel_optimizer kernel_encoder kernel_rmsnorm kernel_rope kernel_swiglu kernel_classifier
+        kernel_fp8_cast kernel_fp8_weight kernel_attention fp8_weights forward_deferred grad_accumulation)
+fi
 # the smoke check, run right after the build: cuBLASLt BF16 and FP8 GEMMs and the FP8 casts at a small shape
 SMOKE_CHECKS=(kernel_gemm)
 # the production-shape checks, the most valuable rows after the throughput ones, in this order
@@ -212,6 +246,11 @@ header | tee "$SUMMARY"
 
 # ---------------------------------------------------------------- 1. environment
 
+if [ "$EMULATED" -eq 1 ]; then # the emulated GPU: no GPU, libraries, prepared files or build to check
+row "GPU (nvidia-smi)" skip "$NOT_MEASURED: the emulated GPU ($TEST_BIN, $TRAIN_BIN)"
+for b in "$TEST_BIN" "$TRAIN_BIN"; do [ -x "$b" ] || row "build $b" FAIL "not built: make emu"; done
+[ -x "$TEST_BIN" ] && [ -x "$TRAIN_BIN" ] && row "build (emulated: make emu)" ok "$TEST_BIN $TRAIN_BIN"
+else # the device, to the "fi # the device" below
 echo "== GPU and libraries"
 limited "$TOOL_S" "$LOGS/nvidia-smi_full.log" nvidia-smi
 limited "$TOOL_S" "$LOGS/nvidia-smi.log" nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv,noheader
@@ -322,33 +361,35 @@ else
     fi
 fi
 pack_logs "$LOG_CAP"
+fi # the device
 
 # ---------------------------------------------------------------- 4. device, library versions, attention path
 
 echo "== test_llama --device-info"
 ATTENTION=""
-if [ ! -x ./test_llama ]; then
+if [ ! -x "$TEST_BIN" ]; then
     row "device and library versions" FAIL "test_llama not built"
 else
-    limited "$TOOL_S" "$LOGS/device_info.log" ./test_llama --device-info
+    limited "$TOOL_S" "$LOGS/device_info.log" "$TEST_BIN" --device-info
     rc=$?
     info=$(sed -n 's/^| device: //p' "$LOGS/device_info.log" | head -1)
     ATTENTION=$(attention_of "$LOGS/device_info.log")
     if [ "$rc" -eq 0 ] && [ -n "$info" ]; then row "device and library versions" info "${info%%; attention: *}"
     else row "device and library versions" FAIL "$(why_failed "$rc" "$TOOL_S" "$LOGS/device_info.log")"; fi
 fi
-if is_cudnn "$ATTENTION"; then row "attention path" ok "$ATTENTION"
+if [ "$EMULATED" -eq 1 ]; then row "attention path" skip "$NOT_MEASURED: ${ATTENTION:-unknown} (cuDNN is not emulated)"
+elif is_cudnn "$ATTENTION"; then row "attention path" ok "$ATTENTION"
 else row "attention path" FAIL "${ATTENTION:-unknown} (the GPU path must be cuDNN SDPA; carry build/device with cudnn_att.o)"; fi
 
 # ---------------------------------------------------------------- 5. test_llama checks, one process each
 
 CHECKS=()
 no_run=""
-if [ -x ./test_llama ]; then mapfile -t CHECKS < <(timeout "$TOOL_S" ./test_llama --list 2> /dev/null); fi
+if [ -x "$TEST_BIN" ]; then mapfile -t CHECKS < <(timeout "$TOOL_S" "$TEST_BIN" --list 2> /dev/null); fi
 if [ ${#CHECKS[@]} -eq 0 ]; then
     # names from the source, so that the table still has one row per check
     mapfile -t CHECKS < <(sed -n 's/^ *{"\([a-z0-9_]*\)", check_[a-z0-9_]*, ".*$/\1/p' test_llama.cu)
-    no_run=$([ -x ./test_llama ] && echo "test_llama --list failed" || echo "test_llama not built (see the build row)")
+    no_run=$([ -x "$TEST_BIN" ] && echo "test_llama --list failed" || echo "test_llama not built (see the build row)")
 fi
 declare -A CHECK_DONE=() # the checks that have their row
 
@@ -375,12 +416,19 @@ run_check() {
     local name=$1 label="test_llama $1" want s log t0 rc detail
     CHECK_DONE[$name]=1
     if [ -n "$no_run" ]; then row "$label" FAIL "$no_run"; return; fi
+    if [ "$EMULATED" -eq 1 ] && [[ $name == prod_* ]]; then row "$label" skip "$NOT_MEASURED: production shapes are out of a CPU's reach"; return; fi
+    if [ "$EMULATED" -eq 1 ] && [ "$name" = hopper_accum_oracle ]; then
+        row "$label" skip "$NOT_MEASURED: the oracle compares the hardware's FP8 accumulation, not the cuBLASLt double's"; return
+    fi
+    if [ "$EMULATED" -eq 1 ] && ! printf '%s\n' "${EMU_CHECKS[@]}" | grep -qx "$name"; then
+        row "$label" skip "emulated: not in the rehearsal's EMU_CHECKS (dev/test/test_emu.py runs it)"; return
+    fi
     case $name in prod_*) want=$PROD_CHECK_S ;; hopper_accum_oracle) want=$ORACLE_S ;; *) want=$CHECK_S ;; esac
     s=$(budget "$want")
     if [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"; return; fi
     log=$LOGS/test_llama_$name.log
     t0=$(date +%s)
-    limited "$s" "$log" ./test_llama --only "$name"
+    limited "$s" "$log" "$TEST_BIN" --only "$name"
     rc=$?
     detail="$(( $(date +%s) - t0 ))s$(check_detail "$log" | sed 's/^./; &/')"
     if [ "$rc" -eq 0 ] && grep -q "^ok   $name\$" "$log"; then row "$label" ok "$detail"
@@ -418,7 +466,7 @@ remaining_checks() {
 SHARD=$WORK/random_tokens.bin
 declare -A TOKS=() # tokens/s of the throughput runs, by precision
 make_shard() {
-    if [ -x ./test_llama ]; then limited "$TOOL_S" "$LOGS/random_shard.log" ./test_llama --write-shard "$SHARD" "$SHARD_TOKENS" 1; fi
+    if [ -x "$TEST_BIN" ]; then limited "$TOOL_S" "$LOGS/random_shard.log" "$TEST_BIN" --write-shard "$SHARD" "$SHARD_TOKENS" 1; fi
 }
 
 # ---------------------------------------------------------------- 6. GEMM benchmark
@@ -427,10 +475,11 @@ make_shard() {
 phase_gemm_bench() {
     echo "== GEMM FP8 vs BF16"
     s=$(budget "$BENCH_S")
-    if [ ! -x ./test_llama ]; then row "GEMM benchmark" FAIL "test_llama not built"
+    if [ "$EMULATED" -eq 1 ]; then row "GEMM benchmark" skip "$NOT_MEASURED (speed)"
+    elif [ ! -x "$TEST_BIN" ]; then row "GEMM benchmark" FAIL "test_llama not built"
     elif [ "$s" -eq 0 ]; then row "GEMM benchmark" skip "$NO_TIME"
     else
-        limited "$s" "$LOGS/gemm.log" ./test_llama --bench-gemm
+        limited "$s" "$LOGS/gemm.log" "$TEST_BIN" --bench-gemm
         rc=$?
         while read -r line; do
             row "$(echo "$line" | cut -d: -f1)" bench "$(echo "$line" | cut -d: -f2- | sed 's/^ *//')"
@@ -449,14 +498,14 @@ phase_throughput() {
         label="train 7b-shape L$LAYERS T4096 -d $TOKENS_PER_STEP -p $p"
         log=$LOGS/train_$p.log
         s=$(budget "$TRAIN_S")
-        if [ ! -x ./train_llama ] || [ ! -f "$SHARD" ]; then row "$label" FAIL "train_llama or the random shard is missing"; continue; fi
+        if [ ! -x "$TRAIN_BIN" ] || [ ! -f "$SHARD" ]; then row "$label" FAIL "train_llama or the random shard is missing"; continue; fi
         if [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"; continue; fi
         TRAIN_ARGS=(-e llama2-7b --n-layers "$LAYERS" -b 1 -t 4096 -d "$TOKENS_PER_STEP" -p "$p")
         # -o for metrics.jsonl (mem_mib: device memory in use), -n -1: no checkpoint
-        limited "$s" "$log" ./train_llama "${TRAIN_ARGS[@]}" -x "$STEPS" -v 0 -m 1 -u 2 --profile "$PROFILE_EVERY" \
+        limited "$s" "$log" "$TRAIN_BIN" "${TRAIN_ARGS[@]}" -x "$STEPS" -v 0 -m 1 -u 2 --profile "$PROFILE_EVERY" \
             -i "$SHARD" -j "$SHARD" -o "$WORK/train_$p" -n -1
         rc=$?
-        limited "$TOOL_S" "$LOGS/plan_$p.log" ./train_llama "${TRAIN_ARGS[@]}" --dry-run 1
+        limited "$TOOL_S" "$LOGS/plan_$p.log" "$TRAIN_BIN" "${TRAIN_ARGS[@]}" --dry-run 1
         planned=$(sed -n 's/^plan: .*"total_gib": \([0-9.]*\).*/\1/p' "$LOGS/plan_$p.log")
         used=$(sed -n 's/.*"mem_mib": \([0-9.]*\).*/\1/p' "$WORK/train_$p/metrics.jsonl" 2> /dev/null | sort -g | tail -1)
         if [ -n "$planned" ] && [ -n "$used" ]; then
@@ -499,6 +548,39 @@ phase_throughput() {
     pack_logs "$LOG_CAP"
 }
 
+# The rehearsal's throughput phase: tokens/s is not measured; the memory plan is, against what the emulated
+# run allocated (emu/'s cudaMemGetInfo: what cudaMalloc holds, its redzones included, of LLM8_EMU_MEMORY GiB)
+phase_throughput_emulated() {
+    echo "== throughput (emulated): memory plan of ${EMU_TRAIN_ARGS[*]} against the emulated run"
+    row "train 7b-shape L$LAYERS T4096 tokens/s" skip "$NOT_MEASURED (speed)"
+    for p in bf16 fp8; do
+        label="  -p $p memory plan (${EMU_TRAIN_ARGS[*]})"
+        s=$(budget "$TRAIN_S")
+        if [ ! -x "$TRAIN_BIN" ] || [ ! -f "$SHARD" ]; then row "$label" FAIL "train_llama or the random shard is missing"; continue; fi
+        if [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"; continue; fi
+        limited "$s" "$LOGS/train_$p.log" "$TRAIN_BIN" "${EMU_TRAIN_ARGS[@]}" -p "$p" -x "$EMU_STEPS" -v 0 -m 1 \
+            -i "$SHARD" -j "$SHARD" -o "$WORK/train_$p" -n -1
+        rc=$?
+        limited "$TOOL_S" "$LOGS/plan_$p.log" "$TRAIN_BIN" "${EMU_TRAIN_ARGS[@]}" -p "$p" --dry-run 1
+        planned=$(sed -n 's/^plan: .*"total_gib": \([0-9.]*\).*/\1/p' "$LOGS/plan_$p.log")
+        # the plan's estimate of the CUDA context (no allocation of ours, so none on the emulated GPU)
+        context=$(sed -n 's/^plan: .*"cuda_context": \([0-9]*\).*/\1/p' "$LOGS/plan_$p.log")
+        used=$(sed -n 's/.*"mem_mib": \([0-9.]*\).*/\1/p' "$WORK/train_$p/metrics.jsonl" 2> /dev/null | sort -g | tail -1)
+        if [ "$rc" -ne 0 ]; then row "$label" FAIL "$(why_failed "$rc" "$s" "$LOGS/train_$p.log")"
+        elif [ -z "$planned" ] || [ -z "$used" ] || [ -z "$context" ]; then
+            row "$label" FAIL "plan ${planned:-missing (see plan_$p.log)} GiB; in use ${used:-not in metrics.jsonl} MiB"
+        else
+            # what the plan counts beyond the context must cover what the run allocated (mem_mib is
+            # rounded to 0.1 MiB), and not overcount it by more than 5%
+            verdict=$(awk -v u="$used" -v p="$planned" -v c="$context" 'BEGIN {
+                q = p * 1024 - c / 1048576; r = u / q
+                printf "%s %.1f MiB planned without the ~%.0f MiB CUDA context, %.1f MiB in use: %.4f", (u <= q + 0.1 && r >= 0.95) ? "ok" : "FAIL", q, c / 1048576, u, r }')
+            row "$label" "${verdict%% *}" "${verdict#* } (in use / plan, must be in [0.95, 1])"
+        fi
+    done
+    pack_logs "$LOG_CAP"
+}
+
 # ---------------------------------------------------------------- 7b. the FP8 safety net's shadow check
 
 # the cost of a shadow check with gradients at the throughput shape
@@ -507,11 +589,12 @@ phase_shadow() {
     label="shadow check 7b-shape L$LAYERS T4096 --shadow-grad 1"
     log=$LOGS/train_shadow.log
     s=$(budget "$TRAIN_S")
-    if [ ! -x ./train_llama ] || [ ! -f "$SHARD" ]; then row "$label" FAIL "train_llama or the random shard is missing"
+    if [ "$EMULATED" -eq 1 ]; then row "$label" skip "$NOT_MEASURED (speed)"
+    elif [ ! -x "$TRAIN_BIN" ] || [ ! -f "$SHARD" ]; then row "$label" FAIL "train_llama or the random shard is missing"
     elif [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"
     else
         # no -o: a checkpoint of this shape takes minutes; the console has what is needed
-        limited "$s" "$log" ./train_llama -e llama2-7b --n-layers "$LAYERS" -b 1 -t 4096 -x 4 -v 0 -m 1 -u 2 -i "$SHARD" \
+        limited "$s" "$log" "$TRAIN_BIN" -e llama2-7b --n-layers "$LAYERS" -b 1 -t 4096 -x 4 -v 0 -m 1 -u 2 -i "$SHARD" \
             -j "$SHARD" -p fp8 --shadow-every 2 --shadow-grad 1
         rc=$?
         # the second check (the first pays the set-up) against steps 2 and 4, which run none
@@ -536,20 +619,36 @@ PY
 phase_real_text() {
     echo "== real text: tiny-shakespeare, GPU bf16 and fp8 vs the carried CPU fp8 run"
     REAL_DATA=$PREP/tinyshakespeare
+    CPU_CURVE=$PREP/cpu_fp8
     real_ok=1
-    if [ ! -f "$PREP/real_text.flags" ] || [ ! -f "$PREP/cpu_fp8/main.log" ]; then
+    if [ "$EMULATED" -eq 1 ]; then
+        # the rehearsal makes its CPU curve itself, at its own scaled-down flags
+        REAL_DATA=$EMU_DATA
+        CPU_CURVE=$WORK/cpu_fp8
+        read -r -a REAL_FLAGS <<< "$EMU_REAL_FLAGS"
+        limited "$TRAIN_S" "$LOGS/real_cpu_fp8.log" ./train_llama_cpu "${REAL_FLAGS[@]}" -i "$REAL_DATA/tiny_shakespeare_train.bin" \
+            -j "$REAL_DATA/tiny_shakespeare_val.bin" -p fp8 -o "$CPU_CURVE"
+        rc=$?
+        if [ "$rc" -eq 0 ]; then row "real text: CPU -p fp8 run (train_llama_cpu)" ok "$EMU_REAL_FLAGS: $(grep '^val loss' "$LOGS/real_cpu_fp8.log" | tail -1)"
+        else real_ok=0; row "real text: CPU -p fp8 run (train_llama_cpu)" FAIL "$(why_failed "$rc" "$TRAIN_S" "$LOGS/real_cpu_fp8.log")"; fi
+        echo "$EMU_REAL_FLAGS" > "$WORK/real_text.flags"
+        PREP_FLAGS=$WORK/real_text.flags
+    else
+        PREP_FLAGS=$PREP/real_text.flags
+    fi
+    if [ ! -f "$PREP_FLAGS" ] || [ ! -f "$CPU_CURVE/main.log" ]; then
         real_ok=0
         row "real text runs" FAIL "$PREP/real_text.flags or $PREP/cpu_fp8 missing: run make device-prepare and carry $PREP"
     else
-        read -r -a REAL_FLAGS < "$PREP/real_text.flags"
+        read -r -a REAL_FLAGS < "$PREP_FLAGS"
         for p in bf16 fp8; do
             label="real text: GPU -p $p run"
             log=$LOGS/real_$p.log
             s=$(budget "$TRAIN_S")
-            if [ ! -x ./train_llama ]; then real_ok=0; row "$label" FAIL "train_llama not built"; continue; fi
+            if [ ! -x "$TRAIN_BIN" ]; then real_ok=0; row "$label" FAIL "train_llama not built"; continue; fi
             if [ "$s" -eq 0 ]; then real_ok=0; row "$label" skip "$NO_TIME"; continue; fi
             rm -rf "$WORK/real_$p"
-            limited "$s" "$log" ./train_llama "${REAL_FLAGS[@]}" -i "$REAL_DATA/tiny_shakespeare_train.bin" \
+            limited "$s" "$log" "$TRAIN_BIN" "${REAL_FLAGS[@]}" -i "$REAL_DATA/tiny_shakespeare_train.bin" \
                 -j "$REAL_DATA/tiny_shakespeare_val.bin" -p "$p" -o "$WORK/real_$p"
             rc=$?
             cp "$WORK/real_$p/main.log" "$LOGS/real_${p}_main.log" 2> /dev/null
@@ -570,7 +669,7 @@ phase_real_text() {
     }
     if [ "$real_ok" -eq 1 ]; then
         compare "real text: GPU fp8 vs GPU bf16 (1%)" "$WORK/real_fp8" "$WORK/real_bf16" 0.01 fp8_vs_bf16
-        compare "real text: GPU fp8 vs CPU fp8 curve (0.5%)" "$WORK/real_fp8" "$PREP/cpu_fp8" 0.005 gpu_vs_cpu_fp8
+        compare "real text: GPU fp8 vs CPU fp8 curve (0.5%)" "$WORK/real_fp8" "$CPU_CURVE" 0.005 gpu_vs_cpu_fp8
     else
         row "real text: comparisons" FAIL "a run is missing (rows above)"
     fi
@@ -581,36 +680,41 @@ phase_real_text() {
 
 # a GPU run resumed from its step-3 checkpoint against the uninterrupted run
 phase_resume() {
-    echo "== resume: tiny, 6 steps, checkpoint at step 3, resumed in a second folder"
-    label="resume tiny from step 3 (LLM8_DETERMINISTIC=1)"
+    # the rehearsal: 3 emulated steps, checkpoint at step 1, at 2 x 32 tokens
+    local at=3 steps=6 t=256 b=4
+    [ "$EMULATED" -eq 1 ] && { at=1; steps=3; t=32; b=2; }
+    local ckpt
+    ckpt=$(printf '%08d' "$at")
+    echo "== resume: tiny, $steps steps, checkpoint at step $at, resumed in a second folder"
+    label="resume tiny from step $at (LLM8_DETERMINISTIC=1)"
     FULL=$WORK/resume_full
     RESUMED=$WORK/resume_resumed
     mkdir -p "$RESUMED"
-    RESUME_ARGS=(-e tiny -b 4 -t 256 -x 6 -n 3 -v 0 -m 1 -i "$SHARD" -j "$SHARD")
-    # "step loss lr" of steps 3..5 in a metrics.jsonl
-    steps_3_to_5() { grep -E '^\{"step": [345], "loss":' "$1" 2> /dev/null | awk -F'[:,] *' '{print $2, $4, $6}'; }
+    RESUME_ARGS=(-e tiny -b "$b" -t "$t" -x "$steps" -n "$at" -v 0 -m 1 -i "$SHARD" -j "$SHARD")
+    # "step loss lr" of steps at..steps-1 in a metrics.jsonl
+    steps_resumed() { grep -E "^\\{\"step\": [$at-$((steps - 1))], \"loss\":" "$1" 2> /dev/null | awk -F'[:,] *' '{print $2, $4, $6}'; }
     s=$(budget "$RESUME_S")
-    if [ ! -x ./train_llama ] || [ ! -f "$SHARD" ]; then row "$label" FAIL "train_llama or the random shard is missing"
+    if [ ! -x "$TRAIN_BIN" ] || [ ! -f "$SHARD" ]; then row "$label" FAIL "train_llama or the random shard is missing"
     elif [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"
     else
         # cuDNN's default attention backward is not bit-reproducible; both runs take the deterministic one
         export LLM8_DETERMINISTIC=1
-        limited "$s" "$LOGS/resume_full.log" ./train_llama "${RESUME_ARGS[@]}" -o "$FULL"
+        limited "$s" "$LOGS/resume_full.log" "$TRAIN_BIN" "${RESUME_ARGS[@]}" -o "$FULL"
         rc=$?
         if [ "$rc" -eq 0 ]; then
-            cp "$FULL/model_00000003.bin" "$FULL/state_00000003_00000.bin" "$FULL/DONE_00000003" "$RESUMED/"
-            limited "$s" "$LOGS/resume_resumed.log" ./train_llama "${RESUME_ARGS[@]}" -y 1 -o "$RESUMED"
+            cp "$FULL/model_$ckpt.bin" "$FULL/state_${ckpt}_00000.bin" "$FULL/DONE_$ckpt" "$RESUMED/"
+            limited "$s" "$LOGS/resume_resumed.log" "$TRAIN_BIN" "${RESUME_ARGS[@]}" -y 1 -o "$RESUMED"
             rc=$?
         fi
         unset LLM8_DETERMINISTIC
-        full=$(steps_3_to_5 "$FULL/metrics.jsonl")
-        resumed=$(steps_3_to_5 "$RESUMED/metrics.jsonl")
+        full=$(steps_resumed "$FULL/metrics.jsonl")
+        resumed=$(steps_resumed "$RESUMED/metrics.jsonl")
         if [ "$rc" -ne 0 ]; then
             row "$label" FAIL "$(why_failed "$rc" "$s" "$(ls -t "$LOGS"/resume_*.log | head -1)")"
-        elif [ "$(echo "$full" | grep -c .)" -eq 3 ] && [ "$full" = "$resumed" ]; then
-            row "$label" ok "loss and lr of steps 3..5 identical: $(echo "$full" | awk '{print $2}' | tr '\n' ' ')"
+        elif [ "$(echo "$full" | grep -c .)" -eq $((steps - at)) ] && [ "$full" = "$resumed" ]; then
+            row "$label" ok "loss and lr of steps $at..$((steps - 1)) identical: $(echo "$full" | awk '{print $2}' | tr '\n' ' ')"
         else
-            row "$label" FAIL "steps 3..5 (step loss lr) differ: [$(echo "$full" | tr '\n' ' ')] vs [$(echo "$resumed" | tr '\n' ' ')]"
+            row "$label" FAIL "steps $at..$((steps - 1)) (step loss lr) differ: [$(echo "$full" | tr '\n' ' ')] vs [$(echo "$resumed" | tr '\n' ' ')]"
         fi
     fi
     pack_logs "$LOG_CAP"
@@ -630,12 +734,13 @@ phase_memcheck() {
     for name in "${MEMCHECK_CHECKS[@]}"; do
         label="memcheck $name"
         s=$(( memcheck_end - $(elapsed) ))
+        if [ "$EMULATED" -eq 1 ]; then row "$label" skip "$NOT_MEASURED (compute-sanitizer needs a GPU; the emulated build runs under ASan)"; continue; fi
         if [ -z "$SANITIZER" ]; then row "$label" skip "compute-sanitizer not found (PATH, $CUDA_HOME/bin)"; continue; fi
         if [ -n "$cannot" ]; then row "$label" skip "compute-sanitizer cannot run here: $cannot"; continue; fi
-        if [ ! -x ./test_llama ]; then row "$label" FAIL "test_llama not built"; continue; fi
+        if [ ! -x "$TEST_BIN" ]; then row "$label" FAIL "test_llama not built"; continue; fi
         if [ "$s" -lt "$MIN_PHASE_S" ]; then row "$label" skip "no time left (memcheck: ${MEMCHECK_S}s at most, within the ${BUDGET_S}s budget)"; continue; fi
         log=$LOGS/memcheck_$name.log
-        limited "$s" "$log" "$SANITIZER" --tool memcheck "${filter[@]}" ./test_llama --only "$name"
+        limited "$s" "$log" "$SANITIZER" --tool memcheck "${filter[@]}" "$TEST_BIN" --only "$name"
         rc=$?
         summary=$(grep -o 'ERROR SUMMARY: [0-9]* error[s]*' "$log" | tail -1)
         # gVisor: "Device not supported", then the program's first allocation fails
@@ -660,10 +765,14 @@ phase_memcheck() {
 run_checks "smoke" "${SMOKE_CHECKS[@]}"
 run_checks "production shapes" "${PROD_CHECKS[@]}"
 make_shard
-phase_throughput
+if [ "$EMULATED" -eq 1 ]; then phase_throughput_emulated; else phase_throughput; fi
 phase_gemm_bench
 mapfile -t MODEL_CHECKS < <(remaining_checks model)
 run_checks "model, resume, ZeRO and NCCL on one rank" "${MODEL_CHECKS[@]}"
+if [ "$EMULATED" -eq 1 ]; then # the rehearsal: the kernel rows cost a second each there, the training runs far more
+    mapfile -t KERNEL_CHECKS < <(remaining_checks kernels)
+    run_checks "kernel families at a small shape" "${KERNEL_CHECKS[@]}"
+fi
 phase_real_text
 phase_resume
 run_checks "the Hopper accumulation model's oracle" "${ORACLE_CHECKS[@]}"
