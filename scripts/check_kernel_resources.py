@@ -128,8 +128,12 @@ def demangle(names):
     try:
         r = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, check=True)
         return dict(zip(names, r.stdout.splitlines()))
-    except (OSError, subprocess.CalledProcessError):
-        return {n: n for n in names}
+    except (OSError, subprocess.CalledProcessError):  # no binutils: the name of _Z<length><name>...
+        out = {}
+        for n in names:
+            m = re.match(r"_Z(\d+)", n)
+            out[n] = n[m.end():m.end() + int(m.group(1))] + "(" if m else n
+        return out
 
 
 def base_name(demangled):
