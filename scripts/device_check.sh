@@ -36,7 +36,7 @@
 #   usage: scripts/device_check.sh [--emulated] [OUT_DIR]     env: LAYERS (4), STEPS (10), JOBS (nproc), BUDGET_S (480)
 # --emulated (or LLM8_DEVICE_CHECK_EMU=1) rehearses the check on the emulated GPU (README "The emulated
 # GPU"), without a GPU: build/emu/train_llama and build/emu/test_llama (built beforehand: make emu) at
-# scaled-down shapes, within BUDGET_S 85 by default (dev/test/test_device_check_emu.py runs it in CI).
+# scaled-down shapes, within BUDGET_S 95 by default (dev/test/test_device_check_emu.py runs it in CI).
 # Every row whose only need is an execution model gives a real answer: the kernel and model checks
 # (EMU_CHECKS), the memory plan against what the emulated run allocated (cudaMemGetInfo of emu/, whose
 # capacity LLM8_EMU_MEMORY sets), the real-text curves against a CPU fp8 curve computed here at the same
@@ -116,7 +116,7 @@ if [ "$EMULATED" -eq 1 ]; then
     # the rehearsal: the emulated binaries, tiny shapes, and the rows it runs (each check takes seconds there)
     TEST_BIN=build/emu/test_llama
     TRAIN_BIN=build/emu/train_llama
-    BUDGET_S=${LLM8_DEVICE_CHECK_BUDGET_S:-85}
+    BUDGET_S=${LLM8_DEVICE_CHECK_BUDGET_S:-95}
     RESERVE_S=5
     MIN_PHASE_S=20         # a training run killed by its timeout would be a FAIL row, not a "no time left" one
     SHARD_TOKENS=65536

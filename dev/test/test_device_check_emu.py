@@ -1,6 +1,6 @@
 """
 The device check rehearsed on the emulated GPU (scripts/device_check.sh --emulated, issue 18): the same
-script on build/emu/test_llama and build/emu/train_llama at scaled-down shapes, within its default 85 s
+script on build/emu/test_llama and build/emu/train_llama at scaled-down shapes, within its default 95 s
 budget. Rows whose only need is an execution model must give a real answer (ok): the kernel checks, the
 memory plan against what the emulated run allocated, the real-text curves (emulated fp8 against emulated
 bf16 and against train_llama_cpu's fp8 curve at the same flags), resume. Rows that need the hardware
