@@ -41,34 +41,31 @@ if [ ${#missing_apt[@]} -gt 0 ]; then
 fi
 
 command -v "$PYTHON" >/dev/null || { echo "error: $PYTHON not found (install python3 and python3-pip)" >&2; exit 1; }
-missing_pip=()
-for spec in numpy:numpy sentencepiece:sentencepiece ml_dtypes:ml_dtypes matplotlib:matplotlib \
-            safetensors:safetensors pytest:pytest cudnn:nvidia-cudnn-frontend zstandard:zstandard \
-            pyarrow:pyarrow; do
-    module=${spec%%:*}; package=${spec#*:}
-    "$PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$module') is None)" 2>/dev/null ||
-        missing_pip+=("$package")
-done
-if [ ${#missing_pip[@]} -gt 0 ]; then
-    echo "setup: installing PyPI packages: ${missing_pip[*]}"
+# The PyPI packages of "module:package" specs whose module is missing.
+missing_modules() {
+    for spec in "$@"; do
+        module=${spec%%:*}
+        "$PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$module') is None)" 2>/dev/null ||
+            echo "${spec#*:}"
+    done
+}
+# pip install of the packages given, saying what for ($1).
+pip_install() {
+    local what=$1; shift
+    [ $# -gt 0 ] || return 0
+    echo "setup: installing $what: $*"
     if ! "$PYTHON" -m pip --version >/dev/null 2>&1; then
         echo "error: $PYTHON has no pip (apt-get install python3-pip)" >&2; exit 1
     fi
     # Debian's system Python refuses pip installs (PEP 668) unless told otherwise.
-    "$PYTHON" -m pip install -q "${missing_pip[@]}" 2>/dev/null ||
-        "$PYTHON" -m pip install -q --break-system-packages "${missing_pip[@]}"
-fi
+    "$PYTHON" -m pip install -q "$@" 2>/dev/null || "$PYTHON" -m pip install -q --break-system-packages "$@"
+}
+mapfile -t missing_pip < <(missing_modules numpy:numpy sentencepiece:sentencepiece ml_dtypes:ml_dtypes \
+    matplotlib:matplotlib safetensors:safetensors pytest:pytest cudnn:nvidia-cudnn-frontend zstandard:zstandard \
+    pyarrow:pyarrow)
+pip_install "PyPI packages" "${missing_pip[@]}"
 if [ "${LLM8_OPTIONAL_TESTS:-0}" = 1 ]; then
-    missing_opt=()
-    for spec in torch:torch mmaemu:mmaemu==0.1.0; do
-        module=${spec%%:*}; package=${spec#*:}
-        "$PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$module') is None)" 2>/dev/null ||
-            missing_opt+=("$package")
-    done
-    if [ ${#missing_opt[@]} -gt 0 ]; then
-        echo "setup: installing optional test packages (LLM8_OPTIONAL_TESTS=1): ${missing_opt[*]}"
-        "$PYTHON" -m pip install -q "${missing_opt[@]}" 2>/dev/null ||
-            "$PYTHON" -m pip install -q --break-system-packages "${missing_opt[@]}"
-    fi
+    mapfile -t missing_opt < <(missing_modules torch:torch mmaemu:mmaemu==0.1.0)
+    pip_install "optional test packages (LLM8_OPTIONAL_TESTS=1)" "${missing_opt[@]}"
 fi
 echo "setup: all dependencies present"
