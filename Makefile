@@ -167,7 +167,7 @@ build/cudnn_att.o: $(if $(CUDNN_PREBUILT),,cuda/cudnn_att.cpp cuda/cudnn_att.h c
 # spills of every kernel) in build/ptxas/<binary>.log, for scripts/check_kernel_resources.py (make test);
 # its "ptxas info" lines stay out of the build output.
 PTXAS_LOG = build/ptxas
-PTXAS_V = -Xptxas -v 2> $(PTXAS_LOG)/$@.log; rc=$$?; grep -v -e '^ptxas info' -e '^    [0-9]* bytes stack frame' $(PTXAS_LOG)/$@.log >&2; exit $$rc
+PTXAS_V = -Xptxas -v 2> $(PTXAS_LOG)/$(notdir $@).log; rc=$$?; grep -v -e '^ptxas info' -e '^    [0-9]* bytes stack frame' $(PTXAS_LOG)/$(notdir $@).log >&2; exit $$rc
 
 train_llama: train_llama.cu $(HEADERS) $(CUDA_HEADERS) $(CUDNN_OBJ) | $(SETUP_STAMP)
 	@mkdir -p $(PTXAS_LOG)
