@@ -11,7 +11,12 @@
  */
 #include <boost/context/detail/fcontext.hpp>
 #include <cuda_runtime.h>
+#include <elf.h>
+#include <fcntl.h>
+#include <link.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdarg>
@@ -580,6 +585,82 @@ void __syncthreads() {
 
 unsigned char* emu_dynamic_shared() { return emu_current_block->dynamic_smem; }
 
+/* ---------------------------------------------------------------- static shared memory */
+
+static int main_program_bias(struct dl_phdr_info* info, size_t, void* out) {
+    *(uintptr_t*)out = info->dlpi_addr; /* the first object listed is the main program */
+    return 1;
+}
+
+/*
+ * The static __shared__ variables of the executable, as (address, bytes): every writable static local
+ * of each function that holds an emu_static_shared_<n> marker (emu/cuda_runtime.h), found once in
+ * /proc/self/exe's symbol table. A function-local static is the symbol _ZZ<function>E<length><name>,
+ * so the marker's symbol up to its length digits is the prefix its siblings share. Under ASan a marker
+ * that starts where one of its function's arrays ends is poisoned: the array's redzone.
+ */
+static const std::vector<std::pair<unsigned char*, size_t>>& static_shared() {
+    static std::vector<std::pair<unsigned char*, size_t>> regions;
+    static bool found = false;
+    if (found) return regions;
+    found = true;
+    int fd = open("/proc/self/exe", O_RDONLY);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) emu_fail("static __shared__: cannot read /proc/self/exe");
+    const unsigned char* img = (const unsigned char*)mmap(nullptr, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (img == MAP_FAILED) emu_fail("static __shared__: cannot map /proc/self/exe");
+    const Elf64_Ehdr* eh = (const Elf64_Ehdr*)img;
+    const Elf64_Shdr* sh = (const Elf64_Shdr*)(img + eh->e_shoff);
+    const Elf64_Sym* syms = nullptr;
+    size_t nsyms = 0;
+    const char* names = nullptr;
+    for (int i = 0; i < eh->e_shnum; i++)
+        if (sh[i].sh_type == SHT_SYMTAB) {
+            syms = (const Elf64_Sym*)(img + sh[i].sh_offset);
+            nsyms = sh[i].sh_size / sizeof(Elf64_Sym);
+            names = (const char*)(img + sh[sh[i].sh_link].sh_offset);
+        }
+    if (!syms) emu_fail("static __shared__: the executable has no symbol table (stripped?): its shared arrays cannot be poisoned");
+    uintptr_t bias = 0;
+    dl_iterate_phdr(main_program_bias, &bias);
+    const char* marker = "emu_static_shared_";
+    std::set<std::string> prefixes;
+    std::map<uintptr_t, std::pair<std::string, size_t>> markers; /* address -> function prefix, bytes */
+    for (size_t i = 0; i < nsyms; i++) {
+        const char* n = names + syms[i].st_name;
+        const char* m = strstr(n, marker);
+        if (strncmp(n, "_ZZ", 3) != 0 || !m) continue;
+        const char* digits = m;
+        while (digits > n && digits[-1] >= '0' && digits[-1] <= '9') digits--;
+        prefixes.insert(std::string(n, digits - n));
+        markers[bias + syms[i].st_value] = std::make_pair(std::string(n, digits - n), (size_t)syms[i].st_size);
+    }
+    for (size_t i = 0; i < nsyms; i++) {
+        const Elf64_Sym& y = syms[i];
+        const char* n = names + y.st_name;
+        if (ELF64_ST_TYPE(y.st_info) != STT_OBJECT || y.st_size == 0 || y.st_shndx == SHN_UNDEF || y.st_shndx >= eh->e_shnum ||
+            strncmp(n, "_ZZ", 3) != 0 || strstr(n, marker))
+            continue;
+        const Elf64_Shdr& sec = sh[y.st_shndx];
+        if ((sec.sh_flags & (SHF_WRITE | SHF_ALLOC)) != (SHF_WRITE | SHF_ALLOC) || (sec.sh_flags & SHF_TLS)) continue;
+        const char* e = n + strlen(n);
+        /* the prefix ends where the local name's length digits begin */
+        for (const char* d = n + 3; d < e; d++)
+            if (*d >= '0' && *d <= '9' && d[-1] == 'E' && prefixes.count(std::string(n, d - n))) {
+                regions.emplace_back((unsigned char*)(bias + y.st_value), (size_t)y.st_size);
+#if EMU_ASAN
+                auto after = markers.find(bias + y.st_value + y.st_size);
+                if (after != markers.end() && after->second.first == std::string(n, d - n))
+                    ASAN_POISON_MEMORY_REGION((void*)after->first, after->second.second);
+#endif
+                break;
+            }
+    }
+    munmap((void*)img, st.st_size);
+    return regions;
+}
+
 /* Runs one block: every thread from its start to its first barrier, in `reverse` order or not, then
  * every thread to its next barrier, and so on; a barrier some threads never reach is reported. */
 static void run_block(const EmuLaunchSpec& spec, EmuBlock& block, std::vector<Fiber>& fibers, bool reverse) {
@@ -587,8 +668,9 @@ static void run_block(const EmuLaunchSpec& spec, EmuBlock& block, std::vector<Fi
     run.spec = &spec;
     g_run = &run;
     emu_current_block = &block;
-    /* shared memory is uninitialized at block start: NaN bytes, as in cudaMalloc */
+    /* shared memory, dynamic and static, is uninitialized at block start: NaN bytes, as in cudaMalloc */
     if (spec.smem) memset(block.dynamic_smem, 0xFF, spec.smem);
+    for (const auto& r : static_shared()) memset(r.first, 0xFF, r.second);
     size_t n = fibers.size();
     unsigned int i = 0;
     for (unsigned int z = 0; z < block.dim.z; z++)
