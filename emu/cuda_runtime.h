@@ -42,8 +42,16 @@
 #define __constant__
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
-/* not enforced: the bound is not visible to the runtime from a function pointer (README, limits) */
-#define __launch_bounds__(...)
+/*
+ * __launch_bounds__(max_threads, ...): the kernel goes into a code section named after its bound, which
+ * the runtime reads from the executable's section headers to refuse a launch with more threads per block
+ * (emu_launch_spec). g++ drops section attributes from template instantiations, so a template kernel's
+ * bound is not enforced (README, limits). The bound must be an integer literal or a macro of one.
+ */
+#define EMU_STR2(x) #x
+#define EMU_STR(x) EMU_STR2(x)
+#define EMU_FIRST(first, ...) first
+#define __launch_bounds__(...) __attribute__((section("emu_launch_bounds_" EMU_STR(EMU_FIRST(__VA_ARGS__, 0)))))
 /*
  * Static shared memory: one instance, in static storage (the blocks of a launch run one after the other,
  * all on the host thread that runs the stream), re-poisoned with NaN bytes at every block start, so each

@@ -474,6 +474,7 @@ const char* cudaGetErrorString(cudaError_t e) {
 
 }  // extern "C"
 
+static int launch_bound(const void* kernel);
 static std::map<const void*, int> g_max_dynamic_smem; /* cudaFuncAttributeMaxDynamicSharedMemorySize opt-ins */
 
 extern "C" {
@@ -487,7 +488,8 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 }
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, const void* func) {
     memset(a, 0, sizeof(*a));
-    a->maxThreadsPerBlock = MAX_THREADS_PER_BLOCK;
+    int bound = launch_bound(func);
+    a->maxThreadsPerBlock = bound ? bound : MAX_THREADS_PER_BLOCK;
     auto it = g_max_dynamic_smem.find(func);
     a->maxDynamicSharedSizeBytes = it != g_max_dynamic_smem.end() ? it->second : (int)SMEM_DEFAULT;
     a->binaryVersion = 90;
@@ -592,6 +594,54 @@ static int main_program_bias(struct dl_phdr_info* info, size_t, void* out) {
     return 1;
 }
 
+/* The executable's own file, mapped once (its symbol table and section headers), and its load bias. */
+struct ExeImage {
+    const unsigned char* img = nullptr;
+    const Elf64_Ehdr* eh = nullptr;
+    const Elf64_Shdr* sh = nullptr;
+    uintptr_t bias = 0;
+};
+static const ExeImage& exe_image() {
+    static ExeImage x;
+    if (x.img) return x;
+    int fd = open("/proc/self/exe", O_RDONLY);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) emu_fail("cannot read /proc/self/exe (static __shared__, __launch_bounds__)");
+    x.img = (const unsigned char*)mmap(nullptr, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (x.img == MAP_FAILED) emu_fail("cannot map /proc/self/exe (static __shared__, __launch_bounds__)");
+    x.eh = (const Elf64_Ehdr*)x.img;
+    x.sh = (const Elf64_Shdr*)(x.img + x.eh->e_shoff);
+    dl_iterate_phdr(main_program_bias, &x.bias);
+    return x;
+}
+
+/* The __launch_bounds__ of the kernel at `kernel`, or 0 when it has none (emu/cuda_runtime.h: the kernel's
+ * code lies in the section emu_launch_bounds_<max threads per block>). */
+static int launch_bound(const void* kernel) {
+    static std::map<uintptr_t, std::pair<uintptr_t, int>> sections; /* start -> end, bound */
+    static bool found = false;
+    if (!found) {
+        found = true;
+        const ExeImage& x = exe_image();
+        const char* names = (const char*)(x.img + x.sh[x.eh->e_shstrndx].sh_offset);
+        const char* prefix = "emu_launch_bounds_";
+        for (int i = 0; i < x.eh->e_shnum; i++) {
+            const char* n = names + x.sh[i].sh_name;
+            if (strncmp(n, prefix, strlen(prefix)) != 0) continue;
+            char* end = nullptr;
+            long bound = strtol(n + strlen(prefix), &end, 10);
+            if (*end || bound <= 0) emu_fail("section %s: __launch_bounds__ needs an integer literal (or a macro of one)", n);
+            sections[x.bias + x.sh[i].sh_addr] = std::make_pair(x.bias + x.sh[i].sh_addr + x.sh[i].sh_size, (int)bound);
+        }
+    }
+    uintptr_t a = (uintptr_t)kernel;
+    auto it = sections.upper_bound(a);
+    if (it == sections.begin()) return 0;
+    --it;
+    return a < it->second.first ? it->second.second : 0;
+}
+
 /*
  * The static __shared__ variables of the executable, as (address, bytes): every writable static local
  * of each function that holds an emu_static_shared_<n> marker (emu/cuda_runtime.h), found once in
@@ -604,14 +654,10 @@ static const std::vector<std::pair<unsigned char*, size_t>>& static_shared() {
     static bool found = false;
     if (found) return regions;
     found = true;
-    int fd = open("/proc/self/exe", O_RDONLY);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) emu_fail("static __shared__: cannot read /proc/self/exe");
-    const unsigned char* img = (const unsigned char*)mmap(nullptr, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (img == MAP_FAILED) emu_fail("static __shared__: cannot map /proc/self/exe");
-    const Elf64_Ehdr* eh = (const Elf64_Ehdr*)img;
-    const Elf64_Shdr* sh = (const Elf64_Shdr*)(img + eh->e_shoff);
+    const ExeImage& x = exe_image();
+    const unsigned char* img = x.img;
+    const Elf64_Ehdr* eh = x.eh;
+    const Elf64_Shdr* sh = x.sh;
     const Elf64_Sym* syms = nullptr;
     size_t nsyms = 0;
     const char* names = nullptr;
@@ -622,8 +668,7 @@ static const std::vector<std::pair<unsigned char*, size_t>>& static_shared() {
             names = (const char*)(img + sh[sh[i].sh_link].sh_offset);
         }
     if (!syms) emu_fail("static __shared__: the executable has no symbol table (stripped?): its shared arrays cannot be poisoned");
-    uintptr_t bias = 0;
-    dl_iterate_phdr(main_program_bias, &bias);
+    uintptr_t bias = x.bias;
     const char* marker = "emu_static_shared_";
     std::set<std::string> prefixes;
     std::map<uintptr_t, std::pair<std::string, size_t>> markers; /* address -> function prefix, bytes */
@@ -657,7 +702,6 @@ static const std::vector<std::pair<unsigned char*, size_t>>& static_shared() {
                 break;
             }
     }
-    munmap((void*)img, st.st_size);
     return regions;
 }
 
@@ -796,6 +840,17 @@ void emu_launch_spec(EmuLaunchSpec&& spec) {
         fprintf(stderr, "emu: launch of %s: grid (%u, %u, %u), block (%u, %u, %u) is beyond the device's limits\n", spec.name,
                 g.x, g.y, g.z, b.x, b.y, b.z);
         set_error(cudaErrorInvalidConfiguration);
+        return;
+    }
+    /* a block above the kernel's __launch_bounds__ fails to launch: cudaFuncAttributes::maxThreadsPerBlock is
+     * "the maximum number of threads per block, beyond which a launch of the function would fail", and
+     * cudaErrorLaunchOutOfResources is the launch that "specifies too many threads for the kernel's
+     * register count" (CUDA Runtime API, struct cudaFuncAttributes and enum cudaError) */
+    int bound = launch_bound(spec.kernel);
+    if (bound && (size_t)b.x * b.y * b.z > (size_t)bound) {
+        fprintf(stderr, "emu: launch of %s: block (%u, %u, %u) of %zu threads, above the kernel's __launch_bounds__(%d)\n",
+                spec.name, b.x, b.y, b.z, (size_t)b.x * b.y * b.z, bound);
+        set_error(cudaErrorLaunchOutOfResources);
         return;
     }
     /* dynamic shared memory above 48 KiB needs cudaFuncAttributeMaxDynamicSharedMemorySize (CUDA C++

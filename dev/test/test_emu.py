@@ -117,6 +117,14 @@ FAULTS = [
      "            tile[lr][lc] = code;\n", "            tile[lr + 1][lc] = code;\n",
      "test_llama", ["--only", "kernel_fp8_cast"], {},
      r"AddressSanitizer: use-after-poison(.|\n)*WRITE of size 1(.|\n)*cast_transpose_kernel"),
+    # a launch above the kernel's __launch_bounds__(CT_THREADS): refused as the CUDA runtime does, and
+    # launchCheck stops at the launch with the runtime's message
+    ("above_launch_bounds", "fp8/cast_cuda.cuh",
+     "    LAUNCH(cast_transpose_vec_kernel, (unsigned int)tiles, CT_THREADS)(",
+     "    LAUNCH(cast_transpose_vec_kernel, (unsigned int)tiles, 2 * CT_THREADS)(",
+     "test_llama", ["--only", "kernel_fp8_cast_vec"], {},
+     r"emu: launch of cast_transpose_vec_kernel: block \(512, 1, 1\) of 512 threads, above the kernel's "
+     r"__launch_bounds__\(256\)(.|\n)*too many resources requested for launch"),
     ("smem_without_opt_in", "cuda/attention.cuh",
      "    smem_opt_in(attention_backward_key_kernel, smem_k);\n", "",
      "attention_smem", [], {},
