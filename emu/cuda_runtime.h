@@ -42,13 +42,31 @@
 #define __constant__
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
-/* not enforced: the bound is not visible to the runtime from a function pointer (README, limits) */
-#define __launch_bounds__(...)
 /*
- * Static shared memory: one instance per host thread, and a block runs on one host thread from its
- * start to its end, so each block sees its own (the blocks of a launch run one after the other).
+ * __launch_bounds__(max_threads, ...): the kernel goes into a code section named after its bound, which
+ * the runtime reads from the executable's section headers to refuse a launch with more threads per block
+ * (emu_launch_spec). g++ drops section attributes from template instantiations, so a template kernel's
+ * bound is not enforced (README, limits). The bound must be an integer literal or a macro of one.
  */
-#define __shared__ static thread_local
+#define EMU_STR2(x) #x
+#define EMU_STR(x) EMU_STR2(x)
+#define EMU_FIRST(first, ...) first
+#define __launch_bounds__(...) __attribute__((section("emu_launch_bounds_" EMU_STR(EMU_FIRST(__VA_ARGS__, 0)))))
+/*
+ * Static shared memory: one instance, in static storage (the blocks of a launch run one after the other,
+ * all on the host thread that runs the stream), re-poisoned with NaN bytes at every block start, so each
+ * block sees its own uninitialized copy. The declaration also emits an unused marker, a static char array
+ * named emu_static_shared_<n>: at the first launch the runtime finds the markers in the executable's
+ * symbol table and poisons every static local of the functions that hold one (CUDA allows no other
+ * static locals in device code; a section attribute would be simpler, but g++ drops it on template
+ * statics). Not thread_local, so ASan puts its redzone after each array of a plain function; g++'s ASan
+ * leaves template statics without one, and there the runtime ASan-poisons the marker when g++ placed it
+ * right after the array (it does so far), so an access beyond the end is reported either way.
+ */
+#define EMU_CAT2(a, b) a##b
+#define EMU_CAT(a, b) EMU_CAT2(a, b)
+#define EMU_SHARED_REDZONE 32
+#define __shared__ __attribute__((used)) static char EMU_CAT(emu_static_shared_, __COUNTER__)[EMU_SHARED_REDZONE]; static
 
 /* ---------------------------------------------------------------- execution state */
 

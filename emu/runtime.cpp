@@ -11,7 +11,12 @@
  */
 #include <boost/context/detail/fcontext.hpp>
 #include <cuda_runtime.h>
+#include <elf.h>
+#include <fcntl.h>
+#include <link.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdarg>
@@ -469,6 +474,7 @@ const char* cudaGetErrorString(cudaError_t e) {
 
 }  // extern "C"
 
+static int launch_bound(const void* kernel);
 static std::map<const void*, int> g_max_dynamic_smem; /* cudaFuncAttributeMaxDynamicSharedMemorySize opt-ins */
 
 extern "C" {
@@ -482,7 +488,8 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 }
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, const void* func) {
     memset(a, 0, sizeof(*a));
-    a->maxThreadsPerBlock = MAX_THREADS_PER_BLOCK;
+    int bound = launch_bound(func);
+    a->maxThreadsPerBlock = bound ? bound : MAX_THREADS_PER_BLOCK;
     auto it = g_max_dynamic_smem.find(func);
     a->maxDynamicSharedSizeBytes = it != g_max_dynamic_smem.end() ? it->second : (int)SMEM_DEFAULT;
     a->binaryVersion = 90;
@@ -580,6 +587,124 @@ void __syncthreads() {
 
 unsigned char* emu_dynamic_shared() { return emu_current_block->dynamic_smem; }
 
+/* ---------------------------------------------------------------- static shared memory */
+
+static int main_program_bias(struct dl_phdr_info* info, size_t, void* out) {
+    *(uintptr_t*)out = info->dlpi_addr; /* the first object listed is the main program */
+    return 1;
+}
+
+/* The executable's own file, mapped once (its symbol table and section headers), and its load bias. */
+struct ExeImage {
+    const unsigned char* img = nullptr;
+    const Elf64_Ehdr* eh = nullptr;
+    const Elf64_Shdr* sh = nullptr;
+    uintptr_t bias = 0;
+};
+static const ExeImage& exe_image() {
+    static ExeImage x;
+    if (x.img) return x;
+    int fd = open("/proc/self/exe", O_RDONLY);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) emu_fail("cannot read /proc/self/exe (static __shared__, __launch_bounds__)");
+    x.img = (const unsigned char*)mmap(nullptr, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (x.img == MAP_FAILED) emu_fail("cannot map /proc/self/exe (static __shared__, __launch_bounds__)");
+    x.eh = (const Elf64_Ehdr*)x.img;
+    x.sh = (const Elf64_Shdr*)(x.img + x.eh->e_shoff);
+    dl_iterate_phdr(main_program_bias, &x.bias);
+    return x;
+}
+
+/* The __launch_bounds__ of the kernel at `kernel`, or 0 when it has none (emu/cuda_runtime.h: the kernel's
+ * code lies in the section emu_launch_bounds_<max threads per block>). */
+static int launch_bound(const void* kernel) {
+    static std::map<uintptr_t, std::pair<uintptr_t, int>> sections; /* start -> end, bound */
+    static bool found = false;
+    if (!found) {
+        found = true;
+        const ExeImage& x = exe_image();
+        const char* names = (const char*)(x.img + x.sh[x.eh->e_shstrndx].sh_offset);
+        const char* prefix = "emu_launch_bounds_";
+        for (int i = 0; i < x.eh->e_shnum; i++) {
+            const char* n = names + x.sh[i].sh_name;
+            if (strncmp(n, prefix, strlen(prefix)) != 0) continue;
+            char* end = nullptr;
+            long bound = strtol(n + strlen(prefix), &end, 10);
+            if (*end || bound <= 0) emu_fail("section %s: __launch_bounds__ needs an integer literal (or a macro of one)", n);
+            sections[x.bias + x.sh[i].sh_addr] = std::make_pair(x.bias + x.sh[i].sh_addr + x.sh[i].sh_size, (int)bound);
+        }
+    }
+    uintptr_t a = (uintptr_t)kernel;
+    auto it = sections.upper_bound(a);
+    if (it == sections.begin()) return 0;
+    --it;
+    return a < it->second.first ? it->second.second : 0;
+}
+
+/*
+ * The static __shared__ variables of the executable, as (address, bytes): every writable static local
+ * of each function that holds an emu_static_shared_<n> marker (emu/cuda_runtime.h), found once in
+ * /proc/self/exe's symbol table. A function-local static is the symbol _ZZ<function>E<length><name>,
+ * so the marker's symbol up to its length digits is the prefix its siblings share. Under ASan a marker
+ * that starts where one of its function's arrays ends is poisoned: the array's redzone.
+ */
+static const std::vector<std::pair<unsigned char*, size_t>>& static_shared() {
+    static std::vector<std::pair<unsigned char*, size_t>> regions;
+    static bool found = false;
+    if (found) return regions;
+    found = true;
+    const ExeImage& x = exe_image();
+    const unsigned char* img = x.img;
+    const Elf64_Ehdr* eh = x.eh;
+    const Elf64_Shdr* sh = x.sh;
+    const Elf64_Sym* syms = nullptr;
+    size_t nsyms = 0;
+    const char* names = nullptr;
+    for (int i = 0; i < eh->e_shnum; i++)
+        if (sh[i].sh_type == SHT_SYMTAB) {
+            syms = (const Elf64_Sym*)(img + sh[i].sh_offset);
+            nsyms = sh[i].sh_size / sizeof(Elf64_Sym);
+            names = (const char*)(img + sh[sh[i].sh_link].sh_offset);
+        }
+    if (!syms) emu_fail("static __shared__: the executable has no symbol table (stripped?): its shared arrays cannot be poisoned");
+    uintptr_t bias = x.bias;
+    const char* marker = "emu_static_shared_";
+    std::set<std::string> prefixes;
+    std::map<uintptr_t, std::pair<std::string, size_t>> markers; /* address -> function prefix, bytes */
+    for (size_t i = 0; i < nsyms; i++) {
+        const char* n = names + syms[i].st_name;
+        const char* m = strstr(n, marker);
+        if (strncmp(n, "_ZZ", 3) != 0 || !m) continue;
+        const char* digits = m;
+        while (digits > n && digits[-1] >= '0' && digits[-1] <= '9') digits--;
+        prefixes.insert(std::string(n, digits - n));
+        markers[bias + syms[i].st_value] = std::make_pair(std::string(n, digits - n), (size_t)syms[i].st_size);
+    }
+    for (size_t i = 0; i < nsyms; i++) {
+        const Elf64_Sym& y = syms[i];
+        const char* n = names + y.st_name;
+        if (ELF64_ST_TYPE(y.st_info) != STT_OBJECT || y.st_size == 0 || y.st_shndx == SHN_UNDEF || y.st_shndx >= eh->e_shnum ||
+            strncmp(n, "_ZZ", 3) != 0 || strstr(n, marker))
+            continue;
+        const Elf64_Shdr& sec = sh[y.st_shndx];
+        if ((sec.sh_flags & (SHF_WRITE | SHF_ALLOC)) != (SHF_WRITE | SHF_ALLOC) || (sec.sh_flags & SHF_TLS)) continue;
+        const char* e = n + strlen(n);
+        /* the prefix ends where the local name's length digits begin */
+        for (const char* d = n + 3; d < e; d++)
+            if (*d >= '0' && *d <= '9' && d[-1] == 'E' && prefixes.count(std::string(n, d - n))) {
+                regions.emplace_back((unsigned char*)(bias + y.st_value), (size_t)y.st_size);
+#if EMU_ASAN
+                auto after = markers.find(bias + y.st_value + y.st_size);
+                if (after != markers.end() && after->second.first == std::string(n, d - n))
+                    ASAN_POISON_MEMORY_REGION((void*)after->first, after->second.second);
+#endif
+                break;
+            }
+    }
+    return regions;
+}
+
 /* Runs one block: every thread from its start to its first barrier, in `reverse` order or not, then
  * every thread to its next barrier, and so on; a barrier some threads never reach is reported. */
 static void run_block(const EmuLaunchSpec& spec, EmuBlock& block, std::vector<Fiber>& fibers, bool reverse) {
@@ -587,8 +712,9 @@ static void run_block(const EmuLaunchSpec& spec, EmuBlock& block, std::vector<Fi
     run.spec = &spec;
     g_run = &run;
     emu_current_block = &block;
-    /* shared memory is uninitialized at block start: NaN bytes, as in cudaMalloc */
+    /* shared memory, dynamic and static, is uninitialized at block start: NaN bytes, as in cudaMalloc */
     if (spec.smem) memset(block.dynamic_smem, 0xFF, spec.smem);
+    for (const auto& r : static_shared()) memset(r.first, 0xFF, r.second);
     size_t n = fibers.size();
     unsigned int i = 0;
     for (unsigned int z = 0; z < block.dim.z; z++)
@@ -714,6 +840,17 @@ void emu_launch_spec(EmuLaunchSpec&& spec) {
         fprintf(stderr, "emu: launch of %s: grid (%u, %u, %u), block (%u, %u, %u) is beyond the device's limits\n", spec.name,
                 g.x, g.y, g.z, b.x, b.y, b.z);
         set_error(cudaErrorInvalidConfiguration);
+        return;
+    }
+    /* a block above the kernel's __launch_bounds__ fails to launch: cudaFuncAttributes::maxThreadsPerBlock is
+     * "the maximum number of threads per block, beyond which a launch of the function would fail", and
+     * cudaErrorLaunchOutOfResources is the launch that "specifies too many threads for the kernel's
+     * register count" (CUDA Runtime API, struct cudaFuncAttributes and enum cudaError) */
+    int bound = launch_bound(spec.kernel);
+    if (bound && (size_t)b.x * b.y * b.z > (size_t)bound) {
+        fprintf(stderr, "emu: launch of %s: block (%u, %u, %u) of %zu threads, above the kernel's __launch_bounds__(%d)\n",
+                spec.name, b.x, b.y, b.z, (size_t)b.x * b.y * b.z, bound);
+        set_error(cudaErrorLaunchOutOfResources);
         return;
     }
     /* dynamic shared memory above 48 KiB needs cudaFuncAttributeMaxDynamicSharedMemorySize (CUDA C++
