@@ -114,6 +114,7 @@ static inline __attribute__((always_inline)) void hopper_block(HopperAcc* c, con
         int32_t p = (int32_t)sa[t] * (int32_t)sb[t];
         int32_t sh = E - ((int32_t)ea[t] + (int32_t)eb[t]);
         sh = sh < 31 ? sh : 31;                    /* |p| << base < 2^16: a shift of 31 leaves 0 */
+        sh = sh > 0 ? sh : 0; /* negative only for a zero product in an all-zero block (E below its code's exponent) */
         int32_t q = ((p < 0 ? -p : p) << base) >> sh;
         s += p < 0 ? -q : q;
     }
