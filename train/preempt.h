@@ -18,7 +18,8 @@
 /* Exit status of a second SIGINT: the shell's for a SIGINT death (128 + 2). */
 #define EXIT_INTERRUPTED 130
 
-static volatile sig_atomic_t g_stop_signal = 0; /* the signal that asked to stop, or 0 */
+static volatile sig_atomic_t g_stop_signal = 0; /* the first signal that asked to stop, or 0 */
+static volatile sig_atomic_t g_sigint_count = 0; /* SIGINTs received */
 
 /* Writes a message from a signal handler (write(2) is async-signal-safe, stdio is not). */
 static void signal_say(const char* msg, size_t len) {
@@ -26,15 +27,22 @@ static void signal_say(const char* msg, size_t len) {
     (void)ignored;
 }
 
+/*
+ * The handler may run in any thread that does not block the signal (OpenMP's workers too), so a second
+ * signal can enter it in another thread while the first is still inside: the count and the flag change by
+ * lock-free atomic read-modify-writes (async-signal-safe), and the flag is set before the message is
+ * written, so a SIGINT sent on reading the message always finds the first one counted.
+ */
 static void preempt_handler(int sig) {
     static const char now[] = "\nsecond SIGINT: stopping now, without a checkpoint\n";
     static const char later[] = "\nstop signal: finishing this step, then a checkpoint (Ctrl-C again stops at once)\n";
-    if (sig == SIGINT && g_stop_signal == SIGINT) {
+    if (sig == SIGINT && __atomic_fetch_add(&g_sigint_count, 1, __ATOMIC_SEQ_CST) >= 1) {
         signal_say(now, sizeof(now) - 1);
         _exit(EXIT_INTERRUPTED);
     }
-    if (g_stop_signal == 0) signal_say(later, sizeof(later) - 1);
-    g_stop_signal = sig;
+    sig_atomic_t none = 0;
+    if (__atomic_compare_exchange_n(&g_stop_signal, &none, sig, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+        signal_say(later, sizeof(later) - 1);
 }
 
 /* Installs the handlers of SIGTERM, SIGUSR1 and SIGINT. */
