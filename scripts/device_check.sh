@@ -127,10 +127,10 @@ if [ "$EMULATED" -eq 1 ]; then
     EMU_REAL_FLAGS="-e tiny -b 2 -t 32 -x 3 -v 3 -m 1 -l 1e-3 -u 2 --seed 1337"
     EMU_DATA=${EMU_DATA:-dev/data/tinyshakespeare}
     # the test_llama checks the rehearsal runs, about a second each (the others: a skip row; dev/test/test_emu.py
-    # runs them all): every kernel family but kernel_fp8_cast_vec (30 s emulated: its shapes cover every
-    # vector-path case), and the cheap model-level ones
+    # runs them all): every kernel family, and the cheap model-level ones
     EMU_CHECKS=(kernel_gemm kernel_optimizer kernel_encoder kernel_rmsnorm kernel_rope kernel_swiglu kernel_classifier
-        kernel_fp8_cast kernel_fp8_weight kernel_attention fp8_weights forward_deferred grad_accumulation)
+        kernel_fp8_cast kernel_fp8_cast_vec kernel_fp8_weight kernel_attention
+        fp8_weights forward_deferred grad_accumulation)
 fi
 # the smoke check, run right after the build: cuBLASLt BF16 and FP8 GEMMs and the FP8 casts at a small shape
 SMOKE_CHECKS=(kernel_gemm)

@@ -47,7 +47,7 @@ def test_device_check_rehearsal(tmp_path, shakespeare):
     assert len(kernels) >= 10
     for name in checks:
         status, detail = rows[f"test_llama {name}"]
-        if name.startswith("kernel_") and name != "kernel_fp8_cast_vec":  # 30 s emulated: left to test_emu.py
+        if name.startswith("kernel_"):
             assert status == "ok", (name, status, detail)  # every kernel row is a real answer
         elif name.startswith("prod_"):
             assert status == "skip" and NOT_MEASURED in detail, (name, status, detail)
