@@ -97,6 +97,56 @@ def test_second_sigint_stops_at_once(tmp_path):
     assert not list(out.glob("DONE_*"))
 
 
+def test_second_sigint_during_the_first_handlers_message(tmp_path):
+    """The first SIGINT's handler is held inside its write(2) (stderr is a full pipe) while the second
+    SIGINT comes: SIGINT is blocked in that thread for the handler's duration, so the kernel hands the
+    second one to another thread (an OpenMP worker, at the default thread count). That handler must see
+    the first SIGINT already counted, whichever thread it runs in, and stop at once once the pipe drains.
+    (A handler that counts only after its message took the second SIGINT for a first: exit 75.)"""
+    out = tmp_path / "run"
+    read_end, write_end = os.pipe()
+    cmd = [str(REPO / "train_llama_cpu"), *ARGS, "-b", "16", "-t", "256", "-o", str(out)]
+    job = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=write_end, start_new_session=True)
+    try:
+        wait_for_step(out, 1, job)
+        os.set_blocking(read_end, False)
+        try:
+            while os.read(read_end, 65536):  # what the run wrote so far
+                pass
+        except BlockingIOError:
+            pass
+        # fill the pipe, so that the handler's message cannot be written until it drains; through a file
+        # description of its own (O_NONBLOCK on the run's would make the run's write fail instead of wait)
+        filler = os.open(f"/proc/self/fd/{write_end}", os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            while True:
+                os.write(filler, b"x" * 4096)
+        except BlockingIOError:
+            pass
+        os.close(filler)
+        os.close(write_end)
+        write_end = None
+        job.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert job.poll() is None, "the run ended before the second SIGINT"
+        job.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        os.set_blocking(read_end, True)
+        with os.fdopen(read_end, "rb") as pipe:
+            read_end = None
+            stderr = pipe.read().replace(b"x", b"").decode()
+        rc = job.wait(timeout=120)
+    finally:
+        for fd in (read_end, write_end):
+            if fd is not None:
+                os.close(fd)
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert rc == EXIT_INTERRUPTED, f"exit {rc}:\n{stderr[-2000:]}"
+    assert "second SIGINT" in stderr, stderr[-2000:]
+    assert not list(out.glob("DONE_*"))
+
+
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not found (make setup installs Open MPI)")
 def test_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     out = tmp_path / "run"
