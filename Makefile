@@ -117,7 +117,7 @@ FUZZ_BINS = $(FUZZ_HARNESSES:%=build/fuzz/fuzz_%)
 FUZZ_SEEDS = build/fuzz/seeds/.done
 FUZZ_SECONDS ?= 60
 
-.PHONY: all cpu gpu train test setup data clean help fp8-vs-bf16 fuzz fuzz-build device-prepare
+.PHONY: all cpu gpu train test setup data clean help fp8-vs-bf16 fuzz fuzz-build test-build device-prepare
 
 all: $(CPU_TARGETS) $(GPU_TARGETS)
 cpu: $(CPU_TARGETS)
@@ -261,8 +261,10 @@ train: $(TRAIN_DATA) $(if $(and $(HAS_GPU),$(NVCC)),train_llama,train_llama_cpu)
 	rm -rf $(TRAIN_DIR)
 	./$(if $(and $(HAS_GPU),$(NVCC)),train_llama,train_llama_cpu) $(TRAIN_FLAGS)
 
+# Everything the tests run, for one parallel build (.ci/run: make -j2 test-build ...; then make test).
+test-build: all train_llama_cpu test_llama_cpu $(SANITIZED_CPU_TARGETS) fuzz-build
 # Without the shared data (and no network) the tests that need tiny-shakespeare are skipped, saying why.
-test: all train_llama_cpu test_llama_cpu $(SANITIZED_CPU_TARGETS) fuzz-build
+test: test-build
 	@$(MAKE) --no-print-directory data || echo "warning: tiny-shakespeare not prepared; the tests that need it will be skipped"
 	$(PYTHON) -m pytest dev/test -q -rs -p no:cacheprovider
 

@@ -80,29 +80,12 @@ def test_signal_checkpoints_and_resume_continues_exactly(tmp_path, sig):
 
 
 def test_second_sigint_stops_at_once(tmp_path):
-    out = tmp_path / "run"
-    # steps of 4096 tokens (about a second each): the run is still in its step when the second SIGINT comes
-    job = start(out, "-b", 16, "-t", 256)
-    wait_for_step(out, 1, job)
-    job.send_signal(signal.SIGINT)
-    # the second SIGINT must come after the first was handled (two pending signals merge into one)
-    first = job.stderr.readline()
-    while first.strip() == "":
-        first = job.stderr.readline()
-    assert "stop signal: finishing this step" in first, first
-    job.send_signal(signal.SIGINT)
-    rc, _, stderr = finish(job)
-    assert rc == EXIT_INTERRUPTED, f"exit {rc}:\n{stderr[-2000:]}"
-    assert "second SIGINT" in stderr
-    assert not list(out.glob("DONE_*"))
-
-
-def test_second_sigint_during_the_first_handlers_message(tmp_path):
-    """The first SIGINT's handler is held inside its write(2) (stderr is a full pipe) while the second
-    SIGINT comes: SIGINT is blocked in that thread for the handler's duration, so the kernel hands the
-    second one to another thread (an OpenMP worker, at the default thread count). That handler must see
-    the first SIGINT already counted, whichever thread it runs in, and stop at once once the pipe drains.
-    (A handler that counts only after its message took the second SIGINT for a first: exit 75.)"""
+    """A second SIGINT stops the run at once (exit 130, no checkpoint), here in the hardest case: the first
+    SIGINT's handler is held inside its write(2) (stderr is a full pipe) when the second comes. SIGINT is
+    blocked in that thread while its handler runs, so the kernel hands the second one to another thread
+    (an OpenMP worker, at the default thread count), whose handler must find the first SIGINT already
+    counted; the run stops once the pipe drains. (A handler that counted only after its message took the
+    second SIGINT for a first, finished the step and exited 75: CI saw that once.)"""
     out = tmp_path / "run"
     read_end, write_end = os.pipe()
     cmd = [str(REPO / "train_llama_cpu"), *ARGS, "-b", "16", "-t", "256", "-o", str(out)]
@@ -143,7 +126,7 @@ def test_second_sigint_during_the_first_handlers_message(tmp_path):
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
     assert rc == EXIT_INTERRUPTED, f"exit {rc}:\n{stderr[-2000:]}"
-    assert "second SIGINT" in stderr, stderr[-2000:]
+    assert "stop signal: finishing this step" in stderr and "second SIGINT" in stderr, stderr[-2000:]
     assert not list(out.glob("DONE_*"))
 
 
