@@ -1127,6 +1127,14 @@ static inline void kc_cast_transpose_with(int kernel, uint8_t* out, uint8_t* out
     else fp8_cast_transpose_tiled_cuda(out, out_t, x, rows, cols, f, s, 0, counts);
 }
 
+/* The large tensor's side: 7B's width on a GPU; a quarter of it on the emulated GPU (emu/), where each of
+ * the 16M elements' threads is a CPU fiber and the six casts of a 4096 x 4096 tensor took a minute. */
+#ifdef LLM8_EMU
+#define KC_CT_LARGE 1024
+#else
+#define KC_CT_LARGE 4096
+#endif
+
 /*
  * Tolerance: none, as fp8_cast. Each kernel that takes the tensor (the vectorized one needs cols % 8 == 0
  * and rows % 4 == 0) casts it after op_amax, into both layouts, one or the other, with counts; codes,
@@ -1136,14 +1144,6 @@ static inline void kc_cast_transpose_with(int kernel, uint8_t* out, uint8_t* out
  * (130, 64) and (64, 70), which op_cast_transpose sends to the element-wise one. With iters, the shape's
  * three tensors are timed with both kernels (GB/s of 2 bytes read and 2 written per element).
  */
-/* The large tensor's side: 7B's width on a GPU; a quarter of it on the emulated GPU (emu/), where each of
- * the 16M elements' threads is a CPU fiber and the six casts of a 4096 x 4096 tensor took a minute. */
-#ifdef LLM8_EMU
-#define KC_CT_LARGE 1024
-#else
-#define KC_CT_LARGE 4096
-#endif
-
 static int kc_case_fp8_cast_vec(const KernelShape* s, int iters, uint64_t seed) {
     uint64_t stream = seed;
     int failed = 0;
