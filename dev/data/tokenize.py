@@ -640,7 +640,11 @@ def run(args):
     except BrokenProcessPool:
         raise DataError("a tokenizer process died (out of memory?); run again to resume") from None
     finally:
-        executor.shutdown(wait=False, cancel_futures=True)
+        # wait=True: the chunks in flight (a few MiB) finish first. With wait=False the executor's manager
+        # thread may close its wake-up pipe while the interpreter's exit hook writes to it: a race that
+        # CPython 3.11 leaves unlocked (a lock came with gh-125451) and that prints "OSError: [Errno 9]
+        # Bad file descriptor" after our one error line.
+        executor.shutdown(wait=True, cancel_futures=True)
     publish(work, args.out_dir, state)
     work.remove()
 
