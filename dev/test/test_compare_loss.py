@@ -4,7 +4,12 @@ Tests of scripts/compare_loss.py and scripts/plot_fp8_stats.py on synthetic logs
 Run from the repo root: python -m pytest dev/test/test_compare_loss.py. The scripts run as subprocesses,
 as users run them; the expected numbers come from an independent numpy computation over the values this
 file wrote. Random inputs come from a seed printed by each test (set LLM8_TEST_SEED to replay one).
+The two-run output of compare_loss.py is also checked against the script as it was before it took N runs
+(read from git), both run in this process with their plots left out, which keeps that check cheap.
 """
+import contextlib
+import importlib.util
+import io
 import os
 import re
 import secrets
@@ -21,6 +26,8 @@ PLOT_STATS = REPO / "scripts" / "plot_fp8_stats.py"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STATS_HEADER = "step,layer,gemm,operand,format,amax,scale,saturated_frac,underflow_frac"
 NUMBER = r"([-+0-9.eE]+|nan|inf)"
+# The last commit of scripts/compare_loss.py before it took N runs: its two-run output is the reference.
+TWO_RUN_COMMIT = "dd6a85283f31aa9fd5fbe4b52b1243eab844db2d"
 
 
 @pytest.fixture
@@ -209,6 +216,168 @@ def test_nan_loss_fails_the_check(tmp_path):
     write_main_log(tmp_path / "a" / "main.log", train, {9: float("nan")})
     r = run(COMPARE, tmp_path / "a", tmp_path / "b")
     assert r.returncode == 1, r.stdout + r.stderr
+
+
+def perturbed_run(rng, path, base, scale, train_steps, val_steps):
+    """A run whose losses are the baseline walk `base` times `scale` plus noise; returns the read-back curves."""
+    train = {s: base[s] * scale + 0.01 * rng.standard_normal() for s in train_steps}
+    val = {s: base[s] * scale - 0.05 + 0.002 * rng.standard_normal() for s in val_steps}
+    return write_main_log(path / "main.log", train, val)
+
+
+def parse_blocks(stdout):
+    """{label: (letter, baseline label, rows as parse_summary gives them, PASS or FAIL)}, one per checked run."""
+    blocks = {}
+    for chunk in stdout.split("\n\n"):
+        lines = chunk.splitlines()
+        if len(lines) < 2 or "(baseline);" not in lines[1]:
+            continue
+        run = re.match(r"^(\w+) = .+ \[(.+)\]$", lines[0])
+        base = re.match(r"^\w+ = .+ \[(.+)\] \(baseline\); ", lines[1])
+        assert run and base, chunk
+        blocks[run.group(2)] = (run.group(1), base.group(1), parse_summary(chunk), lines[-1].split(":")[0])
+    return blocks
+
+
+def assert_rows_match(rows, want):
+    for curve in ("train", "val"):
+        n, final, worst, at = rows[curve]
+        w_n, w_final, w_worst, w_at = want[curve]
+        assert (n, at) == (w_n, w_at), curve
+        assert final == pytest.approx(w_final, rel=1e-3, abs=1e-9), curve
+        assert worst == pytest.approx(w_worst, rel=1e-3, abs=1e-9), curve
+
+
+def three_runs(rng, tmp_path, scales):
+    """The baseline (steps 0..149, a few missing) and two runs at `scales` of it, each over its own step set,
+    so each pair's common steps differ. Returns {name: read-back curves} for names bf16, r1, r2."""
+    base = random_walk(rng, 200)
+    missing = set(rng.choice(np.arange(1, 149), size=7, replace=False).tolist())
+    runs = {"bf16": write_main_log(tmp_path / "bf16" / "main.log", {s: base[s] for s in set(range(150)) - missing},
+                                   {s: base[s] - 0.05 for s in list(range(0, 150, 20)) + [149]})}
+    runs["r1"] = perturbed_run(rng, tmp_path / "r1", base, scales[0], range(180), list(range(0, 180, 10)) + [149])
+    runs["r2"] = perturbed_run(rng, tmp_path / "r2", base, scales[1], [s for s in range(160) if s % 11],
+                               list(range(0, 160, 20)) + [149])
+    return runs
+
+
+def test_three_runs_one_within_one_not(rng, tmp_path):
+    runs = three_runs(rng, tmp_path, scales=(1.002, 1.03))
+    want = {name: expected_differences(runs[name], runs["bf16"], 20) for name in ("r1", "r2")}
+    assert max(want["r1"]["train"][1], want["r1"]["val"][1]) < 0.01 < min(want["r2"]["train"][1],
+                                                                          want["r2"]["val"][1])
+    # The baseline in the middle: r1 is A, bf16 is B, r2 is C.
+    r = run(COMPARE, tmp_path / "r1", tmp_path / "bf16", tmp_path / "r2", "--baseline", 1,
+            "--labels", "r1", "bf16", "r2", "--tolerance", 0.01)
+    assert r.returncode == 1, r.stdout + r.stderr
+    blocks = parse_blocks(r.stdout)
+    assert sorted(blocks) == ["r1", "r2"], r.stdout
+    for name, letter, verdict in (("r1", "A", "PASS"), ("r2", "C", "FAIL")):
+        got_letter, baseline, rows, got_verdict = blocks[name]
+        assert (got_letter, baseline, got_verdict) == (letter, "bf16", verdict), name
+        assert_rows_match(rows, want[name])
+    overall = [line for line in r.stdout.splitlines() if line.startswith("overall")]
+    assert len(overall) == 1 and overall[0].startswith("overall FAIL"), r.stdout
+    assert overall[0].endswith("of baseline B [bf16]: C [r2]"), overall[0]  # r2 alone named as not within
+    # default --out: the first checked run's directory
+    assert (tmp_path / "r1" / "compare_loss.png").read_bytes().startswith(PNG_MAGIC)
+    assert not (tmp_path / "bf16" / "compare_loss.png").exists()
+
+
+def test_three_runs_all_within(rng, tmp_path):
+    runs = three_runs(rng, tmp_path, scales=(1.002, 0.997))
+    want = {name: expected_differences(runs[name], runs["bf16"], 5) for name in ("r1", "r2")}
+    tolerance = 1.5 * float(max(want[name][curve][1] for name in want for curve in ("train", "val")))
+    out = tmp_path / "plot.png"
+    # The baseline last (the default); labels from the directories' names.
+    r = run(COMPARE, tmp_path / "r1", tmp_path / "r2", tmp_path / "bf16", "--smooth", 5,
+            "--tolerance", repr(tolerance), "--out", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    blocks = parse_blocks(r.stdout)
+    assert sorted(blocks) == ["r1", "r2"], r.stdout
+    for name, letter in (("r1", "A"), ("r2", "B")):
+        got_letter, baseline, rows, verdict = blocks[name]
+        assert (got_letter, baseline, verdict) == (letter, "bf16", "PASS"), name
+        assert_rows_match(rows, want[name])
+    assert re.search(r"^overall PASS: all 2 runs within .* of baseline C \[bf16\]$", r.stdout, re.MULTILINE), r.stdout
+    assert out.read_bytes().startswith(PNG_MAGIC) and out.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["r1"], ["RUN:", "1 run given", "at least 2"]),
+    (["r1", "r2", "bf16", "--labels", "x", "y"], ["--labels:", "2 labels for 3 runs"]),
+    (["r1", "r2", "bf16", "--baseline", "3"], ["--baseline:", "0..2"]),
+    (["--labels", "x", "y", "r1", "bf16"], ["RUN:", "0 runs given", "--labels", "after the runs"]),
+])
+def test_bad_run_count_labels_or_baseline(tmp_path, args, fragments):
+    for name in ("r1", "r2", "bf16"):
+        write_main_log(tmp_path / name / "main.log", {0: 3.0, 1: 2.9}, {1: 2.9})
+    out = tmp_path / "p.png"
+    assert_bad_input(run(COMPARE, *args, "--out", out, cwd=tmp_path), *fragments)
+    assert not out.exists()
+
+
+def load_script(path, module_name):
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def two_run_script(tmp_path_factory):
+    """compare_loss.py as of TWO_RUN_COMMIT, loaded as a module (skips when the clone lacks that commit)."""
+    shown = subprocess.run(["git", "-C", str(REPO), "show", f"{TWO_RUN_COMMIT}:scripts/compare_loss.py"],
+                           capture_output=True, text=True)
+    if shown.returncode != 0:
+        pytest.skip(f"the two-run compare_loss.py (commit {TWO_RUN_COMMIT[:12]}) is not in this clone: "
+                    f"{shown.stderr.strip()}")
+    path = tmp_path_factory.mktemp("two_run") / "compare_loss_two_run.py"
+    path.write_text(shown.stdout)
+    return load_script(path, "compare_loss_two_run")
+
+
+def run_in_process(module, args, monkeypatch):
+    """(exit status, stdout, stderr) of a compare_loss.py module's main() as its __main__ block gives them,
+    with its plot left out (no PNG is written; the plot line is still printed)."""
+    monkeypatch.setattr(module, "plot", lambda *a, **k: None)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        try:
+            status = module.main([str(arg) for arg in args])
+        except module.InputError as e:
+            print(f"compare_loss.py: error: {e}", file=stderr)
+            status = 2
+    return status, stdout.getvalue(), stderr.getvalue()
+
+
+def test_two_runs_print_as_before(rng, tmp_path, monkeypatch, two_run_script):
+    """Two runs, A against baseline B: the same stdout, stderr and exit status as the two-run script."""
+    a, b = make_runs(rng, tmp_path, scale_a=1.004)
+    want = expected_differences(a, b, 20)
+    tight = min(want["train"][1], want["val"][1]) * 0.5  # both curves out: a FAIL
+    write_main_log(tmp_path / "nan" / "main.log", {s: 3.0 for s in range(10)}, {9: float("nan")})
+    write_main_log(tmp_path / "same" / "main.log", {s: 3.0 for s in range(10)}, {9: 3.0})
+    write_main_log(tmp_path / "late" / "main.log", {s: 3.0 for s in range(100, 110)}, {109: 3.0})
+    monkeypatch.chdir(tmp_path)
+    cases = [
+        ["run_a", "run_b"],  # relative paths, default labels and default --out (run_a/compare_loss.png)
+        ["run_a", "run_b/main.log", "--tolerance", repr(float(tight))],
+        ["run_a", "run_b", "--labels", "fp8", "bf16", "--smooth", "5", "--out", "x.png"],
+        ["run_a", "--smooth", "3", "run_b"],  # a flag between the runs
+        ["run_a/main.log", "run_a/main.log"],  # one name twice: "A (run_a)", "B (run_a)"; default --out in cwd
+        ["nan", "same"],
+        ["same", "late"],  # no aligned steps
+        ["run_a", "missing"],
+    ]
+    n_run_script = load_script(COMPARE, "compare_loss_n_runs")
+    statuses = set()
+    for args in cases:
+        got = run_in_process(n_run_script, args, monkeypatch)
+        assert got == run_in_process(two_run_script, args, monkeypatch), args
+        statuses.add(got[0])
+    assert statuses == {0, 1, 2}
+    assert not list(tmp_path.rglob("*.png"))
 
 
 # --- plot_fp8_stats.py -----------------------------------------------------------------------------
