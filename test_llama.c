@@ -114,7 +114,7 @@ static int check_fp8_nonfinite_flagged(void) {
     ref_state_read(&r, REF_STATE_PATH, &cfg);
     backend_init(PRECISION_FP8);
     Llama m;
-    llama_build(&m, &cfg, PRECISION_FP8, r.B, r.T, 0, 0, SINGLE_PROCESS);
+    llama_build(&m, &cfg, PRECISION_FP8, r.B, r.T, NULL, 0, SINGLE_PROCESS);
     float* params = (float*)mallocCheck(m.num_params * sizeof(float));
     checkpoint_read_params(REF_MODEL_PATH, &cfg, params);
     size_t offsets[NUM_PARAM_TENSORS];
@@ -665,7 +665,7 @@ static int check_bf16_blocks(void) {
     for (int k = 0; k < 2; k++) {
         Precision p = k == 0 ? PRECISION_BF16 : PRECISION_FP8;
         backend_init(p);
-        llama_build(&m[k], cfg, p, B, T, 0, 0, SINGLE_PROCESS);
+        llama_build(&m[k], cfg, p, B, T, NULL, 0, SINGLE_PROCESS);
         model_init(&m[k], seed);
         llama_refresh_working_weights(&m[k]);
         if (k == 1) llama_set_bf16_blocks(&m[k], blocks);
@@ -947,7 +947,9 @@ static Fp8Format parse_format(const char* s) {
 /*
  * --fp8-decode FMT OUT: the 256 codes' values (float32); --fp8-encode FMT SCALE IN OUT: fp8_quantize
  * of each float32 of IN; --bf16-round IN OUT; --fp8-scale FMT POW2 IN OUT: for each amax in IN, the
- * (scale, scale_inv, finite flag) the policy gives; --dump-run PREC OUT: this build's run of the HF
+ * (scale, scale_inv, finite flag) the policy gives; --fp8-delayed FMT ALGO MARGIN POW2 H IN OUT: IN is an
+ * initial scale then T step amaxes (float32), OUT the T (scale, scale_inv) pairs one record of the delayed
+ * recipe holds after each step's update (fp8_delayed_update_cpu, history H); --dump-run PREC OUT: this build's run of the HF
  * reference batch, in the reference-state format (test_llama compares the GPU with it);
  * --fp8-gemm ACCUM FMT_X FMT_W M N K FAST SPLITS SCALE_X SCALE_W X W OUT: Y (M, N) float32 =
  * scale_x scale_w X W^T for FP8 codes X (M, K) and W (N, K), row-major, run as an fprop GemmCall with
@@ -1006,6 +1008,27 @@ static int tool_main(int argc, char** argv) {
             gemm_cpu(&g);
         }
         write_bytes(argv[14], y, M * N * sizeof(float));
+        return 0;
+    }
+    if (strcmp(argv[1], "--fp8-delayed") == 0 && argc == 9) {
+        Fp8Format f = parse_format(argv[2]);
+        int algo = fp8_amax_algo_parse(argv[3]), margin = atoi(argv[4]), pow2 = atoi(argv[5]), H = atoi(argv[6]);
+        if (algo < 0 || H < 1) die("--fp8-delayed: bad ALGO '%s' or H %d", argv[3], H);
+        float* x = read_floats(argv[7], &n);
+        if (n < 1) die("--fp8-delayed: %s holds no initial scale", argv[7]);
+        float* history = (float*)callocCheck((size_t)H, sizeof(float));
+        float* out = (float*)mallocCheck(2 * n * sizeof(float));
+        Fp8Scale s = {0.0f, x[0], 1.0f / x[0], 0.0f};
+        for (size_t t = 0; t + 1 < n; t++) {
+            int len = (int)t + 1 < H ? (int)t + 1 : H;
+            fp8_delayed_update_cpu(&s, history, &x[t + 1], 1, H, (int)(t % (size_t)H), len, algo, f, margin, pow2);
+            out[2 * t] = s.scale;
+            out[2 * t + 1] = s.scale_inv;
+        }
+        write_bytes(argv[8], out, 2 * (n - 1) * sizeof(float));
+        free(history);
+        free(out);
+        free(x);
         return 0;
     }
     if (strcmp(argv[1], "--fp8-scale") == 0 && argc == 6) {

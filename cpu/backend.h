@@ -499,6 +499,18 @@ static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* 
     backend_timer_stop(PROF_FP8_CAST);
 }
 
+static inline void op_cast_transpose_delayed(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols,
+                                             Fp8Format f, Fp8Scale* s, Fp8Counts* counts, float* record) {
+    backend_timer_start(PROF_FP8_CAST);
+    fp8_cast_transpose_delayed_cpu(out, out_t, x, rows, cols, f, s, counts, record);
+    backend_timer_stop(PROF_FP8_CAST);
+}
+
+static inline void op_fp8_delayed_update(Fp8Scale* s, float* history, const float* step_amax, size_t n, int H, int pos, int len,
+                                         int algo, Fp8Format f, int margin, int pow2) {
+    fp8_delayed_update_cpu(s, history, step_amax, n, H, pos, len, algo, f, margin, pow2);
+}
+
 static inline void op_amax_master(Fp8Scale* s, const float* master, size_t n) {
     backend_timer_start(PROF_FP8_CAST);
     fp8_amax_cpu(s, master, n, 1);

@@ -36,18 +36,18 @@ static inline void fp8_amax_cpu(Fp8Scale* s, const float* x, size_t n, int round
 }
 
 /*
- * Sets s->scale / s->scale_inv from s->amax (fp8_compute_scale) and s->nonfinite to 1 when that amax is
- * not finite (sticky, fp8.h Fp8Scale), then casts x (rows, cols), each value rounded to BF16 first when
- * round_bf16, into codes out (rows, cols) and out_t (cols, rows); either may be NULL. counts (may be
- * NULL) accumulates the cast statistics (fp8.h Fp8Counts).
+ * Casts x (rows, cols), each value rounded to BF16 first when round_bf16, with `scale` into codes out
+ * (rows, cols) and out_t (cols, rows); either may be NULL. counts (may be NULL) accumulates the cast
+ * statistics (fp8.h Fp8Counts). Returns max |x| of the values cast (NaN if any is NaN, as
+ * amax_combine), computed as they are read: through the bit patterns with the sign cleared, whose
+ * unsigned order is that of the magnitudes with every NaN above +Inf, so the reduction is exact in any
+ * order.
  */
-static inline void fp8_cast_transpose_cpu(uint8_t* out, uint8_t* out_t, const float* x, size_t rows, size_t cols,
-                                          Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts, int round_bf16) {
-    fp8_scale_set(s, s->amax, f, pow2);
-    if (!fp8_amax_is_finite(s->amax)) s->nonfinite = 1.0f;
-    float scale = s->scale;
+static inline float fp8_cast_codes_cpu(uint8_t* out, uint8_t* out_t, const float* x, size_t rows, size_t cols, Fp8Format f,
+                                       float scale, Fp8Counts* counts, int round_bf16) {
     unsigned long long sat = 0, under = 0, nonzero = 0;
-#pragma omp parallel for schedule(static) reduction(+ : sat, under, nonzero)
+    uint32_t amax_bits = 0;
+#pragma omp parallel for schedule(static) reduction(+ : sat, under, nonzero) reduction(max : amax_bits)
     for (size_t i = 0; i < rows; i++) {
         for (size_t j = 0; j < cols; j++) {
             float v = fp8_cast_input(x[i * cols + j], round_bf16);
@@ -57,6 +57,8 @@ static inline void fp8_cast_transpose_cpu(uint8_t* out, uint8_t* out_t, const fl
             sat += (unsigned long long)fp8_is_max(code, f);
             nonzero += v != 0.0f;
             under += v != 0.0f && fp8_is_zero(code);
+            uint32_t b = float_bits(v) & 0x7fffffffu;
+            amax_bits = b > amax_bits ? b : amax_bits;
         }
     }
     if (counts) {
@@ -65,6 +67,35 @@ static inline void fp8_cast_transpose_cpu(uint8_t* out, uint8_t* out_t, const fl
         counts->nonzero += nonzero;
         counts->count += (unsigned long long)rows * cols;
     }
+    return amax_bits > 0x7f800000u ? NAN : bits_float(amax_bits);
+}
+
+/*
+ * Current scaling: sets s->scale / s->scale_inv from s->amax (fp8_compute_scale) and s->nonfinite to 1
+ * when that amax is not finite (sticky, fp8.h Fp8Scale), then casts x (fp8_cast_codes_cpu).
+ */
+static inline void fp8_cast_transpose_cpu(uint8_t* out, uint8_t* out_t, const float* x, size_t rows, size_t cols,
+                                          Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts, int round_bf16) {
+    fp8_scale_set(s, s->amax, f, pow2);
+    if (!fp8_amax_is_finite(s->amax)) s->nonfinite = 1.0f;
+    fp8_cast_codes_cpu(out, out_t, x, rows, cols, f, s->scale, counts, round_bf16);
+}
+
+/*
+ * Delayed scaling: casts x (rows, cols) with the scale s holds (s->scale is only read), sets s->amax to
+ * the amax of x and, when record is not NULL, *record = amax_combine(*record, that amax): the step's
+ * amax over its micro-batches.
+ */
+static inline void fp8_cast_transpose_delayed_cpu(uint8_t* out, uint8_t* out_t, const float* x, size_t rows, size_t cols,
+                                                  Fp8Format f, Fp8Scale* s, Fp8Counts* counts, float* record) {
+    s->amax = fp8_cast_codes_cpu(out, out_t, x, rows, cols, f, s->scale, counts, 0);
+    if (record) *record = amax_combine(*record, s->amax);
+}
+
+/* s[i] for the n records and their histories (n rows of H): fp8_delayed_update with step_amax[i]. */
+static inline void fp8_delayed_update_cpu(Fp8Scale* s, float* history, const float* step_amax, size_t n, int H, int pos,
+                                          int len, int algo, Fp8Format f, int margin, int pow2) {
+    for (size_t i = 0; i < n; i++) fp8_delayed_update(&s[i], history + i * (size_t)H, step_amax[i], H, pos, len, algo, f, margin, pow2);
 }
 
 /* out_t (cols, rows) = in (rows, cols) transposed (FP8 codes). */

@@ -126,6 +126,22 @@ __device__ inline float cast_scale_from_amax(Fp8Scale* s, Fp8Format f, int pow2)
     return fp8_compute_scale(amax, f, pow2);
 }
 
+/* The scale a cast uses: current scaling's from s->amax (cast_scale_from_amax), or under the delayed
+   recipe the one s holds, which the cast only reads. */
+__device__ inline float cast_scale(Fp8Scale* s, Fp8Format f, int pow2, int delayed) {
+    return delayed ? s->scale : cast_scale_from_amax(s, f, pow2);
+}
+
+/* Ends a delayed cast's amax (every thread of the block calls it): the block's largest sign-cleared bit
+   pattern m of the values it cast into s->amax (reset before the launch) and into *record (NULL: none). */
+__device__ inline void cast_delayed_amax_end(Fp8Scale* s, unsigned int* record, unsigned int m) {
+    m = block_reduce<CT_THREADS>(m, MaxOp());
+    if (threadIdx.x == 0 && m != 0) {
+        atomicMax((unsigned int*)&s->amax, m);
+        if (record) atomicMax(record, m);
+    }
+}
+
 /* Adds one block's cast statistics to *counts (a block of CT_THREADS threads; every thread calls it); block 0
    also adds the element count rows * cols. */
 __device__ inline void add_cast_counts(Fp8Counts* counts, unsigned int saturated, unsigned int underflow,
@@ -151,12 +167,13 @@ __device__ inline void add_cast_counts(Fp8Counts* counts, unsigned int saturated
 template <typename In>
 __global__ void __launch_bounds__(CT_THREADS) cast_transpose_kernel(uint8_t* out, uint8_t* out_t, const In* x, size_t rows,
                                                                     size_t cols, size_t tiles_x, Fp8Scale* s, Fp8Format f,
-                                                                    int pow2, Fp8Counts* counts) {
+                                                                    int pow2, Fp8Counts* counts, int delayed,
+                                                                    unsigned int* record) {
     __shared__ uint8_t tile[CT_TILE][CT_TILE + CT_PAD];
-    float scale = cast_scale_from_amax(s, f, pow2);
+    float scale = cast_scale(s, f, pow2, delayed);
     int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     size_t r0 = (blockIdx.x / tiles_x) * CT_TILE, c0 = (blockIdx.x % tiles_x) * CT_TILE;
-    unsigned int saturated = 0, underflow = 0, nonzero = 0;
+    unsigned int saturated = 0, underflow = 0, nonzero = 0, amax_bits = 0;
     for (int lr = warp; lr < CT_TILE; lr += CT_ROWS_PER_PASS) {
         size_t r = r0 + lr;
         for (int e = 0; e < CT_COLS_PER_THREAD; e++) {
@@ -170,6 +187,7 @@ __global__ void __launch_bounds__(CT_THREADS) cast_transpose_kernel(uint8_t* out
             saturated += (unsigned int)fp8_is_max(code, f);
             nonzero += v != 0.0f;
             underflow += v != 0.0f && fp8_is_zero(code);
+            amax_bits = max(amax_bits, __float_as_uint(v) & 0x7fffffffu);
         }
     }
     if (out_t) {
@@ -185,6 +203,7 @@ __global__ void __launch_bounds__(CT_THREADS) cast_transpose_kernel(uint8_t* out
         }
     }
     if (counts) add_cast_counts(counts, saturated, underflow, nonzero, rows, cols);
+    if (delayed) cast_delayed_amax_end(s, record, amax_bits);
 }
 
 /*
@@ -193,11 +212,13 @@ __global__ void __launch_bounds__(CT_THREADS) cast_transpose_kernel(uint8_t* out
  */
 template <typename In>
 static inline void fp8_cast_transpose_tiled_cuda(uint8_t* out, uint8_t* out_t, const In* x, size_t rows, size_t cols,
-                                                 Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts) {
+                                                 Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts, int delayed,
+                                                 unsigned int* record) {
     /* an empty tensor still gets one block, which publishes the scale */
     size_t tiles_x = cols > 0 ? ceil_div(cols, CT_TILE) : 1, tiles = rows > 0 ? ceil_div(rows, CT_TILE) * tiles_x : 1;
     if (tiles > INT32_MAX) die("cast-transpose of a (%zu, %zu) tensor needs more than 2^31 tiles", rows, cols);
-    LAUNCH(cast_transpose_kernel<In>, (unsigned int)tiles, CT_THREADS)(out, out_t, x, rows, cols, tiles_x, s, f, pow2, counts);
+    LAUNCH(cast_transpose_kernel<In>, (unsigned int)tiles, CT_THREADS)(out, out_t, x, rows, cols, tiles_x, s, f, pow2, counts, delayed,
+                                                                        record);
     launchCheck();
 }
 
@@ -219,7 +240,7 @@ static inline void fp8_cast_transpose_tiled_cuda(uint8_t* out, uint8_t* out_t, c
 /* Casts the 8 BF16 of one 16-byte vector: code i in byte i % 4 of codes->x (i < 4) or codes->y (memory
    order); adds to the three statistics counters as cast_transpose_kernel does. */
 __device__ __forceinline__ void ctv_cast8(uint2* codes, uint4 v, float scale, Fp8Format f, unsigned int* saturated,
-                                          unsigned int* underflow, unsigned int* nonzero) {
+                                          unsigned int* underflow, unsigned int* nonzero, unsigned int* amax_bits) {
     unsigned int w[4] = {v.x, v.y, v.z, v.w};
     unsigned int packed[2] = {0u, 0u};
 #pragma unroll
@@ -232,17 +253,19 @@ __device__ __forceinline__ void ctv_cast8(uint2* codes, uint4 v, float scale, Fp
         *saturated += (unsigned int)fp8_is_max(code, f);
         *nonzero += x != 0.0f;
         *underflow += x != 0.0f && fp8_is_zero(code);
+        *amax_bits = max(*amax_bits, bits & 0x7fffffffu);
     }
     *codes = make_uint2(packed[0], packed[1]);
 }
 
 __global__ void __launch_bounds__(CT_THREADS) cast_transpose_vec_kernel(uint8_t* out, uint8_t* out_t, const __nv_bfloat16* x,
                                                                         size_t rows, size_t cols, size_t tiles_x, Fp8Scale* s,
-                                                                        Fp8Format f, int pow2, Fp8Counts* counts) {
+                                                                        Fp8Format f, int pow2, Fp8Counts* counts, int delayed,
+                                                                        unsigned int* record) {
     __shared__ uint32_t tile[CT_TILE * CTV_PITCH_WORDS];
-    float scale = cast_scale_from_amax(s, f, pow2);
+    float scale = cast_scale(s, f, pow2, delayed);
     size_t r0 = (blockIdx.x / tiles_x) * CT_TILE, c0 = (blockIdx.x % tiles_x) * CT_TILE;
-    unsigned int saturated = 0, underflow = 0, nonzero = 0;
+    unsigned int saturated = 0, underflow = 0, nonzero = 0, amax_bits = 0;
     for (int pass = 0; pass < CTV_LOAD_PASSES; pass++) {
         int v = pass * CT_THREADS + threadIdx.x;
         int lr = v / (CT_TILE / BF16_PER_VEC), lc = (v % (CT_TILE / BF16_PER_VEC)) * BF16_PER_VEC;
@@ -250,7 +273,7 @@ __global__ void __launch_bounds__(CT_THREADS) cast_transpose_vec_kernel(uint8_t*
         if (r >= rows || c >= cols) continue; /* cols % 8 == 0: a vector is wholly inside or outside */
         uint4 in = *(const uint4*)(x + r * cols + c);
         uint2 codes;
-        ctv_cast8(&codes, in, scale, f, &saturated, &underflow, &nonzero);
+        ctv_cast8(&codes, in, scale, f, &saturated, &underflow, &nonzero, &amax_bits);
         if (out) *(uint2*)(out + r * cols + c) = codes;
         tile[lr * CTV_PITCH_WORDS + lc / 4] = codes.x;
         tile[lr * CTV_PITCH_WORDS + lc / 4 + 1] = codes.y;
@@ -279,6 +302,7 @@ __global__ void __launch_bounds__(CT_THREADS) cast_transpose_vec_kernel(uint8_t*
         }
     }
     if (counts) add_cast_counts(counts, saturated, underflow, nonzero, rows, cols);
+    if (delayed) cast_delayed_amax_end(s, record, amax_bits);
 }
 
 /* Can cast_transpose_vec_kernel cast x (rows, cols) into out / out_t (either may be NULL)? */
@@ -290,13 +314,15 @@ static inline int fp8_cast_transpose_vec_ok(const uint8_t* out, const uint8_t* o
 
 /* fp8_cast_transpose_cuda with cast_transpose_vec_kernel; stops when fp8_cast_transpose_vec_ok is false. */
 static inline void fp8_cast_transpose_vec_cuda(uint8_t* out, uint8_t* out_t, const __nv_bfloat16* x, size_t rows,
-                                               size_t cols, Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts) {
+                                               size_t cols, Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts,
+                                               int delayed, unsigned int* record) {
     if (!fp8_cast_transpose_vec_ok(out, out_t, x, rows, cols))
         die("vectorized cast-transpose of a (%zu, %zu) tensor: needs cols %% %d == 0, rows %% %d == 0 and aligned pointers",
             rows, cols, BF16_PER_VEC, CTV_MICRO);
     size_t tiles_x = ceil_div(cols, CT_TILE), tiles = ceil_div(rows, CT_TILE) * tiles_x;
     if (tiles > INT32_MAX) die("cast-transpose of a (%zu, %zu) tensor needs more than 2^31 tiles", rows, cols);
-    LAUNCH(cast_transpose_vec_kernel, (unsigned int)tiles, CT_THREADS)(out, out_t, x, rows, cols, tiles_x, s, f, pow2, counts);
+    LAUNCH(cast_transpose_vec_kernel, (unsigned int)tiles, CT_THREADS)(out, out_t, x, rows, cols, tiles_x, s, f, pow2, counts,
+                                                                   delayed, record);
     launchCheck();
 }
 
@@ -310,13 +336,44 @@ static inline void fp8_cast_transpose_vec_cuda(uint8_t* out, uint8_t* out_t, con
  */
 static inline void fp8_cast_transpose_cuda(uint8_t* out, uint8_t* out_t, const __nv_bfloat16* x, size_t rows, size_t cols,
                                            Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts) {
-    if (fp8_cast_transpose_vec_ok(out, out_t, x, rows, cols)) fp8_cast_transpose_vec_cuda(out, out_t, x, rows, cols, f, s, pow2, counts);
-    else fp8_cast_transpose_tiled_cuda(out, out_t, x, rows, cols, f, s, pow2, counts);
+    if (fp8_cast_transpose_vec_ok(out, out_t, x, rows, cols))
+        fp8_cast_transpose_vec_cuda(out, out_t, x, rows, cols, f, s, pow2, counts, 0, NULL);
+    else fp8_cast_transpose_tiled_cuda(out, out_t, x, rows, cols, f, s, pow2, counts, 0, NULL);
 }
 
 static inline void fp8_cast_transpose_cuda(uint8_t* out, uint8_t* out_t, const float* x, size_t rows, size_t cols,
                                            Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts) {
-    fp8_cast_transpose_tiled_cuda(out, out_t, x, rows, cols, f, s, pow2, counts);
+    fp8_cast_transpose_tiled_cuda(out, out_t, x, rows, cols, f, s, pow2, counts, 0, NULL);
+}
+
+/*
+ * The delayed recipe's cast (llama/backend.h op_cast_transpose_delayed): the same kernels, codes and
+ * counts with the scale s holds, s->amax (reset here) and *record (device, may be NULL) raised to the
+ * tensor's amax by the kernel's blocks with atomicMax on the sign-cleared bit patterns, as amax_kernel
+ * publishes them (order-independent, so deterministic). No host synchronization.
+ */
+static inline void fp8_cast_transpose_delayed_cuda(uint8_t* out, uint8_t* out_t, const __nv_bfloat16* x, size_t rows,
+                                                   size_t cols, Fp8Format f, Fp8Scale* s, Fp8Counts* counts, float* record) {
+    cudaCheck(cudaMemsetAsync(&s->amax, 0, sizeof(float), 0));
+    if (fp8_cast_transpose_vec_ok(out, out_t, x, rows, cols))
+        fp8_cast_transpose_vec_cuda(out, out_t, x, rows, cols, f, s, 0, counts, 1, (unsigned int*)record);
+    else fp8_cast_transpose_tiled_cuda(out, out_t, x, rows, cols, f, s, 0, counts, 1, (unsigned int*)record);
+}
+
+/* One thread per record: fp8.h's fp8_delayed_update (the CPU runs the same function in a loop). */
+__global__ void delayed_update_kernel(Fp8Scale* s, float* history, const float* step_amax, size_t n, int H, int pos, int len,
+                                      int algo, Fp8Format f, int margin, int pow2) {
+    size_t i = grid_index();
+    if (i < n) fp8_delayed_update(&s[i], history + i * (size_t)H, step_amax[i], H, pos, len, algo, f, margin, pow2);
+}
+
+/* op_fp8_delayed_update on the device (llama/backend.h). */
+static inline void fp8_delayed_update_cuda(Fp8Scale* s, float* history, const float* step_amax, size_t n, int H, int pos,
+                                           int len, int algo, Fp8Format f, int margin, int pow2) {
+    if (n == 0) return;
+    LAUNCH(delayed_update_kernel, grid_for(n, BLOCK_THREADS), BLOCK_THREADS)(s, history, step_amax, n, H, pos, len, algo, f,
+                                                                           margin, pow2);
+    launchCheck();
 }
 
 /* One CT_TILE x CT_TILE tile per block, staged in shared memory so that reads and writes are coalesced. */

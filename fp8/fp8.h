@@ -149,6 +149,73 @@ LLM8_HD static inline void fp8_scale_set(Fp8Scale* s, float amax, Fp8Format f, i
 }
 
 /*
+ * The two scaling recipes (--fp8-recipe). FP8_RECIPE_CURRENT: every cast takes its scale from the amax of
+ * the tensor it casts (above). FP8_RECIPE_DELAYED: Transformer Engine's DelayedScaling (TE docs,
+ * "transformer_engine.common.recipe.DelayedScaling"; its kernel amax_and_scale_update): an activation
+ * or gradient is cast with a scale computed before it exists, from a history of amaxes of earlier
+ * steps, and the cast records the tensor's amax as it goes (no separate amax read). llm8's history gets
+ * one entry per applied optimizer step per operand (TE: one per forward call), see llama/model.h.
+ */
+typedef enum { FP8_RECIPE_CURRENT = 0, FP8_RECIPE_DELAYED = 1 } Fp8Recipe;
+/* How the delayed recipe reduces its history to one amax (TE's amax_compute_algo). */
+typedef enum { FP8_AMAX_MAX = 0, FP8_AMAX_MOST_RECENT = 1 } Fp8AmaxAlgo;
+
+/* --amax-history: TE DelayedScaling's default length, and the most this build takes. */
+#define AMAX_HISTORY_DEFAULT 1024
+#define AMAX_HISTORY_MAX 65536
+/* --fp8-margin's largest value (fp8_max * 2^-margin stays a normal float far beyond it). */
+#define FP8_MARGIN_MAX 64
+
+static inline const char* fp8_recipe_name(int r) { return r == FP8_RECIPE_DELAYED ? "delayed" : "current"; }
+static inline const char* fp8_amax_algo_name(int a) { return a == FP8_AMAX_MOST_RECENT ? "most_recent" : "max"; }
+
+/* The Fp8Recipe / Fp8AmaxAlgo a flag value names, or -1. */
+static inline int fp8_recipe_parse(const char* s) {
+    return strcmp(s, "current") == 0 ? FP8_RECIPE_CURRENT : strcmp(s, "delayed") == 0 ? FP8_RECIPE_DELAYED : -1;
+}
+static inline int fp8_amax_algo_parse(const char* s) {
+    return strcmp(s, "max") == 0 ? FP8_AMAX_MAX : strcmp(s, "most_recent") == 0 ? FP8_AMAX_MOST_RECENT : -1;
+}
+
+/*
+ * The delayed recipe's scale from the amax its history gives (TE amax_and_scale_update, whose
+ * recipe_common.cuh compute_scale_from_amax adds the FP32 overflow rule):
+ *   amax finite and > 0:  scale = (fp8_max * 2^-margin) / amax, i.e. TE's (fp8_max / amax) / 2^margin;
+ *                         an overflow to Inf clamps to FLT_MAX; with pow2, rounded down to a power of
+ *                         two as fp8_compute_scale does;
+ *   amax 0 or non-finite: the previous scale, kept (TE keeps scale_ptr[i]).
+ * margin >= 0 (--fp8-margin).
+ */
+LLM8_HD static inline float fp8_delayed_scale(float amax, float prev_scale, Fp8Format f, int margin, int pow2) {
+    if (!fp8_amax_is_finite(amax) || amax == 0.0f) return prev_scale;
+    float scale = ldexpf(fp8_max(f), -margin) / amax;
+    if (scale > FLT_MAX) scale = FLT_MAX;
+    if (pow2) {
+        int e;
+        frexpf(scale, &e);
+        scale = ldexpf(1.0f, e - 1);
+    }
+    return scale;
+}
+
+/*
+ * One record's delayed update after an applied step: history (H floats, a ring) gets step_amax at
+ * `pos`, of which the first `len` (<= H, len counting the new entry) hold entries; the amax of the
+ * history (FP8_AMAX_MAX: the largest of those entries; FP8_AMAX_MOST_RECENT: step_amax) gives s->scale
+ * and s->scale_inv for the next step (fp8_delayed_scale, from the scale s holds). step_amax is finite
+ * (a step with a non-finite amax is skipped and adds nothing).
+ */
+LLM8_HD static inline void fp8_delayed_update(Fp8Scale* s, float* history, float step_amax, int H, int pos, int len,
+                                              int algo, Fp8Format f, int margin, int pow2) {
+    history[pos] = step_amax;
+    float amax = step_amax;
+    if (algo == FP8_AMAX_MAX)
+        for (int i = 0; i < len && i < H; i++) amax = history[i] > amax ? history[i] : amax;
+    s->scale = fp8_delayed_scale(amax, s->scale, f, margin, pow2);
+    s->scale_inv = 1.0f / s->scale;
+}
+
+/*
  * Cast statistics of one operand, gathered on steps where statistics are due (--fp8-stats N):
  * `saturated` counts elements whose code is +-max, `underflow` counts non-zero inputs whose code is
  * +-0, `nonzero` counts non-zero inputs, `count` all elements.

@@ -185,6 +185,18 @@ static inline void op_amax(Fp8Scale* s, const act_t* x, size_t n);
    accumulates the cast statistics. Codes are bit-identical across backends. Timed as PROF_FP8_CAST. */
 static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols, Fp8Format f,
                                      Fp8Scale* s, int pow2, Fp8Counts* counts);
+/* The delayed recipe's cast (fp8.h Fp8Recipe): x (rows, cols) cast with the scale s holds (s->scale and
+   s->scale_inv are only read) into out and/or out_t as op_cast_transpose does, s->amax = max |x| of
+   this tensor, and, when record is not NULL, *record (backend memory) = max(*record, that amax) (NaN
+   when either is NaN), all in the cast's one pass over x. counts as op_cast_transpose's. Timed as
+   PROF_FP8_CAST. */
+static inline void op_cast_transpose_delayed(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols,
+                                             Fp8Format f, Fp8Scale* s, Fp8Counts* counts, float* record);
+/* The delayed recipe's update after an applied step, for n records s of format f: fp8.h's
+   fp8_delayed_update of record i with its history (history + i H, a ring of H, entry `pos` replaced,
+   `len` entries in use) and step_amax[i]. All in backend memory; asynchronous on the GPU. */
+static inline void op_fp8_delayed_update(Fp8Scale* s, float* history, const float* step_amax, size_t n, int H, int pos, int len,
+                                         int algo, Fp8Format f, int margin, int pow2);
 /* s->amax = max |x| over the BF16 roundings x of master (n) FP32, the values a BF16 copy would hold; 0
    when n is 0 (NaN when any is NaN). */
 static inline void op_amax_master(Fp8Scale* s, const float* master, size_t n);

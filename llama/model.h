@@ -144,6 +144,11 @@ typedef struct {
     LlamaConfig cfg;
     Precision precision;
     int pow2_scales;           /* round FP8 scales down to powers of two */
+    int fp8_recipe;            /* --fp8-recipe: Fp8Recipe (fp8/fp8.h; see "Delayed scaling") */
+    int amax_history;          /* --amax-history: H, history entries per X / dY record (delayed) */
+    int amax_algo;             /* --amax-algo: Fp8AmaxAlgo (delayed) */
+    int fp8_margin;            /* --fp8-margin (delayed) */
+    int fp8_history_steps;     /* delayed: applied FP8 steps the history holds so far (host; the ring's count) */
     int fp8_fprop_fast_accum;  /* --fp8-fast-accum: fprop's FP8 GEMMs use fast accumulation (default 1) */
     int fp8_accum;             /* --fp8-accum: Fp8Accum of the FP8 GEMMs (fp8/gemm.h; hopper: CPU build only) */
     int recompute;             /* -r: RECOMPUTE_* (see Recompute) */
@@ -186,6 +191,8 @@ typedef struct {
     void* small_memory;        /* one allocation: the buffers below */
     Fp8Scale* fp8_scales;      /* (FP8_OPS, L * LIN_PER_LAYER) operand-major (fp8) */
     Fp8Counts* fp8_counts;     /* (FP8_OPS, L * LIN_PER_LAYER) as fp8_scales */
+    float* fp8_history;        /* (2, L * LIN_PER_LAYER, H) delayed: the amax history of each X, then dY, record */
+    float* fp8_step_amax;      /* (2, L * LIN_PER_LAYER) delayed: this step's amax of each X, then dY, record */
     float* rope_cos;           /* (T, HS/2) */
     float* rope_sin;           /* (T, HS/2) */
     int* inputs;               /* (B, T) device copy of the micro-batch's tokens */
@@ -197,6 +204,14 @@ typedef struct {
     int last_B, last_T;        /* shape of the last forward */
 } Llama;
 
+/* The FP8 recipe of an fp8 run: --pow2-scales, --fp8-recipe (Fp8Recipe) and the delayed recipe's
+   --amax-history, --amax-algo (Fp8AmaxAlgo) and --fp8-margin. */
+typedef struct {
+    int pow2_scales, recipe, amax_history, amax_algo, margin;
+} Fp8Settings;
+/* The defaults: current scaling; for the delayed recipe TE DelayedScaling's (history 1024, max, margin 0). */
+static const Fp8Settings FP8_DEFAULTS = {0, FP8_RECIPE_CURRENT, AMAX_HISTORY_DEFAULT, FP8_AMAX_MAX, 0};
+
 /* One process, everything on it: the sharding of tests and single-rank runs. */
 static const Sharding SINGLE_PROCESS = {1, 0, 0};
 
@@ -207,6 +222,19 @@ static inline size_t llama_slot(int layer, int lin) { return (size_t)layer * LIN
 /* FP8 slots: one per linear layer of the blocks. */
 static inline size_t llama_fp8_slots(const Llama* m) { return (size_t)m->cfg.n_layers * LIN_PER_LAYER; }
 static inline Fp8Scale* fp8_scale(Llama* m, size_t slot, int op) { return &m->fp8_scales[(size_t)op * llama_fp8_slots(m) + slot]; }
+/* The records of the delayed recipe (X, then dY): FP8_DELAYED_OPS per slot. */
+#define FP8_DELAYED_OPS (FP8_OPS - FP8_OP_X)
+/* Is this an fp8 run with the delayed recipe (Fp8Recipe)? */
+static inline int llama_fp8_is_delayed(const Llama* m) { return m->precision == PRECISION_FP8 && m->fp8_recipe == FP8_RECIPE_DELAYED; }
+/* Do the X and dY casts take the history's scales now (delayed, with at least one entry)? Before the
+   first entry they are current-scaled (see "Delayed scaling"). */
+static inline int llama_fp8_scales_delayed(const Llama* m) { return llama_fp8_is_delayed(m) && m->fp8_history_steps > 0; }
+/* Where a cast of operand op (FP8_OP_X or FP8_OP_DY) of `slot` records its amax for the step: NULL
+   unless delayed, and for a replayed cast. */
+static inline float* fp8_step_amax(Llama* m, size_t slot, int op) {
+    if (!llama_fp8_is_delayed(m) || m->replaying) return NULL;
+    return &m->fp8_step_amax[(size_t)(op - FP8_OP_X) * llama_fp8_slots(m) + slot];
+}
 /* The counts a cast adds to: NULL unless statistics are due, and never for a replayed cast. */
 static inline Fp8Counts* fp8_counts(Llama* m, size_t slot, int op) {
     return m->fp8_stats_due && !m->replaying ? &m->fp8_counts[(size_t)op * llama_fp8_slots(m) + slot] : NULL;
@@ -301,13 +329,16 @@ static inline int llama_state_table(Llama* m, BufferSpec* s) {
 }
 
 /* The small buffers: FP8 scales and statistics, RoPE tables, the micro-batch's tokens. */
-#define NUM_SMALL_BUFFERS 6
+#define NUM_SMALL_BUFFERS 8
 static inline int llama_small_table(Llama* m, BufferSpec* s) {
     size_t slots = m->precision == PRECISION_FP8 ? llama_fp8_slots(m) * FP8_OPS : 0;
+    size_t delayed = llama_fp8_is_delayed(m) ? llama_fp8_slots(m) * FP8_DELAYED_OPS : 0;
     size_t rope = (size_t)m->T * (size_t)(llama_head_dim(&m->cfg) / 2), N = (size_t)m->B * m->T;
     int n = 0;
     s[n++] = (BufferSpec){"fp8_scales", (void**)&m->fp8_scales, slots, sizeof(Fp8Scale), "other"};
     s[n++] = (BufferSpec){"fp8_counts", (void**)&m->fp8_counts, slots, sizeof(Fp8Counts), "other"};
+    s[n++] = (BufferSpec){"fp8_history", (void**)&m->fp8_history, delayed * (size_t)m->amax_history, sizeof(float), "other"};
+    s[n++] = (BufferSpec){"fp8_step_amax", (void**)&m->fp8_step_amax, delayed, sizeof(float), "other"};
     s[n++] = (BufferSpec){"rope_cos", (void**)&m->rope_cos, rope, sizeof(float), "other"};
     s[n++] = (BufferSpec){"rope_sin", (void**)&m->rope_sin, rope, sizeof(float), "other"};
     s[n++] = (BufferSpec){"inputs", (void**)&m->inputs, N, sizeof(int), "other"};
@@ -459,12 +490,17 @@ static inline float* llama_reduced_grads(Llama* m) { return m->sharding.zero_sta
  * its settings, its layout and the sizes of its tables (llama_state_table, llama_acts_table,
  * llama_small_table), which the memory plan sums. Free with llama_free.
  */
-static inline void llama_configure(Llama* m, const LlamaConfig* cfg, Precision precision, int B, int T, int pow2_scales,
+static inline void llama_configure(Llama* m, const LlamaConfig* cfg, Precision precision, int B, int T, const Fp8Settings* fp8,
                                    int recompute, Sharding sharding) {
+    if (fp8 == NULL) fp8 = &FP8_DEFAULTS;
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
     m->precision = precision;
-    m->pow2_scales = pow2_scales;
+    m->pow2_scales = fp8->pow2_scales;
+    m->fp8_recipe = fp8->recipe;
+    m->amax_history = fp8->amax_history;
+    m->amax_algo = fp8->amax_algo;
+    m->fp8_margin = fp8->margin;
     m->fp8_fprop_fast_accum = 1; /* Transformer Engine's fprop; the trainer sets --fp8-fast-accum */
     m->fp8_accum = FP8_ACCUM_EXACT;
     m->recompute = recompute;
@@ -490,9 +526,9 @@ static inline void* llama_alloc_table(const char* title, BufferSpec* specs, int 
  * Allocates every buffer of a model for micro-batches up to (B, T) under `sharding` and prints the
  * memory tables (per rank). The weights are undefined until llama_set_params or the trainer loads them.
  */
-static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision precision, int B, int T, int pow2_scales,
+static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision precision, int B, int T, const Fp8Settings* fp8,
                                int recompute, Sharding sharding) {
-    llama_configure(m, cfg, precision, B, T, pow2_scales, recompute, sharding);
+    llama_configure(m, cfg, precision, B, T, fp8, recompute, sharding);
     size_t P = m->num_params, L = (size_t)cfg->n_layers, full = m->layout.full, shard = m->layout.shard;
     printf("| parameters: %zu (%.2f M); %d rank(s), ZeRO-%d: this rank holds %zu of %zu elements (%.1f%%)\n", P, P / 1e6,
            sharding.world, sharding.zero_stage, shard, full, 100.0 * (double)shard / (double)full);
@@ -785,7 +821,48 @@ static inline void llama_weights_needed(Llama* m, int bucket) {
  */
 static inline Fp8Scale* llama_fused_x_amax(Llama* m, int layer, LinearId lin) {
     if (lin == LIN_WO || lin == LIN_OUTPUT || m->replaying || m->unfused_amax || !llama_linear_is_fp8(m, layer, lin)) return NULL;
+    if (llama_fp8_scales_delayed(m)) return NULL; /* the delayed cast records the amax itself */
     return fp8_scale(m, llama_slot(layer, lin), FP8_OP_X);
+}
+
+/*
+ * Delayed scaling (--fp8-recipe delayed, fp8/fp8.h Fp8Recipe), after Transformer Engine's DelayedScaling:
+ *   - every X and dY cast of a step uses the scale its record holds, computed after the last applied
+ *     step from the record's amax history, and records the tensor's amax as it casts
+ *     (op_cast_transpose_delayed): no amax read before the cast, which is the recipe's point;
+ *   - the step's entry of a record is the max of those amaxes over the step's micro-batches, then over
+ *     the ranks (the driver MAX-all-reduces fp8_step_amax, every record in one collective); TE records
+ *     one entry per forward call, i.e. per micro-batch, which would make the history depend on how the
+ *     global batch is split, and llm8 gives the same run on any rank count;
+ *   - after an applied step every record gets its entry and its next scale (llama_fp8_delayed_push,
+ *     fp8.h fp8_delayed_update); a skipped step (a non-finite amax, loss or gradient) and a BF16 step
+ *     (the shadow check's fallback) add nothing;
+ *   - the first step, with an empty history, is current-scaled (its amaxes are recorded as they are
+ *     computed), so it equals the current recipe's first step; TE starts from scale 1 instead, its
+ *     buffers' initial value, which would flush most of a first step's E5M2 gradients to zero;
+ *   - the weights keep current scaling: they are cast once per optimizer step from the master weights,
+ *     whose amax (MAX-all-reduced over the shards, DESIGN.md section 6) costs one read per step, not one
+ *     per micro-batch; TE keeps a history for them as well.
+ * The history (a ring of --amax-history entries per record), its count and the X / dY records are
+ * training state: checkpointed, identical on every rank, so a run resumes on any rank count.
+ */
+
+/*
+ * The cast of an X or dY operand under the run's recipe into out and/or out_t: current scaling from
+ * s->amax (computed before it), or the delayed recipe's (op_cast_transpose_delayed, recording into
+ * `record`, which may be NULL). A delayed run's first step (record set, no history yet) is current-scaled:
+ * an empty cast sets the scale from s->amax, then the delayed cast records the amax.
+ */
+static inline void llama_fp8_cast(Llama* m, uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols, Fp8Format f,
+                                  Fp8Scale* s, Fp8Counts* counts, float* record) {
+    if (llama_fp8_scales_delayed(m)) {
+        op_cast_transpose_delayed(out, out_t, x, rows, cols, f, s, counts, record);
+    } else if (record == NULL) {
+        op_cast_transpose(out, out_t, x, rows, cols, f, s, m->pow2_scales, counts);
+    } else {
+        op_cast_transpose(NULL, NULL, x, 0, cols, f, s, m->pow2_scales, NULL);
+        op_cast_transpose_delayed(out, out_t, x, rows, cols, f, s, counts, record);
+    }
 }
 
 /*
@@ -807,8 +884,9 @@ static inline void linear_forward(Llama* m, int layer, LinearId lin, act_t* out,
     }
     Fp8Scale* sw = fp8_scale(m, x.slot, FP8_OP_W);
     Fp8Scale* sx = fp8_scale(m, x.slot, FP8_OP_X);
-    if (!m->replaying && llama_fused_x_amax(m, layer, lin) == NULL) op_amax(sx, inp, N * C);
-    op_cast_transpose(m->fp8_operand, x.fp8->xt, inp, N, C, FP8_E4M3, sx, m->pow2_scales, fp8_counts(m, x.slot, FP8_OP_X));
+    if (!m->replaying && !llama_fp8_scales_delayed(m) && llama_fused_x_amax(m, layer, lin) == NULL) op_amax(sx, inp, N * C);
+    llama_fp8_cast(m, m->fp8_operand, x.fp8->xt, inp, N, C, FP8_E4M3, sx, fp8_counts(m, x.slot, FP8_OP_X),
+                   fp8_step_amax(m, x.slot, FP8_OP_X));
     GemmCall g = gemm_fprop(out, DT_ACT, gemm_operand_fp8(x.fp8->w, DT_E4M3, &sw->scale_inv),
                             gemm_operand_fp8(m->fp8_operand, DT_E4M3, &sx->scale_inv), N, C, OC);
     g.fast_accum = m->fp8_fprop_fast_accum;
@@ -838,17 +916,17 @@ static inline void linear_backward(Llama* m, int layer, LinearId lin, act_t* din
     Fp8Scale* sw = fp8_scale(m, x.slot, FP8_OP_W);
     Fp8Scale* sx = fp8_scale(m, x.slot, FP8_OP_X);
     Fp8Scale* sdy = fp8_scale(m, x.slot, FP8_OP_DY);
-    op_amax(sdy, dout, N * OC);
-    op_cast_transpose(m->fp8_operand, m->fp8_operand_t, dout, N, OC, FP8_E5M2, sdy, m->pow2_scales,
-                      fp8_counts(m, x.slot, FP8_OP_DY));
+    if (!llama_fp8_scales_delayed(m)) op_amax(sdy, dout, N * OC);
+    llama_fp8_cast(m, m->fp8_operand, m->fp8_operand_t, dout, N, OC, FP8_E5M2, sdy, fp8_counts(m, x.slot, FP8_OP_DY),
+                   fp8_step_amax(m, x.slot, FP8_OP_DY));
     GemmCall dgrad = gemm_dgrad(dinp, DT_ACT, gemm_operand_fp8(x.fp8->wt, DT_E4M3, &sw->scale_inv),
                                 gemm_operand_fp8(m->fp8_operand, DT_E5M2, &sdy->scale_inv), N, C, OC);
     dgrad.accum = m->fp8_accum;
     op_gemm(&dgrad);
     const uint8_t* xt = x.fp8->xt;
     if (xt == NULL) {
-        /* into fp8_operand, which dgrad no longer needs; sx still holds fprop's amax */
-        op_cast_transpose(NULL, m->fp8_operand, inp, N, C, FP8_E4M3, sx, m->pow2_scales, NULL);
+        /* into fp8_operand, which dgrad no longer needs; sx still holds fprop's amax and scale */
+        llama_fp8_cast(m, NULL, m->fp8_operand, inp, N, C, FP8_E4M3, sx, NULL, NULL);
         xt = m->fp8_operand;
     }
     GemmCall wgrad = gemm_wgrad(x.dweight, gemm_operand_fp8(xt, DT_E4M3, &sx->scale_inv),
@@ -1153,7 +1231,54 @@ static inline int llama_slot_is_fp8(const Llama* m, size_t slot) {
 static inline void llama_fp8_begin_step(Llama* m) {
     if (m->precision != PRECISION_FP8) return;
     /* operand-major records: the X rows, then the dY rows, contiguous */
-    op_fp8_clear_nonfinite(fp8_scale(m, 0, FP8_OP_X), (FP8_OPS - FP8_OP_X) * llama_fp8_slots(m));
+    op_fp8_clear_nonfinite(fp8_scale(m, 0, FP8_OP_X), FP8_DELAYED_OPS * llama_fp8_slots(m));
+    if (llama_fp8_is_delayed(m)) dev_zero(m->fp8_step_amax, FP8_DELAYED_OPS * llama_fp8_slots(m) * sizeof(float));
+}
+
+/* The delayed recipe's step amaxes of every X, then dY, record, contiguous (FP8_DELAYED_OPS slots of
+   them), which the driver MAX-all-reduces over the ranks after the step's last micro-step; NULL unless
+   delayed. */
+static inline float* llama_fp8_step_amaxes(Llama* m) { return llama_fp8_is_delayed(m) ? m->fp8_step_amax : NULL; }
+
+/*
+ * After an applied step of a delayed run whose linears ran FP8: appends the step's amaxes (reduced over
+ * the ranks) to the histories and sets every X and dY record's scale for the next step (see "Delayed
+ * scaling"). Does nothing otherwise. Asynchronous.
+ */
+static inline void llama_fp8_delayed_push(Llama* m) {
+    if (!llama_fp8_is_delayed(m) || m->linears_bf16) return;
+    size_t slots = llama_fp8_slots(m);
+    int H = m->amax_history, pos = m->fp8_history_steps % H;
+    int len = m->fp8_history_steps + 1 < H ? m->fp8_history_steps + 1 : H;
+    op_fp8_delayed_update(fp8_scale(m, 0, FP8_OP_X), m->fp8_history, m->fp8_step_amax, slots, H, pos, len, m->amax_algo,
+                          FP8_E4M3, m->fp8_margin, m->pow2_scales);
+    op_fp8_delayed_update(fp8_scale(m, 0, FP8_OP_DY), m->fp8_history + slots * (size_t)H, m->fp8_step_amax + slots, slots, H, pos,
+                          len, m->amax_algo, FP8_E5M2, m->fp8_margin, m->pow2_scales);
+    m->fp8_history_steps++;
+}
+
+/* Bytes of the delayed recipe's training state (llama_fp8_state_download): the X and dY scale records,
+   then the histories; 0 unless delayed. */
+static inline size_t llama_fp8_state_bytes(const Llama* m) {
+    if (!llama_fp8_is_delayed(m)) return 0;
+    size_t records = FP8_DELAYED_OPS * llama_fp8_slots(m);
+    return records * sizeof(Fp8Scale) + records * (size_t)m->amax_history * sizeof(float);
+}
+
+/* host (llama_fp8_state_bytes) = the X and dY records and the histories (the count is the caller's:
+   m->fp8_history_steps). */
+static inline void llama_fp8_state_download(Llama* m, void* host) {
+    size_t records = FP8_DELAYED_OPS * llama_fp8_slots(m);
+    dev_download(host, fp8_scale(m, 0, FP8_OP_X), records * sizeof(Fp8Scale));
+    dev_download((char*)host + records * sizeof(Fp8Scale), m->fp8_history, records * (size_t)m->amax_history * sizeof(float));
+}
+
+/* The inverse of llama_fp8_state_download; the non-finite flags of the records are cleared. */
+static inline void llama_fp8_state_upload(Llama* m, const void* host) {
+    size_t records = FP8_DELAYED_OPS * llama_fp8_slots(m);
+    dev_upload(fp8_scale(m, 0, FP8_OP_X), host, records * sizeof(Fp8Scale));
+    dev_upload(m->fp8_history, (const char*)host + records * sizeof(Fp8Scale), records * (size_t)m->amax_history * sizeof(float));
+    op_fp8_clear_nonfinite(fp8_scale(m, 0, FP8_OP_X), records);
 }
 
 /* Returns 1 and writes the first operand (slot order, then W, X, dY) of a linear running FP8 whose flag
@@ -1165,16 +1290,25 @@ static inline int llama_fp8_nonfinite(Llama* m, char* out, size_t len) {
     size_t slots = llama_fp8_slots(m);
     Fp8Scale* s = (Fp8Scale*)mallocCheck(slots * FP8_OPS * sizeof(Fp8Scale));
     dev_download(s, m->fp8_scales, slots * FP8_OPS * sizeof(Fp8Scale));
+    /* the delayed casts flag nothing themselves: their step amaxes tell */
+    float* step_amax = NULL;
+    if (llama_fp8_is_delayed(m)) {
+        step_amax = (float*)mallocCheck(FP8_DELAYED_OPS * slots * sizeof(float));
+        dev_download(step_amax, m->fp8_step_amax, FP8_DELAYED_OPS * slots * sizeof(float));
+    }
     int found = 0;
     for (size_t slot = 0; slot < slots && !found; slot++) {
         if (!llama_slot_is_fp8(m, slot)) continue;
         for (int op = 0; op < FP8_OPS && !found; op++) {
-            if (s[(size_t)op * slots + slot].nonfinite == 0.0f) continue;
+            int bad = s[(size_t)op * slots + slot].nonfinite != 0.0f;
+            if (step_amax && op >= FP8_OP_X) bad |= !fp8_amax_is_finite(step_amax[(size_t)(op - FP8_OP_X) * slots + slot]);
+            if (!bad) continue;
             snprintf(out, len, "%s[layer %zu] %s", LINEAR_NAMES[slot % LIN_PER_LAYER], slot / LIN_PER_LAYER, FP8_OPERAND_NAMES[op]);
             found = 1;
         }
     }
     free(s);
+    free(step_amax);
     return found;
 }
 
@@ -1208,7 +1342,8 @@ typedef struct {
     const char* gemm;      /* LINEAR_NAMES[lin] */
     const char* operand;   /* FP8_OPERAND_NAMES[op] */
     const char* format;    /* "E4M3" or "E5M2" */
-    float amax, scale;     /* of the operand's last cast in the step */
+    float amax, scale;     /* of the operand's last cast in the step; delayed X / dY: amax is the step's
+                              history entry (its max over micro-batches and ranks), scale the one it used */
     double saturated_frac; /* codes at +-max */
     double underflow_frac; /* non-zero inputs cast to 0 */
 } Fp8OperandStats;
@@ -1226,6 +1361,11 @@ static inline void llama_fp8_stats_end(Llama* m, Fp8StatsEmit emit, void* ctx) {
     Fp8Counts* k = (Fp8Counts*)mallocCheck(n * sizeof(Fp8Counts));
     dev_download(s, m->fp8_scales, n * sizeof(Fp8Scale));
     dev_download(k, m->fp8_counts, n * sizeof(Fp8Counts));
+    float* step_amax = NULL;
+    if (llama_fp8_is_delayed(m)) {
+        step_amax = (float*)mallocCheck(FP8_DELAYED_OPS * slots * sizeof(float));
+        dev_download(step_amax, m->fp8_step_amax, FP8_DELAYED_OPS * slots * sizeof(float));
+    }
     for (size_t slot = 0; slot < slots; slot++) {
         if (!llama_slot_is_fp8(m, slot)) continue;
         for (int op = 0; op < FP8_OPS; op++) {
@@ -1237,7 +1377,7 @@ static inline void llama_fp8_stats_end(Llama* m, Fp8StatsEmit emit, void* ctx) {
             o.gemm = LINEAR_NAMES[o.lin];
             o.operand = FP8_OPERAND_NAMES[op];
             o.format = op == FP8_OP_DY ? "E5M2" : "E4M3";
-            o.amax = s[i].amax;
+            o.amax = step_amax && op >= FP8_OP_X ? step_amax[(size_t)(op - FP8_OP_X) * slots + slot] : s[i].amax;
             o.scale = s[i].scale;
             o.saturated_frac = k[i].count ? (double)k[i].saturated / (double)k[i].count : 0.0;
             o.underflow_frac = k[i].nonzero ? (double)k[i].underflow / (double)k[i].nonzero : 0.0;
@@ -1246,6 +1386,7 @@ static inline void llama_fp8_stats_end(Llama* m, Fp8StatsEmit emit, void* ctx) {
     }
     free(s);
     free(k);
+    free(step_amax);
 }
 
 /* Copies row `row` (0-based, < last B*T) of the last forward's logits to the host as floats (V). */

@@ -25,7 +25,7 @@
 #include "../llama/model_file.h"
 
 #define STATE_MAGIC 20251130
-#define STATE_VERSION 3
+#define STATE_VERSION 4
 
 /* Blocks the run identity records for --bf16-layers (a bit mask of this many bits). */
 #define RUN_BF16_BLOCKS_MAX 256
@@ -44,6 +44,8 @@ typedef struct {
     int16_t fp8_accum, fp8_fprop_slow_accum;
     int64_t total_batch, seed;
     uint64_t bf16_blocks[RUN_BF16_BLOCK_WORDS]; /* --bf16-layers: bit l set = block l runs BF16 in -p fp8 */
+    /* --fp8-recipe (Fp8Recipe) and the delayed recipe's --amax-history, --amax-algo (Fp8AmaxAlgo), --fp8-margin */
+    int32_t fp8_recipe, amax_history, amax_algo, fp8_margin;
 } RunIdentity;
 
 /* One setting of RunIdentity besides the model config: the flag that sets it and where it is. */
@@ -65,6 +67,10 @@ static const RunSetting RUN_SETTINGS[] = {
     RUN_SETTING("--seed", seed),
     RUN_SETTING("--fp8-accum", fp8_accum),
     RUN_SETTING("--fp8-fast-accum", fp8_fprop_slow_accum),
+    RUN_SETTING("--fp8-recipe", fp8_recipe),
+    RUN_SETTING("--amax-history", amax_history),
+    RUN_SETTING("--amax-algo", amax_algo),
+    RUN_SETTING("--fp8-margin", fp8_margin),
 };
 #define NUM_RUN_SETTINGS (sizeof(RUN_SETTINGS) / sizeof(RUN_SETTINGS[0]))
 
@@ -91,6 +97,8 @@ static inline void run_setting_text(const RunIdentity* id, const RunSetting* s, 
     if (s->offset == offsetof(RunIdentity, precision)) snprintf(out, len, "%s", precision_name((Precision)v));
     else if (s->offset == offsetof(RunIdentity, fp8_accum)) snprintf(out, len, "%s", fp8_accum_name((int)v));
     else if (s->offset == offsetof(RunIdentity, fp8_fprop_slow_accum)) snprintf(out, len, "%d", v ? 0 : 1);
+    else if (s->offset == offsetof(RunIdentity, fp8_recipe)) snprintf(out, len, "%s", fp8_recipe_name((int)v));
+    else if (s->offset == offsetof(RunIdentity, amax_algo)) snprintf(out, len, "%s", fp8_amax_algo_name((int)v));
     else snprintf(out, len, "%lld", v);
 }
 
@@ -187,7 +195,7 @@ typedef struct {
     int32_t total_skips;       /* skipped steps so far (AdamW's step count excludes them) */
     ShadowState shadow;        /* the shadow check's policy (train/shadow_policy.h) */
     DataLoaderPosition data;
-    int32_t reserved;          /* explicit padding (0) */
+    int32_t fp8_history_steps; /* --fp8-recipe delayed: applied FP8 steps in the amax history (else 0) */
     Rng sample_rng;
     RunIdentity id;
     uint64_t shard_elems;      /* elements of each array: the saved layout's shard size */
@@ -219,7 +227,16 @@ static inline FILE* state_write_begin(const char* path, char* tmp, size_t tmp_le
     return f;
 }
 
-/* Byte offset of element i of array a (0: m, 1: v, 2: master) in a state file of shard_elems per array. */
+/* Bytes of the delayed recipe's state after the arrays of a state file of run `id` (llama/model.h
+   llama_fp8_state_bytes: the X and dY scale records, then their amax histories); 0 for other runs. */
+static inline size_t state_fp8_bytes(const RunIdentity* id) {
+    if (id->precision != PRECISION_FP8 || id->fp8_recipe != FP8_RECIPE_DELAYED) return 0;
+    size_t records = 2 * (size_t)id->cfg.n_layers * 4; /* X and dY of LIN_PER_LAYER linears per block */
+    return records * sizeof(Fp8Scale) + records * (size_t)id->amax_history * sizeof(float);
+}
+
+/* Byte offset of element i of array a (0: m, 1: v, 2: master) in a state file of shard_elems per array;
+   a = 3, i = 0 is where the delayed recipe's state begins (state_fp8_bytes). */
 static inline long state_array_offset(uint64_t shard_elems, int a, uint64_t i) {
     return (long)(HEADER_INTS * sizeof(int32_t) + sizeof(TrainState) + ((uint64_t)a * shard_elems + i) * sizeof(float));
 }
@@ -244,12 +261,17 @@ static inline FILE* state_open(const char* path, TrainState* s, const RunIdentit
     if (s->shards < 1 || s->shard < 0 || s->shard >= s->shards || s->shard_elems > (bytes - head) / sizeof(float))
         die("%s: bad layout in training state (shard %d of %d, %llu elements per array)", path, s->shard, s->shards,
             (unsigned long long)s->shard_elems);
-    size_t expected = head + 3 * s->shard_elems * sizeof(float);
+    if (s->id.amax_history < 0 || s->id.amax_history > AMAX_HISTORY_MAX || s->id.cfg.n_layers < 0)
+        die("%s: bad FP8 recipe settings in training state (corrupt file)", path);
+    size_t expected = head + 3 * s->shard_elems * sizeof(float) + state_fp8_bytes(&s->id);
     if (bytes != expected) die("%s: truncated or oversized training state: expected %zu bytes, found %zu", path, expected, bytes);
     /* skipped steps count as steps (AdamW's step count is their difference) */
     if (s->step < 0 || s->consecutive_skips < 0 || s->consecutive_skips > s->total_skips || s->total_skips > s->step)
         die("%s: step %d with %d skipped steps, %d of them in a row, cannot be (corrupt file)", path, s->step, s->total_skips,
             s->consecutive_skips);
+    if (s->fp8_history_steps < 0 || s->fp8_history_steps > s->step - s->total_skips)
+        die("%s: %d steps in the FP8 amax history at step %d with %d skipped, cannot be (corrupt file)", path, s->fp8_history_steps,
+            s->step, s->total_skips);
     char diff[256];
     if (run_identity_diff(&s->id, expect, diff, sizeof(diff)))
         die("%s: the checkpointed run used a different %s; resume with the same settings", path, diff);

@@ -49,6 +49,10 @@ typedef struct {
     int pow2_scales;            /* --pow2-scales */
     const char* fp8_accum;      /* --fp8-accum exact | hopper (fp8/gemm.h Fp8Accum) */
     int fp8_fast_accum;         /* --fp8-fast-accum: fprop's FP8 GEMMs with fast accumulation */
+    const char* fp8_recipe;     /* --fp8-recipe current | delayed (fp8/fp8.h Fp8Recipe) */
+    int amax_history;           /* --amax-history: delayed: history entries per operand */
+    const char* amax_algo;      /* --amax-algo max | most_recent (fp8/fp8.h Fp8AmaxAlgo) */
+    int fp8_margin;             /* --fp8-margin: delayed: scale = (fp8 max / amax) / 2^margin */
     int max_skips;              /* --max-skips */
     int n_layers;               /* --n-layers, overrides the preset's layer count; 0: keep */
     int profile_every;          /* --profile: per-phase times of every N-th step; 0: off */
@@ -115,6 +119,10 @@ static const ArgSpec TRAIN_ARG_SPECS[] = {
     ARG("--pow2-scales", ARG_INT, pow2_scales, "1: round FP8 scales down to powers of two"),
     ARG("--fp8-accum", ARG_STR, fp8_accum, "fp8 GEMM accumulation: exact (FP32) | hopper (model of H100 tensor cores; CPU build only)"),
     ARG("--fp8-fast-accum", ARG_INT, fp8_fast_accum, "fp8: 1 fprop GEMMs with fast accumulation (as TE), 0 without"),
+    ARG("--fp8-recipe", ARG_STR, fp8_recipe, "fp8 scaling of X and dY: current (each tensor's own amax) | delayed (TE DelayedScaling: amax history)"),
+    ARG("--amax-history", ARG_INT, amax_history, "delayed: amax history length, entries per operand, one per applied step (TE: 1024)"),
+    ARG("--amax-algo", ARG_STR, amax_algo, "delayed: amax of the history: max (of every entry) | most_recent (the last step's)"),
+    ARG("--fp8-margin", ARG_INT, fp8_margin, "delayed: scale = (fp8 max / amax) / 2^margin, margin >= 0"),
     ARG("--max-skips", ARG_INT, max_skips, "stop after this many consecutive non-finite steps"),
     ARG("--n-layers", ARG_INT, n_layers, "override the preset's layer count (benchmarks)"),
     ARG("--profile", ARG_INT, profile_every, "print forward/backward/optimizer/FP8-cast ms of every N-th step (0: off)"),
@@ -171,6 +179,10 @@ static inline TrainArgs train_args_default(void) {
     a.pow2_scales = 0;
     a.fp8_accum = "exact";
     a.fp8_fast_accum = 1;
+    a.fp8_recipe = fp8_recipe_name(FP8_RECIPE_CURRENT);
+    a.amax_history = AMAX_HISTORY_DEFAULT;
+    a.amax_algo = fp8_amax_algo_name(FP8_AMAX_MAX);
+    a.fp8_margin = 0;
     a.max_skips = 5;
     a.n_layers = 0;
     a.profile_every = 0;
@@ -326,6 +338,11 @@ static inline void train_args_check(const TrainArgs* a) {
     if (a->pow2_scales != 0 && a->pow2_scales != 1) die("flag --pow2-scales: must be 0 or 1");
     if (fp8_accum_parse(a->fp8_accum) < 0) die("flag --fp8-accum: '%s' is not exact or hopper", a->fp8_accum);
     if (a->fp8_fast_accum != 0 && a->fp8_fast_accum != 1) die("flag --fp8-fast-accum: must be 0 or 1");
+    if (fp8_recipe_parse(a->fp8_recipe) < 0) die("flag --fp8-recipe: '%s' is not current or delayed", a->fp8_recipe);
+    if (a->amax_history < 1 || a->amax_history > AMAX_HISTORY_MAX)
+        die("flag --amax-history: must be in [1, %d], got %d", AMAX_HISTORY_MAX, a->amax_history);
+    if (fp8_amax_algo_parse(a->amax_algo) < 0) die("flag --amax-algo: '%s' is not max or most_recent", a->amax_algo);
+    if (a->fp8_margin < 0 || a->fp8_margin > FP8_MARGIN_MAX) die("flag --fp8-margin: must be in [0, %d], got %d", FP8_MARGIN_MAX, a->fp8_margin);
     if (a->max_skips < 1) die("flag --max-skips: must be >= 1");
     if (a->n_layers < 0) die("flag --n-layers: must be >= 0");
     if (a->dry_run != 0 && a->dry_run != 1) die("flag --dry-run: must be 0 or 1");
@@ -337,6 +354,14 @@ static inline void train_args_check(const TrainArgs* a) {
     if ((strcmp(a->fp8_accum, defaults.fp8_accum) != 0 || a->fp8_fast_accum != defaults.fp8_fast_accum) && !fp8)
         die("flag %s: needs -p fp8 (it sets the FP8 GEMMs)",
             strcmp(a->fp8_accum, defaults.fp8_accum) != 0 ? "--fp8-accum" : "--fp8-fast-accum");
+    if (!fp8) {
+        const char* set = strcmp(a->fp8_recipe, defaults.fp8_recipe) != 0 ? "--fp8-recipe"
+                        : a->amax_history != defaults.amax_history         ? "--amax-history"
+                        : strcmp(a->amax_algo, defaults.amax_algo) != 0     ? "--amax-algo"
+                        : a->fp8_margin != defaults.fp8_margin             ? "--fp8-margin"
+                                                                           : NULL;
+        if (set) die("flag %s: needs -p fp8 (it sets the FP8 scaling recipe)", set);
+    }
     if (strcmp(a->bf16_layers, defaults.bf16_layers) != 0 && !fp8)
         die("flag --bf16-layers: needs -p fp8 (every block runs %s already)", precision_name((Precision)a->precision));
     if (a->shadow_every < 0) die("flag --shadow-every: must be >= 0");

@@ -173,6 +173,18 @@ static inline void dp_refresh_weights(DataParallel* dp) {
 }
 
 /*
+ * The delayed recipe's step amaxes (llama_fp8_step_amaxes: every X and dY record) MAX-all-reduced over
+ * the ranks in one collective, as Transformer Engine reduces amaxes over the data-parallel group, after
+ * the step's last micro-step: every rank then pushes the same history entries and computes the same
+ * scales. Nothing on one rank or for other recipes.
+ */
+static inline void dp_fp8_reduce_step_amax(DataParallel* dp) {
+    float* step_amax = llama_fp8_step_amaxes(dp->m);
+    if (step_amax == NULL || dp->m->sharding.world == 1) return;
+    comm_all_reduce_max(step_amax, FP8_DELAYED_OPS * llama_fp8_slots(dp->m));
+}
+
+/*
  * Ends an FP8 statistics step (llama_fp8_stats_end): the W counts of a sharded model, which each rank
  * gathered for its own pieces, are first summed over the ranks, so that the W rows are the one-rank run's.
  */

@@ -155,7 +155,8 @@ static inline void logger_alert(Logger* lg, int step, const char* kind, int laye
 static inline void logger_fp8(Logger* lg, int step, int layer, const char* gemm, const char* operand, const char* format,
                               float amax, float scale, double saturated_frac, double underflow_frac) {
     if (lg->fp8_stats == NULL) return;
-    fprintf(lg->fp8_stats, "%d,%d,%s,%s,%s,%.6e,%.6e,%.6e,%.6e\n", step, layer, gemm, operand, format, amax, scale,
+    /* amax and scale to 9 digits: the float values exactly (a reference can recompute the scales bit for bit) */
+    fprintf(lg->fp8_stats, "%d,%d,%s,%s,%s,%.9g,%.9g,%.6e,%.6e\n", step, layer, gemm, operand, format, amax, scale,
             saturated_frac, underflow_frac);
 }
 

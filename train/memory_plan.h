@@ -63,7 +63,7 @@ static inline void plan_add_table(MemoryPlan* p, const BufferSpec* specs, int n)
 /* The plan of settings `s`; prints the tables and workspaces as a run prints its tables when `print`. */
 static inline MemoryPlan memory_plan(const PlanSettings* s, int print) {
     Llama m;
-    llama_configure(&m, s->cfg, s->precision, s->B, s->T, 0, s->recompute, s->sharding);
+    llama_configure(&m, s->cfg, s->precision, s->B, s->T, NULL, s->recompute, s->sharding);
     BufferSpec state[NUM_STATE_BUFFERS], acts[NUM_ACT_BUFFERS], small[NUM_SMALL_BUFFERS];
     int nstate = llama_state_table(&m, state), nacts = llama_acts_table(&m, acts), nsmall = llama_small_table(&m, small);
     MemoryPlan p;

@@ -154,6 +154,16 @@ static inline void checkpoint_save(const char* dir, Llama* m, TrainState* s) {
             }
         }
         free(host);
+        /* the delayed recipe's state, replicated: every file holds it */
+        size_t fp8_bytes = llama_fp8_state_bytes(m);
+        if (fp8_bytes != state_fp8_bytes(&s->id)) die("%s: FP8 recipe state of %zu bytes, its settings say %zu", tmp, fp8_bytes,
+                                                    state_fp8_bytes(&s->id));
+        if (fp8_bytes) {
+            void* fp8 = mallocCheck(fp8_bytes);
+            llama_fp8_state_download(m, fp8);
+            fwriteCheck(fp8, 1, fp8_bytes, f, tmp);
+            free(fp8);
+        }
         atomic_commit(f, tmp, path);
     }
     comm_barrier();
@@ -169,6 +179,17 @@ static inline void checkpoint_load(const char* dir, int step, Llama* m, const Ru
     char path[PATH_LEN];
     state_path(path, sizeof(path), dir, step, 0);
     FILE* first = state_open(path, s, expect);
+    size_t fp8_bytes = state_fp8_bytes(&s->id);
+    if (fp8_bytes != llama_fp8_state_bytes(m)) die("%s: FP8 recipe state of %zu bytes, the model has %zu", path, fp8_bytes,
+                                                   llama_fp8_state_bytes(m));
+    if (fp8_bytes) {
+        void* fp8 = mallocCheck(fp8_bytes);
+        fseekCheck(first, state_array_offset(s->shard_elems, 3, 0), SEEK_SET, path);
+        freadCheck(fp8, 1, fp8_bytes, first, path);
+        llama_fp8_state_upload(m, fp8);
+        free(fp8);
+        m->fp8_history_steps = s->fp8_history_steps;
+    }
     fcloseCheck(first, path);
     if (s->step != step) die("%s: holds step %d, expected %d", path, s->step, step);
     if (s->chunk != (int32_t)ZERO_CHUNK) die("%s: written with shard granule %d, this build uses %zu", path, s->chunk, ZERO_CHUNK);

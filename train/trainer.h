@@ -87,6 +87,13 @@ static inline void format_duration(char* out, size_t len, double seconds) {
     else snprintf(out, len, "%lds", s);
 }
 
+/* The FP8 recipe the flags set (llama/model.h Fp8Settings). */
+static inline Fp8Settings trainer_fp8_settings(const TrainArgs* a) {
+    Fp8Settings f = {a->pow2_scales, fp8_recipe_parse(a->fp8_recipe), a->amax_history, fp8_amax_algo_parse(a->amax_algo),
+                     a->fp8_margin};
+    return f;
+}
+
 static inline RunIdentity trainer_identity(const Trainer* tr) {
     RunIdentity id;
     memset(&id, 0, sizeof(id));
@@ -102,6 +109,11 @@ static inline RunIdentity trainer_identity(const Trainer* tr) {
     id.total_batch = (int64_t)tr->grad_accum_steps * tr->args.B * tr->args.T * tr->world;
     id.seed = tr->args.seed;
     run_identity_set_bf16_blocks(&id, tr->bf16_blocks, tr->cfg.n_layers);
+    Fp8Settings f = trainer_fp8_settings(&tr->args);
+    id.fp8_recipe = f.recipe;
+    id.amax_history = f.amax_history;
+    id.amax_algo = f.amax_algo;
+    id.fp8_margin = f.margin;
     return id;
 }
 
@@ -116,6 +128,7 @@ static inline TrainState trainer_state(const Trainer* tr) {
     s.data = dataloader_position(&tr->train);
     s.sample_rng = tr->sample_rng;
     s.id = trainer_identity(tr);
+    s.fp8_history_steps = tr->model.fp8_history_steps;
     return s;
 }
 
@@ -405,7 +418,8 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaC
     }
 
     Sharding sharding = {tr->world, tr->rank, a->zero_stage};
-    llama_build(&tr->model, &tr->cfg, (Precision)a->precision, a->B, a->T, a->pow2_scales, a->recompute, sharding);
+    Fp8Settings fp8 = trainer_fp8_settings(a);
+    llama_build(&tr->model, &tr->cfg, (Precision)a->precision, a->B, a->T, &fp8, a->recompute, sharding);
     llama_set_bf16_blocks(&tr->model, tr->bf16_blocks);
     tr->model.fp8_fprop_fast_accum = a->fp8_fast_accum;
     tr->model.fp8_accum = fp8_accum_parse(a->fp8_accum);
@@ -530,6 +544,8 @@ static inline void trainer_step(Trainer* tr) {
         if (micro == 0) first_loss = micro_loss;
     }
     free(loss_sums);
+    /* the delayed recipe's step amaxes, the same on every rank from here on */
+    dp_fp8_reduce_step_amax(&tr->dp);
     char fp8_bad[128];
     int fp8_nonfinite = llama_fp8_nonfinite(m, fp8_bad, sizeof(fp8_bad));
     int bad;
@@ -559,6 +575,7 @@ static inline void trainer_step(Trainer* tr) {
     watchdog_phase("optimizer", tr->step);
     if (!skip) {
         dp_update(&tr->dp, lr, a->weight_decay, tr->step - tr->total_skips, clip_factor(norm, a->grad_clip));
+        llama_fp8_delayed_push(m);
         tr->consecutive_skips = 0;
     } else {
         tr->consecutive_skips++;

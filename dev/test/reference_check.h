@@ -65,7 +65,7 @@ static inline RefTolerance gpu_ref_tolerance(RefTolerance cpu_vs_ref, RefToleran
 /* Loads the reference model into a fresh model of precision p sized for the batch of r. */
 static inline void reference_model(Llama* m, Precision p, const LlamaConfig* cfg, const RefState* r, int B, int recompute) {
     backend_init(p);
-    llama_build(m, cfg, p, B, r->T, 0, recompute, SINGLE_PROCESS);
+    llama_build(m, cfg, p, B, r->T, NULL, recompute, SINGLE_PROCESS);
     float* params = (float*)mallocCheck(m->num_params * sizeof(float));
     checkpoint_read_params(REF_MODEL_PATH, cfg, params);
     llama_set_params(m, params);
@@ -580,7 +580,7 @@ static inline int check_zero_stages_in(Precision p) {
         Llama m;
         backend_init(p);
         Sharding sh = {1, 0, z};
-        llama_build(&m, &cfg, p, Bm, r.T, 0, 0, sh);
+        llama_build(&m, &cfg, p, Bm, r.T, NULL, 0, sh);
         float* params = (float*)mallocCheck(P * sizeof(float));
         checkpoint_read_params(REF_MODEL_PATH, &cfg, params);
         llama_set_params(&m, params);

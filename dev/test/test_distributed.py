@@ -37,6 +37,9 @@ MPI_ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_
            "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMP_NUM_THREADS": "1"}
 # The thread settings the equivalence tests run under: pinned to one thread per rank, and the default.
 THREADS = ["1", "default"]
+# The delayed FP8 recipe with a history of 2 (the ring wraps within a test's steps); its runs take the
+# default threads (what it adds, the amax reduction over the ranks, does not depend on them).
+DELAYED = ["--fp8-recipe", "delayed", "--amax-history", 2]
 
 
 def mpi_env(threads="1"):
@@ -96,23 +99,32 @@ def weight_stats(out):
     return [row for row in rows if row.split(",")[3] == "W"]
 
 
-@pytest.mark.parametrize("threads", THREADS)
-@pytest.mark.parametrize("precision", ["fp8", "bf16"])
+@pytest.mark.parametrize("precision, threads", [(p, t) for p in ["fp8", "bf16"] for t in THREADS] + [("delayed", "default")])
 def test_one_rank_accumulating_equals_two_ranks(tmp_path, precision, threads):
     """1 rank x accum 2 = 2 ranks x accum 1, and ZeRO 0 = 1 = 2 at 2 ranks (fp8), with block recompute
     under ZeRO-2. In fp8 the FP8 weight copies that ZeRO-1/2 cast from sharded master weights (a MAX
-    all-reduce of the amaxes, E4M3 pieces gathered) have the one-rank run's scales and cast statistics.
+    all-reduce of the amaxes, E4M3 pieces gathered) have the one-rank run's scales and cast statistics;
+    with delayed scaling every operand's do (the step amaxes MAX-all-reduced into one history).
     With the default threads the single rank runs 2 OpenMP threads and each of the two ranks 1."""
-    stats = ["--fp8-stats", 1] if precision == "fp8" else []
-    train(1, tmp_path / "r1", "-p", precision, *stats, env=mpi_env(threads))
-    stages = [0, 1, 2] if precision == "fp8" else [0]
+    flags = ["-p", "fp8", *DELAYED] if precision == "delayed" else ["-p", precision]
+    stats = ["--fp8-stats", 1] if precision != "bf16" else []
+    train(1, tmp_path / "r1", *flags, *stats, env=mpi_env(threads))
+    stages = [0, 1, 2] if precision != "bf16" else [0]
     for z in stages:
         recompute = ["-r", 2] if z == 2 else []
-        train(2, tmp_path / f"r2z{z}", "-p", precision, "-z", z, *recompute, *stats, env=mpi_env(threads))
+        train(2, tmp_path / f"r2z{z}", *flags, "-z", z, *recompute, *stats, env=mpi_env(threads))
         assert_same_run(tmp_path / "r1", tmp_path / f"r2z{z}", 3)
-        if stats:
+        if precision == "fp8":
             assert len(weight_stats(tmp_path / "r1")) == 3 * 4 * 4
             assert weight_stats(tmp_path / f"r2z{z}") == weight_stats(tmp_path / "r1")
+        elif precision == "delayed":
+            # every operand's amax (the step's history entry) and, from step 1 on, its scale (step 0 is
+            # current-scaled: a rank's last cast shows its own micro-batch's; the X and dY counts are
+            # rank 0's micro-batches' in both recipes)
+            rows = [[row.split(",")[:7] for row in (tmp_path / name / "fp8_stats.csv").read_text().splitlines()[1:]]
+                    for name in ["r1", f"r2z{z}"]]
+            assert len(rows[0]) == 3 * 4 * 4 * 3
+            assert [r[:6] if r[0] == "0" else r for r in rows[0]] == [r[:6] if r[0] == "0" else r for r in rows[1]]
 
 
 @pytest.mark.parametrize("precision", ["fp8", "bf16"])
@@ -127,12 +139,13 @@ def test_default_threads_larger_micro_batches(tmp_path, precision):
     assert_same_run(tmp_path / "r1", tmp_path / "r2", 6)
 
 
-@pytest.mark.parametrize("threads", THREADS)
-def test_three_ranks_padding(tmp_path, threads):
+@pytest.mark.parametrize("recipe, threads", [("current", t) for t in THREADS] + [("delayed", "default")])
+def test_three_ranks_padding(tmp_path, recipe, threads):
     """1 rank x accum 3 = 3 ranks x accum 1 for ZeRO 0, 1, 2 (shards padded: nothing divides by 3)."""
-    train(1, tmp_path / "r1", global_micro=3, env=mpi_env(threads))
+    flags = DELAYED if recipe == "delayed" else []
+    train(1, tmp_path / "r1", *flags, global_micro=3, env=mpi_env(threads))
     for z in [0, 1, 2]:
-        train(3, tmp_path / f"r3z{z}", "-z", z, global_micro=3, env=mpi_env(threads))
+        train(3, tmp_path / f"r3z{z}", "-z", z, *flags, global_micro=3, env=mpi_env(threads))
         assert_same_run(tmp_path / "r1", tmp_path / f"r3z{z}", 3)
     # the optimizer state really is sharded: three state files, one third of the elements each
     states = sorted((tmp_path / "r3z1").glob("state_00000003_*.bin"))
@@ -156,16 +169,18 @@ def copy_checkpoint(src, dst, step):
             shutil.copy2(f, dst / f.name)
 
 
-@pytest.mark.parametrize("threads", THREADS)
-def test_resume_across_rank_counts(tmp_path, threads):
+@pytest.mark.parametrize("recipe, threads", [("current", t) for t in THREADS] + [("delayed", "default")])
+def test_resume_across_rank_counts(tmp_path, recipe, threads):
     """Saved on 2 ranks: resumed on 2 ranks bit-exact; on 1 and 3 ranks (same global batch) it continues
-    exactly as the uninterrupted run (ZeRO-2, whose sums do not depend on how the batch is split)."""
+    exactly as the uninterrupted run (ZeRO-2, whose sums do not depend on how the batch is split). With
+    delayed scaling the amax history and scales come back on any rank count."""
+    flags = DELAYED if recipe == "delayed" else []
     full = tmp_path / "full"
-    train(2, full, "-z", 2, "-n", 2, steps=4, global_micro=6, env=mpi_env(threads))
+    train(2, full, "-z", 2, "-n", 2, *flags, steps=4, global_micro=6, env=mpi_env(threads))
     for ranks, z in [(2, 2), (1, 2), (3, 1)]:
         resumed = tmp_path / f"resumed{ranks}"
         copy_checkpoint(full, resumed, 2)
-        r = train(ranks, resumed, "-z", z, "-n", 2, "-y", 1, steps=4, global_micro=6, env=mpi_env(threads))
+        r = train(ranks, resumed, "-z", z, "-n", 2, "-y", 1, *flags, steps=4, global_micro=6, env=mpi_env(threads))
         assert "resumed from" in r.stdout and "saved by 2 rank(s)" in r.stdout
         ta = [row for row in trajectory(full)[0] if row[0] >= 2]
         tb, _ = trajectory(resumed)

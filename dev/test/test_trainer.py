@@ -51,6 +51,11 @@ def assert_one_line_error(result, *needles):
     (["--fp8-fast-accum", "2"], "--fp8-fast-accum"),
     (["-p", "bf16", "--fp8-accum", "hopper"], "--fp8-accum"),
     (["-p", "bf16", "--fp8-fast-accum", "0"], "--fp8-fast-accum"),
+    (["--fp8-recipe", "late"], "--fp8-recipe"),
+    (["--amax-history", "0"], "--amax-history"),
+    (["--amax-algo", "mean"], "--amax-algo"),
+    (["--fp8-margin", "-1"], "--fp8-margin"),
+    (["-p", "bf16", "--fp8-recipe", "delayed"], "--fp8-recipe"),
 ])
 def test_bad_flags_rejected(trainer, args, needle):
     assert_one_line_error(run([trainer, *args]), needle)
@@ -172,11 +177,18 @@ def metrics(run_dir):
     return {row["step"]: row for row in rows if "loss" in row}
 
 
-def test_resume_repeats_the_uninterrupted_run(trainer, tmp_path, shakespeare):
+RECIPES = {"current": [], "delayed": ["--fp8-recipe", "delayed", "--amax-history", "2"]}
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_resume_repeats_the_uninterrupted_run(trainer, tmp_path, shakespeare, recipe):
     """Steps 3..5 after a resume from step 3 match the uninterrupted run: loss, lr, grad norm, weights;
-    the logs of the interrupted run lose their lines past the checkpoint instead of repeating them."""
+    the logs of the interrupted run lose their lines past the checkpoint instead of repeating them. With
+    delayed scaling (a history of 2, so the ring has wrapped) the amax history and the scales are part of
+    the state; a resume that drops them, as Megatron-Bridge#1730 did (the history zeroed, the scales
+    TE's initial 1), gives another trajectory."""
     full, resumed = tmp_path / "full", tmp_path / "resumed"
-    args = [*FAST, "-x", "6", "-n", "3", "-u", "2", "--fp8-stats", "2"]
+    args = [*FAST, "-x", "6", "-n", "3", "-u", "2", "--fp8-stats", "2", *RECIPES[recipe]]
     r = run([trainer, *args, "-o", full])
     assert r.returncode == 0, r.stderr
     resumed.mkdir()
@@ -196,6 +208,27 @@ def test_resume_repeats_the_uninterrupted_run(trainer, tmp_path, shakespeare):
     steps = [json.loads(line)["step"] for line in (resumed / "metrics.jsonl").read_text().splitlines()]
     assert sorted(steps) == sorted(json.loads(line)["step"] for line in (full / "metrics.jsonl").read_text().splitlines())
     assert (full / "state_00000006_00000.bin").read_bytes() == (resumed / "state_00000006_00000.bin").read_bytes()
+    if recipe == "delayed":
+        dropped = tmp_path / "dropped"
+        dropped.mkdir()
+        for name in ["model_00000003.bin", "state_00000003_00000.bin", "DONE_00000003"]:
+            shutil.copy(full / name, dropped / name)
+        drop_amax_history(dropped / "state_00000003_00000.bin", layers=4, history=2)
+        r = run([trainer, *args, "-o", dropped, "-y", "1"])
+        assert r.returncode == 0, r.stderr
+        c = metrics(dropped)
+        assert c[3]["loss"] != a[3]["loss"], "a resume without the amax history repeated the run"
+
+
+def drop_amax_history(state, layers, history):
+    """Overwrites the delayed recipe's state at the end of a state file (train/checkpoint.h state_fp8_bytes:
+    X and dY records {amax, scale, scale_inv, nonfinite} of 4 linears per block, then their histories)
+    with what a framework that does not restore it starts from: scale 1, an empty history."""
+    records = 2 * layers * 4
+    tail = np.concatenate([np.tile(np.float32([0, 1, 1, 0]), records), np.zeros(records * history, np.float32)])
+    data = bytearray(state.read_bytes())
+    data[-tail.nbytes:] = tail.astype(np.float32).tobytes()
+    state.write_bytes(bytes(data))
 
 
 @pytest.mark.sanitize
