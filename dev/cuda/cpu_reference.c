@@ -92,6 +92,16 @@ void cpu_ref_cast_transpose(uint8_t* out, uint8_t* out_t, const float* x, size_t
     op_cast_transpose(out, out_t, x, rows, cols, f, s, pow2, counts);
 }
 
+void cpu_ref_cast_transpose_delayed(uint8_t* out, uint8_t* out_t, const float* x, size_t rows, size_t cols, Fp8Format f,
+                                    Fp8Scale* s, Fp8Counts* counts, float* record) {
+    op_cast_transpose_delayed(out, out_t, x, rows, cols, f, s, counts, record);
+}
+
+void cpu_ref_fp8_delayed_update(Fp8Scale* s, float* history, const float* step_amax, size_t n, int H, int pos, int len,
+                                int algo, Fp8Format f, int margin, int pow2) {
+    op_fp8_delayed_update(s, history, step_amax, n, H, pos, len, algo, f, margin, pow2);
+}
+
 void cpu_ref_amax_master(Fp8Scale* s, const float* master, size_t n) { op_amax_master(s, master, n); }
 
 void cpu_ref_cast_transpose_master(uint8_t* out, uint8_t* out_t, const float* master, size_t rows, size_t cols, Fp8Format f,

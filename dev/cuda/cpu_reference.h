@@ -54,6 +54,10 @@ void cpu_ref_adamw(float* master, float* m, float* v, const float* grads, size_t
 void cpu_ref_amax(Fp8Scale* s, const float* x, size_t n);
 void cpu_ref_cast_transpose(uint8_t* out, uint8_t* out_t, const float* x, size_t rows, size_t cols, Fp8Format f,
                             Fp8Scale* s, int pow2, Fp8Counts* counts);
+void cpu_ref_cast_transpose_delayed(uint8_t* out, uint8_t* out_t, const float* x, size_t rows, size_t cols, Fp8Format f,
+                                    Fp8Scale* s, Fp8Counts* counts, float* record);
+void cpu_ref_fp8_delayed_update(Fp8Scale* s, float* history, const float* step_amax, size_t n, int H, int pos, int len,
+                                int algo, Fp8Format f, int margin, int pow2);
 void cpu_ref_amax_master(Fp8Scale* s, const float* master, size_t n);
 void cpu_ref_cast_transpose_master(uint8_t* out, uint8_t* out_t, const float* master, size_t rows, size_t cols, Fp8Format f,
                                    Fp8Scale* s, int pow2, Fp8Counts* counts);

@@ -1121,10 +1121,13 @@ static int kc_case_fp8_cast(const KernelShape* s, int iters, uint64_t seed) {
 enum { KC_CT_TILED, KC_CT_VEC, KC_CT_KERNELS };
 static const char* const KC_CT_KERNEL_NAMES[KC_CT_KERNELS] = {"tiled", "vec"};
 
+/* One of the kernels, current-scaled (record unused) or, when delayed, as fp8_cast_transpose_delayed_cuda
+   runs it (s->amax reset first, the scale s holds, the amax recorded). */
 static inline void kc_cast_transpose_with(int kernel, uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols,
-                                          Fp8Format f, Fp8Scale* s, Fp8Counts* counts) {
-    if (kernel == KC_CT_VEC) fp8_cast_transpose_vec_cuda(out, out_t, x, rows, cols, f, s, 0, counts);
-    else fp8_cast_transpose_tiled_cuda(out, out_t, x, rows, cols, f, s, 0, counts);
+                                          Fp8Format f, Fp8Scale* s, Fp8Counts* counts, int delayed = 0, float* record = NULL) {
+    if (delayed) cudaCheck(cudaMemset(&s->amax, 0, sizeof(float)));
+    if (kernel == KC_CT_VEC) fp8_cast_transpose_vec_cuda(out, out_t, x, rows, cols, f, s, 0, counts, delayed, (unsigned int*)record);
+    else fp8_cast_transpose_tiled_cuda(out, out_t, x, rows, cols, f, s, 0, counts, delayed, (unsigned int*)record);
 }
 
 /* The large tensor's side: 7B's width on a GPU; a quarter of it on the emulated GPU (emu/), where each of
@@ -1134,6 +1137,88 @@ static inline void kc_cast_transpose_with(int kernel, uint8_t* out, uint8_t* out
 #else
 #define KC_CT_LARGE 4096
 #endif
+
+/*
+ * The delayed recipe's cast with kernel k into the given layouts: a stale scale (4x the tensor's own, so
+ * that codes saturate), s->amax set from the cast and a record that starts above one part of the tensors
+ * (amax_combine of both); codes, the scale left as it was, amax and record against the CPU's, bit for bit.
+ */
+static inline int kc_check_delayed_cast(const char* label, int k, int with_out, int with_t, const act_t* d_x, const float* x,
+                                        size_t rows, size_t cols, Fp8Format f, float current_scale, Fp8Scale* d_scale,
+                                        uint8_t* d_codes, uint8_t* d_codes_t, uint8_t* got, uint8_t* got_t) {
+    size_t n = rows * cols;
+    float stale = fp8_amax_is_finite(current_scale) ? 4.0f * current_scale : 1.0f;
+    Fp8Scale sc = {NAN, stale, 1.0f / stale, 0.0f}, sg;
+    float record_c = 0.5f, record_g = 0.5f;
+    uint8_t* codes = (uint8_t*)mallocCheck(n);
+    uint8_t* codes_t = (uint8_t*)mallocCheck(n);
+    cpu_ref_cast_transpose_delayed(codes, codes_t, x, rows, cols, f, &sc, NULL, &record_c);
+    float* d_record = kc_dev_f32(&record_g, 1);
+    float start = 0.5f;
+    dev_upload(d_record, &start, sizeof(float));
+    Fp8Scale init = {NAN, stale, 1.0f / stale, 0.0f};
+    dev_upload(d_scale, &init, sizeof(Fp8Scale));
+    kc_poison(d_codes, n);
+    kc_poison(d_codes_t, n);
+    kc_cast_transpose_with(k, with_out ? d_codes : NULL, with_t ? d_codes_t : NULL, d_x, rows, cols, f, d_scale, NULL, 1, d_record);
+    dev_download(&sg, d_scale, sizeof(Fp8Scale));
+    dev_download(&record_g, d_record, sizeof(float));
+    dev_download(got, d_codes, n);
+    dev_download(got_t, d_codes_t, n);
+    dev_free(d_record);
+    char dl[128];
+    snprintf(dl, sizeof(dl), "%s delayed", label);
+    int failed = kc_compare_cast(dl, with_out ? got : NULL, with_t ? got_t : NULL, codes, codes_t, n, sg, sc);
+    if (!kc_same_bits(record_g, record_c)) {
+        printf("      FAIL: %s record: gpu %g cpu %g\n", dl, record_g, record_c);
+        failed++;
+    }
+    free(codes);
+    free(codes_t);
+    return failed;
+}
+
+/*
+ * The delayed recipe's update (fp8_delayed_update_cuda) of 37 records with histories of 5, entry 2 of 4
+ * in use replaced, both formats and algorithms, margin 1, with and without pow2: scales, scale_inv and
+ * histories against the CPU's, bit for bit. Step amaxes are log-uniform with zeros (the scale is kept).
+ */
+static inline int kc_check_delayed_update(uint64_t seed) {
+    enum { R = 37, H = 5 };
+    int failed = 0;
+    float amax[R], history[R * H];
+    kc_fill_log_uniform(amax, R, seed);
+    kc_fill_log_uniform(history, R * H, seed + 1);
+    for (int i = 0; i < R * H; i++) history[i] = fabsf(history[i]);
+    for (int i = 0; i < R; i++) amax[i] = i % 5 ? fabsf(amax[i]) : 0.0f;
+    for (int c = 0; c < 8; c++) {
+        Fp8Format f = c % 2 ? FP8_E5M2 : FP8_E4M3;
+        int algo = (c / 2) % 2 ? FP8_AMAX_MOST_RECENT : FP8_AMAX_MAX, pow2 = c / 4;
+        Fp8Scale sc[R], sg[R];
+        float hc[R * H], hg[R * H];
+        for (int i = 0; i < R; i++) {
+            float prev = 1.0f + (float)i;
+            Fp8Scale init = {0.0f, prev, 1.0f / prev, 0.0f};
+            sc[i] = init;
+        }
+        memcpy(hc, history, sizeof(hc));
+        Fp8Scale* d_s = (Fp8Scale*)kc_dev_bytes(sc, sizeof(sc));
+        float* d_h = kc_dev_f32(history, R * H);
+        float* d_a = kc_dev_f32(amax, R);
+        cpu_ref_fp8_delayed_update(sc, hc, amax, R, H, 2, 4, algo, f, 1, pow2);
+        fp8_delayed_update_cuda(d_s, d_h, d_a, R, H, 2, 4, algo, f, 1, pow2);
+        dev_download(sg, d_s, sizeof(sg));
+        dev_download(hg, d_h, sizeof(hg));
+        int ok = memcmp(sg, sc, sizeof(sc)) == 0 && memcmp(hg, hc, sizeof(hc)) == 0;
+        printf("    delayed update %s %s pow2 %d: %d records, tol bit-identical%s\n", fp8_format_name(f),
+               fp8_amax_algo_name(algo), pow2, R, ok ? "" : "  FAIL");
+        failed += !ok;
+        dev_free(d_s);
+        dev_free(d_h);
+        dev_free(d_a);
+    }
+    return failed;
+}
 
 /*
  * Tolerance: none, as fp8_cast. Each kernel that takes the tensor (the vectorized one needs cols % 8 == 0
@@ -1210,6 +1295,8 @@ static int kc_case_fp8_cast_vec(const KernelShape* s, int iters, uint64_t seed) 
                     printf("      FAIL: %s counts: gpu sat %llu under %llu nonzero %llu count %llu, cpu %llu %llu %llu %llu\n", label,
                            cg.saturated, cg.underflow, cg.nonzero, cg.count, cc.saturated, cc.underflow, cc.nonzero, cc.count);
                 failed += !counts_ok;
+                failed += kc_check_delayed_cast(label, k, with_out, with_t, d_x, x, rows, cols, f, sc.scale, d_scale, d_codes,
+                                                d_codes_t, got, got_t);
             }
         }
         if (tensors[t].timed && iters > 0) {
@@ -1234,7 +1321,7 @@ static int kc_case_fp8_cast_vec(const KernelShape* s, int iters, uint64_t seed) 
     }
     dev_free(d_scale);
     dev_free(d_counts);
-    return failed;
+    return failed + kc_check_delayed_update(splitmix64(&stream));
 }
 
 /* ------------------------------------------------------------ gemm */
