@@ -63,11 +63,11 @@
 #                                                                 178, backward 95, fills 6), parallel over its 8
 #                                                                 heads only: ~35 s each
 #   prod_fp8_linear_13b                            25 s    120 s  measured: CPU side 134 s on 1 thread: ~9 s
-#   throughput bf16, fp8 (+ their plans)        2x 40 s    150 s  estimate: 10 steps of ~0.6 s (scripts/perf_model.py's
+#   throughput bf16, fp8, fp8-delayed (+ plans) 3x 40 s    150 s  estimate: 10 steps of ~0.6 s (scripts/perf_model.py's
 #                                                                 7B on one H200, scaled to 4 of 32 blocks plus the
 #                                                                 classifier), model set-up
 #   GEMM benchmark                                 15 s     60 s  estimate: 24 GEMM shapes x 23 runs each
-#   -- ~280 s so far: the rows above are the ones the 480 s must hold --
+#   -- ~320 s so far: the rows above are the ones the 480 s must hold --
 #   model-level checks (15)                    15x 10 s     60 s  estimate; cpu_vs_gpu_* run test_llama_cpu
 #                                                                 --dump-run: measured 0.6 s on 1 thread
 #   real text bf16, fp8 (+ comparisons)         2x 30 s    150 s  estimate: 200 steps of 2048 tokens of `tiny`
@@ -491,16 +491,33 @@ phase_gemm_bench() {
 
 # ---------------------------------------------------------------- 7. throughput
 
+# The trainer flags of a throughput run: bf16, fp8 (current scaling) or fp8-delayed; and its name in the
+# rows (the table's first column holds 46 characters).
+precision_flags() {
+    case "$1" in
+        fp8-delayed) echo "-p fp8 --fp8-recipe delayed" ;;
+        *) echo "-p $1" ;;
+    esac
+}
+precision_label() {
+    case "$1" in
+        fp8-delayed) echo "fp8 delayed" ;;
+        *) echo "-p $1" ;;
+    esac
+}
+
 # tokens/s and MFU of the 7B-shaped model in bf16 and fp8, and its memory against the plan
 phase_throughput() {
     echo "== throughput: llama2-7b shape, $LAYERS layers, T 4096, $TOKENS_PER_STEP tokens per step, $STEPS steps"
-    for p in bf16 fp8; do
-        label="train 7b-shape L$LAYERS T4096 -d $TOKENS_PER_STEP -p $p"
+    for p in bf16 fp8 fp8-delayed; do
+        read -r -a flags <<< "$(precision_flags "$p")"
+        name=$(precision_label "$p")
+        label="train 7b-shape L$LAYERS T4096 -d $TOKENS_PER_STEP $name"
         log=$LOGS/train_$p.log
         s=$(budget "$TRAIN_S")
         if [ ! -x "$TRAIN_BIN" ] || [ ! -f "$SHARD" ]; then row "$label" FAIL "train_llama or the random shard is missing"; continue; fi
         if [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"; continue; fi
-        TRAIN_ARGS=(-e llama2-7b --n-layers "$LAYERS" -b 1 -t 4096 -d "$TOKENS_PER_STEP" -p "$p")
+        TRAIN_ARGS=(-e llama2-7b --n-layers "$LAYERS" -b 1 -t 4096 -d "$TOKENS_PER_STEP" "${flags[@]}")
         # -o for metrics.jsonl (mem_mib: device memory in use), -n -1: no checkpoint
         limited "$s" "$log" "$TRAIN_BIN" "${TRAIN_ARGS[@]}" -x "$STEPS" -v 0 -m 1 -u 2 --profile "$PROFILE_EVERY" \
             -i "$SHARD" -j "$SHARD" -o "$WORK/train_$p" -n -1
@@ -509,15 +526,15 @@ phase_throughput() {
         planned=$(sed -n 's/^plan: .*"total_gib": \([0-9.]*\).*/\1/p' "$LOGS/plan_$p.log")
         used=$(sed -n 's/.*"mem_mib": \([0-9.]*\).*/\1/p' "$WORK/train_$p/metrics.jsonl" 2> /dev/null | sort -g | tail -1)
         if [ -n "$planned" ] && [ -n "$used" ]; then
-            row "  -p $p memory plan" bench "plan $planned GiB (with estimates), in use $(awk -v u="$used" 'BEGIN {printf "%.2f", u / 1024}') GiB (cudaMemGetInfo)"
+            row "  $name memory plan" bench "plan $planned GiB (with estimates), in use $(awk -v u="$used" 'BEGIN {printf "%.2f", u / 1024}') GiB (cudaMemGetInfo)"
         else
-            row "  -p $p memory plan" FAIL "plan ${planned:-missing (see plan_$p.log)} GiB; in use ${used:-not measured (the run failed: next row)}"
+            row "  $name memory plan" FAIL "plan ${planned:-missing (see plan_$p.log)} GiB; in use ${used:-not measured (the run failed: next row)}"
         fi
         # cuDNN's attention workspace against the plan's figure (cuda/cudnn_att.cpp prints both at the first backward)
         att=$(sed -n 's/^| attention backward [^:]*: \(workspace [0-9.]* MiB, planned [0-9.]* MiB\).*$/\1/p' "$log" | head -1)
         if [ -n "$att" ]; then
-            if grep -q '^| attention backward .*more than the memory plan counts' "$log"; then row "  -p $p attention workspace" FAIL "$att: the plan undercounts it"
-            else row "  -p $p attention workspace" bench "$att"; fi
+            if grep -q '^| attention backward .*more than the memory plan counts' "$log"; then row "  $name attention workspace" FAIL "$att: the plan undercounts it"
+            else row "  $name attention workspace" bench "$att"; fi
         fi
         # means over the steps after warm-up, leaving out skipped steps ("step k skipped: ..." precedes step k's line)
         stats=$(awk -v warm="$WARMUP_STEPS" '
@@ -540,10 +557,14 @@ phase_throughput() {
         if is_cudnn "$path"; then row "$label" ok "$detail"
         else row "$label" FAIL "attention: ${path:-unknown}, not cuDNN SDPA: $detail"; fi
         profile=$(grep '^profile step' "$log" | tail -1)
-        [ -n "$profile" ] && row "  -p $p ${profile%%:*}" info "${profile#*: }"
+        [ -n "$profile" ] && row "  $name ${profile%%:*}" info "${profile#*: }"
     done
     if [ -n "${TOKS[bf16]:-}" ] && [ -n "${TOKS[fp8]:-}" ]; then
         row "train fp8 / bf16 tokens/s" bench "$(awk -v a="${TOKS[fp8]}" -v b="${TOKS[bf16]}" 'BEGIN {printf "%.2fx", a / b}')"
+    fi
+    # Colossal-AI reports current scaling within 10% of delayed scaling's speed
+    if [ -n "${TOKS[fp8]:-}" ] && [ -n "${TOKS[fp8-delayed]:-}" ]; then
+        row "train fp8 delayed / current tokens/s" bench "$(awk -v a="${TOKS[fp8-delayed]}" -v b="${TOKS[fp8]}" 'BEGIN {printf "%.3fx", a / b}')"
     fi
     pack_logs "$LOG_CAP"
 }
@@ -553,15 +574,16 @@ phase_throughput() {
 phase_throughput_emulated() {
     echo "== throughput (emulated): memory plan of ${EMU_TRAIN_ARGS[*]} against the emulated run"
     row "train 7b-shape L$LAYERS T4096 tokens/s" skip "$NOT_MEASURED (speed)"
-    for p in bf16 fp8; do
-        label="  -p $p memory plan (${EMU_TRAIN_ARGS[*]})"
+    for p in bf16 fp8 fp8-delayed; do
+        read -r -a flags <<< "$(precision_flags "$p")"
+        label="  $(precision_label "$p") memory plan (${EMU_TRAIN_ARGS[*]})"
         s=$(budget "$TRAIN_S")
         if [ ! -x "$TRAIN_BIN" ] || [ ! -f "$SHARD" ]; then row "$label" FAIL "train_llama or the random shard is missing"; continue; fi
         if [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"; continue; fi
-        limited "$s" "$LOGS/train_$p.log" "$TRAIN_BIN" "${EMU_TRAIN_ARGS[@]}" -p "$p" -x "$EMU_STEPS" -v 0 -m 1 \
+        limited "$s" "$LOGS/train_$p.log" "$TRAIN_BIN" "${EMU_TRAIN_ARGS[@]}" "${flags[@]}" -x "$EMU_STEPS" -v 0 -m 1 \
             -i "$SHARD" -j "$SHARD" -o "$WORK/train_$p" -n -1
         rc=$?
-        limited "$TOOL_S" "$LOGS/plan_$p.log" "$TRAIN_BIN" "${EMU_TRAIN_ARGS[@]}" -p "$p" --dry-run 1
+        limited "$TOOL_S" "$LOGS/plan_$p.log" "$TRAIN_BIN" "${EMU_TRAIN_ARGS[@]}" "${flags[@]}" --dry-run 1
         planned=$(sed -n 's/^plan: .*"total_gib": \([0-9.]*\).*/\1/p' "$LOGS/plan_$p.log")
         # the plan's estimate of the CUDA context (no allocation of ours, so none on the emulated GPU)
         context=$(sed -n 's/^plan: .*"cuda_context": \([0-9]*\).*/\1/p' "$LOGS/plan_$p.log")

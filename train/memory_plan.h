@@ -47,7 +47,15 @@ typedef struct {
     CommWire wire;
     int bf16_linears; /* fp8: the flags can run a block linear in BF16 (--bf16-layers, --shadow-every) */
     int fp8_accum;    /* fp8: the GEMMs' Fp8Accum (--fp8-accum) */
+    Fp8Settings fp8;  /* fp8: the scaling recipe (the delayed one's history is state) */
 } PlanSettings;
+
+/* The FP8 recipe the flags set (llama/model.h Fp8Settings). */
+static inline Fp8Settings train_args_fp8(const TrainArgs* a) {
+    Fp8Settings f = {a->pow2_scales, fp8_recipe_parse(a->fp8_recipe), a->amax_history, fp8_amax_algo_parse(a->amax_algo),
+                     a->fp8_margin};
+    return f;
+}
 
 static inline size_t plan_category(const char* name) {
     for (size_t c = 0; c < NUM_PLAN_CATEGORIES; c++) {
@@ -63,7 +71,7 @@ static inline void plan_add_table(MemoryPlan* p, const BufferSpec* specs, int n)
 /* The plan of settings `s`; prints the tables and workspaces as a run prints its tables when `print`. */
 static inline MemoryPlan memory_plan(const PlanSettings* s, int print) {
     Llama m;
-    llama_configure(&m, s->cfg, s->precision, s->B, s->T, NULL, s->recompute, s->sharding);
+    llama_configure(&m, s->cfg, s->precision, s->B, s->T, &s->fp8, s->recompute, s->sharding);
     BufferSpec state[NUM_STATE_BUFFERS], acts[NUM_ACT_BUFFERS], small[NUM_SMALL_BUFFERS];
     int nstate = llama_state_table(&m, state), nacts = llama_acts_table(&m, acts), nsmall = llama_small_table(&m, small);
     MemoryPlan p;
@@ -149,7 +157,7 @@ static inline int memory_plan_main(const TrainArgs* a) {
     Sharding sh = {ranks, 0, a->zero_stage};
     PlanSettings s = {&cfg, (Precision)a->precision, a->B, a->T, a->recompute, sh,
                       strcmp(a->grad_reduce, "bf16") == 0 ? WIRE_BF16 : WIRE_F32,
-                      strcmp(a->bf16_layers, "none") != 0 || a->shadow_every > 0, fp8_accum_parse(a->fp8_accum)};
+                      strcmp(a->bf16_layers, "none") != 0 || a->shadow_every > 0, fp8_accum_parse(a->fp8_accum), train_args_fp8(a)};
     const char* memory_what = "--gpu-mem";
     size_t memory = a->gpu_mem_gib > 0.0f ? (size_t)((double)a->gpu_mem_gib * (double)(1ull << 30)) : backend_memory_total(&memory_what);
 

@@ -87,13 +87,6 @@ static inline void format_duration(char* out, size_t len, double seconds) {
     else snprintf(out, len, "%lds", s);
 }
 
-/* The FP8 recipe the flags set (llama/model.h Fp8Settings). */
-static inline Fp8Settings trainer_fp8_settings(const TrainArgs* a) {
-    Fp8Settings f = {a->pow2_scales, fp8_recipe_parse(a->fp8_recipe), a->amax_history, fp8_amax_algo_parse(a->amax_algo),
-                     a->fp8_margin};
-    return f;
-}
-
 static inline RunIdentity trainer_identity(const Trainer* tr) {
     RunIdentity id;
     memset(&id, 0, sizeof(id));
@@ -109,7 +102,7 @@ static inline RunIdentity trainer_identity(const Trainer* tr) {
     id.total_batch = (int64_t)tr->grad_accum_steps * tr->args.B * tr->args.T * tr->world;
     id.seed = tr->args.seed;
     run_identity_set_bf16_blocks(&id, tr->bf16_blocks, tr->cfg.n_layers);
-    Fp8Settings f = trainer_fp8_settings(&tr->args);
+    Fp8Settings f = train_args_fp8(&tr->args);
     id.fp8_recipe = f.recipe;
     id.amax_history = f.amax_history;
     id.amax_algo = f.amax_algo;
@@ -418,7 +411,7 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaC
     }
 
     Sharding sharding = {tr->world, tr->rank, a->zero_stage};
-    Fp8Settings fp8 = trainer_fp8_settings(a);
+    Fp8Settings fp8 = train_args_fp8(a);
     llama_build(&tr->model, &tr->cfg, (Precision)a->precision, a->B, a->T, &fp8, a->recompute, sharding);
     llama_set_bf16_blocks(&tr->model, tr->bf16_blocks);
     tr->model.fp8_fprop_fast_accum = a->fp8_fast_accum;

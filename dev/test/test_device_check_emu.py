@@ -54,6 +54,7 @@ def test_device_check_rehearsal(tmp_path, shakespeare):
         else:
             assert status in ("ok", "skip"), (name, status, detail)
     real = ["-p bf16 memory plan (-e tiny -b 2 -t 32)", "-p fp8 memory plan (-e tiny -b 2 -t 32)",
+            "fp8 delayed memory plan (-e tiny -b 2 -t 32)",
             "real text: CPU -p fp8 run (train_llama_cpu)", "real text: GPU -p bf16 run", "real text: GPU -p fp8 run",
             "real text: GPU fp8 vs GPU bf16 (1%)", "real text: GPU fp8 vs CPU fp8 curve (0.5%)"]
     for name in real:
