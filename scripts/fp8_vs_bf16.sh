@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Trains the same model twice, same seed and data, once in bf16 (the baseline) and once in fp8, then
-# compares the loss curves and plots the FP8 statistics (`make fp8-vs-bf16` runs it with no flags):
+# Trains the same model three times, same seed and data: in bf16 (the baseline), in fp8 with current
+# scaling and in fp8 with delayed scaling (--fp8-recipe delayed), then compares both fp8 loss curves
+# with bf16's and plots the FP8 statistics (`make fp8-vs-bf16` runs it with no flags):
 #
 #   bash scripts/fp8_vs_bf16.sh [extra train flags]      e.g.  bash scripts/fp8_vs_bf16.sh -x 40 -v 10
 #
 # Without flags both runs use the trainer's defaults (the `tiny` preset for one epoch of
 # tiny-shakespeare, seed 1337); extra flags go to both runs, so they stay comparable (-p and -o are set
-# here and refused). Runs land in runs/cmp_bf16 and runs/cmp_fp8 (overwritten). TRAINER picks the
+# here and refused). Runs land in runs/cmp_bf16, runs/cmp_fp8 and runs/cmp_fp8_delayed (overwritten);
+# RECIPES=current runs fp8 with current scaling only. TRAINER picks the
 # binary (default ./train_llama_cpu; TRAINER=./train_llama for the GPU build), PYTHON the interpreter,
 # TOLERANCE the allowed final relative loss difference (default 0.01, DESIGN.md section 9).
 # Exit status: compare_loss.py's (0 within tolerance, 1 not, 2 bad logs), or the trainer's if a run fails.
@@ -16,8 +18,10 @@ cd "$(dirname "$0")/.."
 TRAINER=${TRAINER:-./train_llama_cpu}
 PYTHON=${PYTHON:-python3}
 TOLERANCE=${TOLERANCE:-0.01}
+RECIPES=${RECIPES:-current delayed}
 BF16_DIR=runs/cmp_bf16
 FP8_DIR=runs/cmp_fp8
+DELAYED_DIR=runs/cmp_fp8_delayed
 
 for flag in "$@"; do
     case "$flag" in
@@ -45,10 +49,16 @@ run() {  # run NAME DIR FLAGS...: one training run; stops the script with the tr
 
 run bf16 "$BF16_DIR" -p bf16 -o "$BF16_DIR" "$@"
 run fp8 "$FP8_DIR" -p fp8 -o "$FP8_DIR" --fp8-stats 20 "$@"
+runs=("$FP8_DIR") labels=(fp8)
+case " $RECIPES " in
+    *" delayed "*)
+        run "fp8 delayed" "$DELAYED_DIR" -p fp8 --fp8-recipe delayed -o "$DELAYED_DIR" --fp8-stats 20 "$@"
+        runs+=("$DELAYED_DIR") labels+=(fp8-delayed) ;;
+esac
 
 echo "=== loss comparison (fp8 against the bf16 baseline) ==="
 compare_rc=0
-"$PYTHON" scripts/compare_loss.py "$FP8_DIR" "$BF16_DIR" --labels fp8 bf16 --tolerance "$TOLERANCE" \
+"$PYTHON" scripts/compare_loss.py "${runs[@]}" "$BF16_DIR" --labels "${labels[@]}" bf16 --tolerance "$TOLERANCE" \
     --out "$FP8_DIR/compare_loss.png" || compare_rc=$?
 
 echo "=== FP8 statistics ==="
