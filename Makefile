@@ -266,7 +266,7 @@ test-build: all train_llama_cpu test_llama_cpu $(SANITIZED_CPU_TARGETS) fuzz-bui
 # Without the shared data (and no network) the tests that need tiny-shakespeare are skipped, saying why.
 test: test-build
 	@$(MAKE) --no-print-directory data || echo "warning: tiny-shakespeare not prepared; the tests that need it will be skipped"
-	$(PYTHON) -m pytest dev/test -q -rs -p no:cacheprovider
+	$(PYTHON) -m pytest dev/test -q -rs -p no:cacheprovider --durations=25
 
 fp8-vs-bf16: train_llama_cpu $(TRAIN_DATA)
 	bash scripts/fp8_vs_bf16.sh

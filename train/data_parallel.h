@@ -182,6 +182,7 @@ static inline void dp_fp8_reduce_step_amax(DataParallel* dp) {
     float* step_amax = llama_fp8_step_amaxes(dp->m);
     if (step_amax == NULL || dp->m->sharding.world == 1) return;
     comm_all_reduce_max(step_amax, FP8_DELAYED_OPS * llama_fp8_slots(dp->m));
+    comm_wait_all(); /* the step's decisions read them next */
 }
 
 /*
