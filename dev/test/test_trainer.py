@@ -280,9 +280,11 @@ def final_losses(out):
 
 
 @pytest.mark.parametrize("flag, value, shown", [("--fp8-accum", "hopper", "exact, now hopper"),
-                                                ("--fp8-fast-accum", "0", "1, now 0")])
+                                                ("--fp8-fast-accum", "0", "1, now 0"),
+                                                ("--fp8-recipe", "delayed", "current, now delayed")])
 def test_fp8_accumulation_flags_in_run_identity(trainer, tmp_path, shakespeare, flag, value, shown):
-    """A run resumed with another FP8 accumulation is refused, naming the flag and both values."""
+    """A run resumed with another FP8 accumulation or scaling recipe is refused, naming the flag and both
+    values."""
     out = tmp_path / "run"
     r = run([trainer, *FAST, "-o", out, "-x", "2"])
     assert r.returncode == 0, r.stderr
