@@ -1,5 +1,5 @@
 """
-FP8 against BF16 on tiny-shakespeare (DESIGN.md section 9): the same seed, data and model trained 150
+FP8 against BF16 on tiny-shakespeare (DESIGN.md section 9): the same seed, data and model trained 100
 steps in each recipe; the final validation loss (and smoothed train loss) must agree within 1%,
 as judged by scripts/compare_loss.py, and both runs must learn (val loss far below ln 32000 = 10.37).
 """
@@ -9,8 +9,8 @@ import re
 
 from conftest import run
 
-# The `tiny` preset with small micro-batches: 150 steps, about 45 s for each run on 2 cores.
-FLAGS = ["-b", "4", "-t", "64", "-x", "150", "-v", "50", "-m", "16", "-u", "30", "-l", "2e-3", "--seed", "4242"]
+# The `tiny` preset with small micro-batches: 100 steps, about 30 s for each run on 2 cores (val rel 4.1e-3).
+FLAGS = ["-b", "4", "-t", "64", "-x", "100", "-v", "50", "-m", "16", "-u", "30", "-l", "2e-3", "--seed", "4242"]
 
 
 def final_val_loss(log):
@@ -23,7 +23,7 @@ def test_fp8_tracks_bf16(trainer, tmp_path, shakespeare):
     dirs = {}
     for precision in ["bf16", "fp8"]:
         out = tmp_path / precision
-        extra = ["--fp8-stats", "100"] if precision == "fp8" else []
+        extra = ["--fp8-stats", "50"] if precision == "fp8" else []
         r = run([trainer, *FLAGS, "-p", precision, "-o", out, *extra])
         assert r.returncode == 0, r.stderr
         dirs[precision] = out
