@@ -107,6 +107,20 @@ LLM8_HD static inline float amax_combine(float a, float b) {
 
 LLM8_HD static inline int fp8_amax_is_finite(float amax) { return amax == amax && amax <= FLT_MAX; }
 
+/* target / amax for a finite amax > 0, an overflow to Inf (amax tiny, e.g. subnormal) clamped to FLT_MAX;
+   with pow2, rounded down to a power of two (exactly, through the float's exponent), so that amax * scale
+   never exceeds target. Both recipes' policies end here. */
+LLM8_HD static inline float fp8_scale_for(float target, float amax, int pow2) {
+    float scale = target / amax;
+    if (scale > FLT_MAX) scale = FLT_MAX;
+    if (pow2) {
+        int e;
+        frexpf(scale, &e); /* scale = m * 2^e, m in [0.5, 1) */
+        scale = ldexpf(1.0f, e - 1);
+    }
+    return scale;
+}
+
 /*
  * The current-scaling policy (Transformer Engine Float8CurrentScaling, margin 0):
  *   amax finite and > 0:  scale = fp8_max / amax, an overflow to Inf (amax tiny, e.g. subnormal) clamps
@@ -117,14 +131,7 @@ LLM8_HD static inline int fp8_amax_is_finite(float amax) { return amax == amax &
  */
 LLM8_HD static inline float fp8_compute_scale(float amax, Fp8Format f, int pow2) {
     if (!fp8_amax_is_finite(amax) || amax == 0.0f) return 1.0f;
-    float scale = fp8_max(f) / amax;
-    if (scale > FLT_MAX) scale = FLT_MAX;
-    if (pow2) {
-        int e;
-        frexpf(scale, &e); /* scale = m * 2^e, m in [0.5, 1) */
-        scale = ldexpf(1.0f, e - 1);
-    }
-    return scale;
+    return fp8_scale_for(fp8_max(f), amax, pow2);
 }
 
 /*
@@ -188,14 +195,14 @@ static inline int fp8_amax_algo_parse(const char* s) {
  */
 LLM8_HD static inline float fp8_delayed_scale(float amax, float prev_scale, Fp8Format f, int margin, int pow2) {
     if (!fp8_amax_is_finite(amax) || amax == 0.0f) return prev_scale;
-    float scale = ldexpf(fp8_max(f), -margin) / amax;
-    if (scale > FLT_MAX) scale = FLT_MAX;
-    if (pow2) {
-        int e;
-        frexpf(scale, &e);
-        scale = ldexpf(1.0f, e - 1);
-    }
-    return scale;
+    return fp8_scale_for(ldexpf(fp8_max(f), -margin), amax, pow2);
+}
+
+/* Bytes of the delayed recipe's training state for `records` X / dY records with histories of H: the
+   records (Fp8Scale), then the histories (FP32). The model's and the state file's sizes (llama/model.h,
+   train/checkpoint.h) both come from here. */
+static inline size_t fp8_delayed_state_bytes(size_t records, int H) {
+    return records * sizeof(Fp8Scale) + records * (size_t)H * sizeof(float);
 }
 
 /*

@@ -1240,6 +1240,15 @@ static inline void llama_fp8_begin_step(Llama* m) {
    delayed. */
 static inline float* llama_fp8_step_amaxes(Llama* m) { return llama_fp8_is_delayed(m) ? m->fp8_step_amax : NULL; }
 
+/* A host copy of llama_fp8_step_amaxes (the caller frees it), or NULL unless delayed. */
+static inline float* llama_fp8_step_amaxes_host(Llama* m) {
+    if (!llama_fp8_is_delayed(m)) return NULL;
+    size_t bytes = FP8_DELAYED_OPS * llama_fp8_slots(m) * sizeof(float);
+    float* host = (float*)mallocCheck(bytes);
+    dev_download(host, m->fp8_step_amax, bytes);
+    return host;
+}
+
 /*
  * After an applied step of a delayed run whose linears ran FP8: appends the step's amaxes (reduced over
  * the ranks) to the histories and sets every X and dY record's scale for the next step (see "Delayed
@@ -1260,9 +1269,7 @@ static inline void llama_fp8_delayed_push(Llama* m) {
 /* Bytes of the delayed recipe's training state (llama_fp8_state_download): the X and dY scale records,
    then the histories; 0 unless delayed. */
 static inline size_t llama_fp8_state_bytes(const Llama* m) {
-    if (!llama_fp8_is_delayed(m)) return 0;
-    size_t records = FP8_DELAYED_OPS * llama_fp8_slots(m);
-    return records * sizeof(Fp8Scale) + records * (size_t)m->amax_history * sizeof(float);
+    return llama_fp8_is_delayed(m) ? fp8_delayed_state_bytes(FP8_DELAYED_OPS * llama_fp8_slots(m), m->amax_history) : 0;
 }
 
 /* host (llama_fp8_state_bytes) = the X and dY records and the histories (the count is the caller's:
@@ -1291,11 +1298,7 @@ static inline int llama_fp8_nonfinite(Llama* m, char* out, size_t len) {
     Fp8Scale* s = (Fp8Scale*)mallocCheck(slots * FP8_OPS * sizeof(Fp8Scale));
     dev_download(s, m->fp8_scales, slots * FP8_OPS * sizeof(Fp8Scale));
     /* the delayed casts flag nothing themselves: their step amaxes tell */
-    float* step_amax = NULL;
-    if (llama_fp8_is_delayed(m)) {
-        step_amax = (float*)mallocCheck(FP8_DELAYED_OPS * slots * sizeof(float));
-        dev_download(step_amax, m->fp8_step_amax, FP8_DELAYED_OPS * slots * sizeof(float));
-    }
+    float* step_amax = llama_fp8_step_amaxes_host(m);
     int found = 0;
     for (size_t slot = 0; slot < slots && !found; slot++) {
         if (!llama_slot_is_fp8(m, slot)) continue;
@@ -1361,11 +1364,7 @@ static inline void llama_fp8_stats_end(Llama* m, Fp8StatsEmit emit, void* ctx) {
     Fp8Counts* k = (Fp8Counts*)mallocCheck(n * sizeof(Fp8Counts));
     dev_download(s, m->fp8_scales, n * sizeof(Fp8Scale));
     dev_download(k, m->fp8_counts, n * sizeof(Fp8Counts));
-    float* step_amax = NULL;
-    if (llama_fp8_is_delayed(m)) {
-        step_amax = (float*)mallocCheck(FP8_DELAYED_OPS * slots * sizeof(float));
-        dev_download(step_amax, m->fp8_step_amax, FP8_DELAYED_OPS * slots * sizeof(float));
-    }
+    float* step_amax = llama_fp8_step_amaxes_host(m);
     for (size_t slot = 0; slot < slots; slot++) {
         if (!llama_slot_is_fp8(m, slot)) continue;
         for (int op = 0; op < FP8_OPS; op++) {

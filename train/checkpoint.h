@@ -231,8 +231,8 @@ static inline FILE* state_write_begin(const char* path, char* tmp, size_t tmp_le
    llama_fp8_state_bytes: the X and dY scale records, then their amax histories); 0 for other runs. */
 static inline size_t state_fp8_bytes(const RunIdentity* id) {
     if (id->precision != PRECISION_FP8 || id->fp8_recipe != FP8_RECIPE_DELAYED) return 0;
-    size_t records = 2 * (size_t)id->cfg.n_layers * 4; /* X and dY of LIN_PER_LAYER linears per block */
-    return records * sizeof(Fp8Scale) + records * (size_t)id->amax_history * sizeof(float);
+    /* X and dY of the 4 linears of each block (llama/model.h LIN_PER_LAYER) */
+    return fp8_delayed_state_bytes(2 * (size_t)id->cfg.n_layers * 4, id->amax_history);
 }
 
 /* Byte offset of element i of array a (0: m, 1: v, 2: master) in a state file of shard_elems per array;

@@ -1149,15 +1149,12 @@ static inline int kc_check_delayed_cast(const char* label, int k, int with_out, 
     size_t n = rows * cols;
     float stale = fp8_amax_is_finite(current_scale) ? 4.0f * current_scale : 1.0f;
     Fp8Scale sc = {NAN, stale, 1.0f / stale, 0.0f}, sg;
-    float record_c = 0.5f, record_g = 0.5f;
+    float record_c = 0.5f, record_g;
+    float* d_record = kc_dev_f32(&record_c, 1);
+    dev_upload(d_scale, &sc, sizeof(Fp8Scale));
     uint8_t* codes = (uint8_t*)mallocCheck(n);
     uint8_t* codes_t = (uint8_t*)mallocCheck(n);
     cpu_ref_cast_transpose_delayed(codes, codes_t, x, rows, cols, f, &sc, NULL, &record_c);
-    float* d_record = kc_dev_f32(&record_g, 1);
-    float start = 0.5f;
-    dev_upload(d_record, &start, sizeof(float));
-    Fp8Scale init = {NAN, stale, 1.0f / stale, 0.0f};
-    dev_upload(d_scale, &init, sizeof(Fp8Scale));
     kc_poison(d_codes, n);
     kc_poison(d_codes_t, n);
     kc_cast_transpose_with(k, with_out ? d_codes : NULL, with_t ? d_codes_t : NULL, d_x, rows, cols, f, d_scale, NULL, 1, d_record);
