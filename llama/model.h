@@ -1392,3 +1392,17 @@ static inline void llama_fp8_stats_end(Llama* m, Fp8StatsEmit emit, void* ctx) {
 static inline void llama_logits_row(Llama* m, size_t row, float* out) {
     act_to_float_host(out, m->acts.logits + row * (size_t)m->cfg.vocab_size, (size_t)m->cfg.vocab_size);
 }
+
+/*
+ * Per-token losses of the logits the last llama_forward without targets left: for each of its B*T
+ * positions, logsumexp(logits) - logits[target] in FP32 by the fused classifier, for `targets` (host
+ * (B, T) ints). Returns a host array of B*T floats owned by the model (valid until the next forward);
+ * the logits are consumed (overwritten as op_classifier does, with dloss 0).
+ */
+static inline const float* llama_token_losses(Llama* m, const int* targets) {
+    size_t N = llama_tokens(m);
+    dev_upload(m->targets, targets, N * sizeof(int));
+    op_classifier(m->acts.logits, m->acts.losses, m->targets, N, m->cfg.vocab_size, 0.0f);
+    dev_download(m->losses_host, m->acts.losses, N * sizeof(float));
+    return m->losses_host;
+}

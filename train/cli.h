@@ -35,6 +35,13 @@ typedef struct {
     int val_batches;            /* -m; -1: the whole validation set */
     int sample_every;           /* -s; 0: never */
     int sample_tokens;          /* -g */
+    int hellaswag;              /* -h 1: HellaSwag evaluation (llm.c's -h) */
+    const char* hellaswag_path; /* --hellaswag */
+    const char* eval_lambada;   /* --eval-lambada FILE, NULL: off */
+    const char* eval_wikitext;  /* --eval-wikitext FILE, NULL: off */
+    int eval_every;             /* --eval-every; -1: as -v */
+    int eval_limit;             /* --eval-limit: first N examples of each set; -1: all */
+    const char* eval_dump;      /* --eval-dump DIR: the scored logits (tests); NULL: off */
     int ckpt_every;             /* -n; 0: only at the end (when -o is given); NO_CHECKPOINTS: never */
     int resume;                 /* -y */
     int zero_stage;             /* -z */
@@ -103,6 +110,13 @@ static const ArgSpec TRAIN_ARG_SPECS[] = {
     ARG("-x", ARG_INT, steps, "optimizer steps (-1: one epoch of the train data)"),
     ARG("-v", ARG_INT, val_every, "validation loss every N steps (0: only at the end)"),
     ARG("-m", ARG_INT, val_batches, "validation batches (of -d tokens) per evaluation (-1: all)"),
+    ARG("-h", ARG_INT, hellaswag, "1: HellaSwag accuracy at every evaluation (as llm.c; -h or --help alone: this help)"),
+    ARG("--hellaswag", ARG_STR, hellaswag_path, "HellaSwag file for -h 1 (llm.c's eval format: dev/data/hellaswag.py)"),
+    ARG("--eval-lambada", ARG_STR, eval_lambada, "LAMBADA file (dev/data/lambada.py): last-word accuracy and perplexity"),
+    ARG("--eval-wikitext", ARG_STR, eval_wikitext, "WikiText file (dev/data/wikitext.py): word/byte perplexity, bits per byte"),
+    ARG("--eval-every", ARG_INT, eval_every, "downstream evaluations every N steps (0: only at the end; -1: as -v)"),
+    ARG("--eval-limit", ARG_INT, eval_limit, "evaluate the first N examples (documents) of each set (-1: all)"),
+    ARG("--eval-dump", ARG_STR, eval_dump, "write the evaluations' scored logits under DIR (tests' independent scorer)"),
     ARG("-s", ARG_INT, sample_every, "print a sample every N steps (0: never)"),
     ARG("-g", ARG_INT, sample_tokens, "tokens per sample"),
     ARG("-n", ARG_INT, ckpt_every, "checkpoint every N steps (0: only at the end; needs -o; -1: never, e.g. benchmarks)"),
@@ -165,6 +179,13 @@ static inline TrainArgs train_args_default(void) {
     a.val_batches = 20;
     a.sample_every = 0;
     a.sample_tokens = 64;
+    a.hellaswag = 0;
+    a.hellaswag_path = "dev/data/hellaswag/hellaswag_val.bin";
+    a.eval_lambada = NULL;
+    a.eval_wikitext = NULL;
+    a.eval_every = -1;
+    a.eval_limit = -1;
+    a.eval_dump = NULL;
     a.ckpt_every = 0;
     a.resume = 0;
     a.zero_stage = 0;
@@ -241,7 +262,8 @@ static inline long long parse_integer(const char* flag, const char* value, long 
 static inline int train_args_parse(TrainArgs* a, int argc, char** argv) {
     for (int i = 1; i < argc; i++) {
         const char* flag = argv[i];
-        if (strcmp(flag, "--help") == 0 || strcmp(flag, "-h") == 0) return 1;
+        /* -h takes a value, as llm.c's; alone (last, or before another flag) it still asks for help */
+        if (strcmp(flag, "--help") == 0 || (strcmp(flag, "-h") == 0 && (i + 1 >= argc || argv[i + 1][0] == '-'))) return 1;
         const ArgSpec* spec = NULL;
         for (size_t k = 0; k < NUM_TRAIN_ARGS; k++) {
             if (strcmp(TRAIN_ARG_SPECS[k].flag, flag) == 0) spec = &TRAIN_ARG_SPECS[k];
@@ -318,12 +340,21 @@ static inline void train_args_check(const TrainArgs* a) {
         die("flag -k: unknown schedule '%s' (cosine | linear | constant)", a->schedule);
     if (a->weight_decay < 0.0f) die("flag -c: weight decay must be >= 0");
     if (a->grad_clip < 0.0f) die("flag --clip: must be >= 0");
-    if (a->steps < -1 || a->steps == 0) die("flag -x: steps must be positive or -1 (one epoch)");
+    if (a->steps < -1) die("flag -x: steps must be positive, 0 (evaluate only) or -1 (one epoch)");
     if (a->val_every < 0 || a->sample_every < 0 || a->fp8_stats_every < 0 || a->profile_every < 0)
         die("flags -v, -s, --fp8-stats, --profile must be >= 0");
     if (a->ckpt_every < NO_CHECKPOINTS) die("flag -n: must be >= 0, or %d (never)", NO_CHECKPOINTS);
     if (a->val_batches < -1 || a->val_batches == 0) die("flag -m: validation batches must be positive or -1 (all)");
     if (a->sample_tokens <= 0) die("flag -g: sample tokens must be positive");
+    if (a->hellaswag != 0 && a->hellaswag != 1) die("flag -h: must be 0 or 1 (HellaSwag), or alone for help");
+    if (strcmp(a->hellaswag_path, defaults.hellaswag_path) != 0 && !a->hellaswag) die("flag --hellaswag: needs -h 1");
+    int evals = a->hellaswag || a->eval_lambada != NULL || a->eval_wikitext != NULL;
+    if (a->eval_every < -1) die("flag --eval-every: must be >= 0, or -1 (as -v)");
+    if (a->eval_limit < -1 || a->eval_limit == 0) die("flag --eval-limit: must be positive or -1 (all)");
+    const char* eval_flag = a->eval_every != defaults.eval_every ? "--eval-every"
+                            : a->eval_limit != defaults.eval_limit ? "--eval-limit"
+                            : a->eval_dump != NULL ? "--eval-dump" : NULL;
+    if (eval_flag != NULL && !evals) die("flag %s: needs an evaluation (-h 1, --eval-lambada or --eval-wikitext)", eval_flag);
     if (a->resume != 0 && a->resume != 1) die("flag -y: must be 0 or 1");
     if (a->resume && a->output_dir == NULL) die("flag -y 1 needs -o (the directory to resume from)");
     if (a->zero_stage < 0 || a->zero_stage > 2) die("flag -z: ZeRO stage must be 0, 1 or 2, got %d", a->zero_stage);

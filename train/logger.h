@@ -15,10 +15,13 @@
  */
 #pragma once
 
+#include <limits.h>
 #include <math.h>
 
 #include "shadow_policy.h"
 #include "../core/common.h"
+
+#define LOG_KEEP_ALL INT_MAX
 
 typedef struct {
     FILE* main_log;
@@ -54,7 +57,8 @@ static inline void logger_truncate(const char* path, const char* step_format, in
 
 /*
  * Opens the logs of -o dir (none when dir is NULL). resume_step >= 0: appends to the files of the run
- * being resumed, after dropping their lines of steps >= resume_step; -1: starts them afresh.
+ * being resumed, after dropping their lines of steps >= resume_step (LOG_KEEP_ALL: none, as an
+ * evaluation-only run -x 0 does); -1: starts them afresh.
  * fp8_stats: whether this run writes fp8_stats.csv (-p fp8 with --fp8-stats).
  */
 static inline void logger_init(Logger* lg, const char* dir, int resume_step, int fp8_stats) {
@@ -112,6 +116,28 @@ static inline void logger_val(Logger* lg, int step, float val_loss) {
     if (lg->metrics) {
         char v[32];
         fprintf(lg->metrics, "{\"step\": %d, \"val_loss\": %s}\n", step, json_float(v, sizeof(v), val_loss));
+        logger_flush_file(lg, lg->metrics, "metrics.jsonl");
+    }
+}
+
+/*
+ * A downstream evaluation's scores (train/evals.h): one metrics object {"step", "eval": name, each
+ * metric, "examples"}; main_log_value, when finite, also as llm.c's "s:<step> eval:<value>" line
+ * (HellaSwag: llm.c's own accuracy).
+ */
+static inline void logger_eval(Logger* lg, int step, const char* name, const char* const* keys, const double* values, int n,
+                               int examples, double main_log_value) {
+    if (lg->main_log && isfinite(main_log_value)) {
+        fprintf(lg->main_log, "s:%d eval:%f\n", step, main_log_value);
+        logger_flush_file(lg, lg->main_log, "main.log");
+    }
+    if (lg->metrics) {
+        fprintf(lg->metrics, "{\"step\": %d, \"eval\": \"%s\"", step, name);
+        for (int i = 0; i < n; i++) {
+            if (isfinite(values[i])) fprintf(lg->metrics, ", \"%s\": %.17g", keys[i], values[i]); /* round-trips a double */
+            else fprintf(lg->metrics, ", \"%s\": null", keys[i]);
+        }
+        fprintf(lg->metrics, ", \"examples\": %d}\n", examples);
         logger_flush_file(lg, lg->metrics, "metrics.jsonl");
     }
 }

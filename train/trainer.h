@@ -21,6 +21,7 @@
 #include "checkpoint.h"
 #include "cli.h"
 #include "data_parallel.h"
+#include "evals.h"
 #include "fp8_alerts.h"
 #include "logger.h"
 #include "memory_plan.h"
@@ -66,6 +67,8 @@ typedef struct {
     Fp8Alerts alerts;
     int shadow_checks;      /* checks run by this process, their time, and the time of all its steps */
     double shadow_ms, step_ms;
+    EvalSet evals[EVAL_KINDS];
+    int eval_on[EVAL_KINDS]; /* the downstream evaluations this run does (train/evals.h) */
     double* loss_sums;      /* (grad_accum_steps) backend FP64: each micro-step's sum of token losses, read once a
                                step (8 bytes per micro-step, outside the memory plan) */
 } Trainer;
@@ -139,7 +142,7 @@ static inline void trainer_resume(Trainer* tr) {
     int step = g_dist.rank == 0 ? checkpoint_latest_step(dir) : 0;
     comm_host_broadcast(&step, sizeof(step), 0);
     if (step < 0) die("%s: no complete checkpoint (DONE_<step> marker) to resume from", dir);
-    if (step > tr->steps) die("%s: the newest checkpoint is at step %d, past the run's -x %d steps", dir, step, tr->steps);
+    if (step > tr->steps && tr->steps > 0) die("%s: the newest checkpoint is at step %d, past the run's -x %d steps", dir, step, tr->steps);
     TrainState s;
     RunIdentity id = trainer_identity(tr);
     checkpoint_load(dir, step, &tr->model, &id, &s);
@@ -350,6 +353,25 @@ static inline int trainer_check_args(const TrainArgs* a, LlamaConfig* cfg) {
     return from_checkpoint;
 }
 
+/* Loads the downstream evaluation sets of -h 1, --eval-lambada and --eval-wikitext (every rank). */
+static inline void trainer_load_evals(Trainer* tr) {
+    const TrainArgs* a = &tr->args;
+    const char* paths[EVAL_KINDS] = {a->hellaswag ? a->hellaswag_path : NULL, a->eval_lambada, a->eval_wikitext};
+    for (int k = 0; k < EVAL_KINDS; k++) {
+        if (paths[k] == NULL) continue;
+        if (access(paths[k], R_OK) != 0)
+            die("%s: cannot read the %s eval file (%s); write it with dev/data/%s.py", paths[k], EVAL_NAMES[k], strerror(errno),
+                EVAL_NAMES[k]);
+        EvalSet* s = &tr->evals[k];
+        eval_load(s, (EvalKind)k, paths[k], a->eval_limit, a->T, tr->cfg.vocab_size, &tr->tokenizer);
+        tr->eval_on[k] = 1;
+        printf("| eval %s: %s, %d %s in %d rows of up to -t %d", EVAL_NAMES[k], paths[k], s->records,
+               k == EVAL_WIKITEXT ? "documents" : "examples", s->n_rows, a->T);
+        if (s->truncated) printf(" (%d contexts cut from the left to fit)", s->truncated);
+        printf("\n");
+    }
+}
+
 /*
  * Joins the job (trainer_check_args gave cfg and from_checkpoint, then comm_init ran), checks that every
  * rank agrees, loads the model and data, and prepares (or resumes) the run.
@@ -384,7 +406,7 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaC
     manifest_check(&tr->train, "-i", "train", tr->cfg.vocab_size);
     manifest_check(&tr->val, "-j", "val", tr->cfg.vocab_size);
     long long epoch_steps = dataloader_epoch_batches(&tr->train);
-    tr->steps = a->steps > 0 ? a->steps : (int)(epoch_steps > 0 ? epoch_steps : 1);
+    tr->steps = a->steps >= 0 ? a->steps : (int)(epoch_steps > 0 ? epoch_steps : 1);
     RankSettings mine = trainer_rank_settings(tr);
     watchdog_phase("start-up agreement", 0);
     agreement_check(&mine);
@@ -428,12 +450,30 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaC
     rng_seed(&tr->sample_rng, (uint64_t)a->seed ^ SAMPLE_SEED_SALT);
     if (a->resume) trainer_resume(tr);
     tr->model.linears_bf16 = tr->shadow_state.bf16;
+    /* -x 0 only evaluates: it appends to the logs of -o and drops nothing */
     if (tr->rank == 0)
-        logger_init(&tr->logger, a->output_dir, a->resume ? tr->step : -1,
+        logger_init(&tr->logger, a->output_dir, tr->steps == 0 ? LOG_KEEP_ALL : a->resume ? tr->step : -1,
                     a->precision == PRECISION_FP8 && a->fp8_stats_every > 0);
     char tok_path[PATH_LEN];
     trainer_tokenizer_path(tr, tok_path, sizeof(tok_path));
-    if (a->sample_every > 0 && tr->rank == 0) tokenizer_init(&tr->tokenizer, tok_path);
+    /* HellaSwag's acc_norm needs each ending's bytes on every rank */
+    if ((a->sample_every > 0 && tr->rank == 0) || a->hellaswag) tokenizer_init(&tr->tokenizer, tok_path);
+    trainer_load_evals(tr);
+}
+
+/* Runs the downstream evaluations of the current step; rank 0 prints and logs the scores. */
+static inline void trainer_evals(Trainer* tr) {
+    for (int k = 0; k < EVAL_KINDS; k++) {
+        if (!tr->eval_on[k]) continue;
+        double t0 = wall_seconds();
+        EvalScores sc = eval_run(&tr->model, &tr->evals[k], tr->rank, tr->world, tr->step, tr->args.eval_dump);
+        printf("eval %s", EVAL_NAMES[k]);
+        for (int i = 0; i < sc.n; i++) printf(" | %s %.6f", sc.names[i], sc.values[i]);
+        printf(" | %d %s, %.1f s (step %d)\n", sc.records, k == EVAL_WIKITEXT ? "documents" : "examples", wall_seconds() - t0,
+               tr->step);
+        logger_eval(&tr->logger, tr->step, EVAL_NAMES[k], sc.names, sc.values, sc.n, sc.records,
+                    k == EVAL_HELLASWAG ? sc.values[2] : NAN);
+    }
 }
 
 /* Logs a shadow check of the current step and applies the policy to it. */
@@ -622,6 +662,7 @@ static inline void share_cores(void) {
 
 static inline void trainer_free(Trainer* tr) {
     if (tr->loss_sums) dev_free(tr->loss_sums);
+    for (int k = 0; k < EVAL_KINDS; k++) eval_free(&tr->evals[k]);
     logger_free(&tr->logger);
     shadow_free(&tr->shadow);
     fp8_alerts_free(&tr->alerts);
@@ -665,6 +706,8 @@ static inline int train_main(int argc, char** argv) {
             printf("val loss %.6f (step %d)\n", val, tr->step);
             logger_val(&tr->logger, tr->step, val);
         }
+        int eval_every = a->eval_every < 0 ? a->val_every : a->eval_every;
+        if (last || (eval_every > 0 && tr->step % eval_every == 0)) trainer_evals(tr);
         int due = a->ckpt_every == NO_CHECKPOINTS ? 0 : last || (a->ckpt_every > 0 && tr->step % a->ckpt_every == 0);
         if (a->output_dir && tr->step > start && due) trainer_save(tr);
         /* every rank samples (the same tokens; rank 0 prints them): a forward may all-gather weights */
