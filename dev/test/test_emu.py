@@ -9,6 +9,7 @@ build/emu/test_llama and build/emu/train_llama on the CPU, one fiber per GPU thr
   command on the unmodified source passes, so each test fails if the emulator's check is removed.
 Skipped, with the reason, when build/emu was not built (`make emu`).
 """
+import math
 import os
 import re
 import shutil
@@ -17,6 +18,7 @@ import subprocess
 import pytest
 
 from conftest import REPO, run
+from test_evals import eval_files, eval_flags, evals_of  # noqa: F401 (eval_files: a fixture)
 
 EMU = REPO / "build/emu"
 pytestmark = pytest.mark.skipif(not (EMU / "test_llama").exists(), reason="build/emu is not built (make emu)")
@@ -249,6 +251,26 @@ def test_trainer_matches_cpu(shakespeare, precision, recompute):
     emu = run([EMU / "train_llama", *flags], timeout=900)
     assert emu.returncode == 0, emu.stdout[-3000:] + emu.stderr[-3000:]
     assert_close_to_cpu(a, losses(emu.stdout), precision)
+
+
+def test_evals_match_cpu(eval_files, tmp_path):
+    """The downstream evaluations (train/evals.h) through the CUDA trainer: -x 0, one example of each
+    set (-b 4 rows of -t 32 a micro-batch), against the CPU trainer. The likelihood metrics within
+    the two builds' BF16 difference (log-likelihoods of an example summed over its tokens: within 1e-2 nats,
+    where the training check allows 1e-3 per token's mean); the accuracies are not compared (a random init's endings can be
+    near ties)."""
+    flags = ["-b", "4", "-t", "32", "-m", "1", "-x", "0", "--eval-limit", "1", *eval_flags(eval_files)]
+    found = {}
+    for name, exe in (("cpu", REPO / "train_llama_cpu"), ("emu", EMU / "train_llama")):
+        r = run([exe, *flags, "-o", tmp_path / name], timeout=900)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        found[name] = evals_of(tmp_path / name)
+    assert found["cpu"].keys() == found["emu"].keys() and len(found["cpu"]) == 3
+    for key, cpu in found["cpu"].items():
+        for metric, value in cpu.items():
+            if metric in ("perplexity", "word_perplexity", "byte_perplexity"):
+                print(f"{key[1]} {metric}: cpu {value:.6f} emulated gpu {found['emu'][key][metric]:.6f}")
+                assert abs(math.log(found["emu"][key][metric]) - math.log(value)) <= 1e-2, (key, metric)
 
 
 MPIRUN = shutil.which("mpirun")

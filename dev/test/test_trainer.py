@@ -75,7 +75,7 @@ GPU_TRAINER = REPO / "train_llama"
 
 
 @pytest.mark.skipif(not GPU_TRAINER.exists(), reason="train_llama is not built (the CUDA build needs nvcc)")
-@pytest.mark.parametrize("args, needle", [(["-x", "0"], "flag -x"), (["-b", "0"], "flag -b"), (["-z", "3"], "flag -z"),
+@pytest.mark.parametrize("args, needle", [(["-x", "-2"], "flag -x"), (["-b", "0"], "flag -b"), (["-z", "3"], "flag -z"),
                                           (["-p", "fp8", "-b", "1", "-t", "8"], "B*T"),
                                           (["--fp8-accum", "hopper"], "flag --fp8-accum hopper")])
 def test_gpu_trainer_needs_no_gpu_for_help_and_flag_errors(args, needle):
