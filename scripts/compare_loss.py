@@ -12,26 +12,41 @@ the later line wins. Runs are named A, B, C, ... by their position on the comman
 The baseline is the run at 0-based position --baseline (default: the last, so `A B` checks A against
 B). Every other run is compared with it on its own, over the steps present in both of the two logs:
 the relative difference at a step is |run - baseline| / |baseline|. The train loss is noisy, so it is
-first smoothed by a trailing moving average over --smooth aligned steps (fewer at the start); the val
-loss is compared as logged. A run agrees with the baseline when its FINAL val-loss relative difference
-and its FINAL smoothed train-loss relative difference are both <= --tolerance (DESIGN.md section 9
-asks for 1%). Each run gets the same summary (table and PASS/FAIL line); with more than one run to
-check, a last `overall` line names the runs that do not agree. The plot shows every run's curves and
-each run's relative difference.
+first smoothed by a centred moving average over --smooth aligned steps (moving_average: unlike a trailing
+mean, which lags the loss by (window - 1) / 2 steps, it does not lag; near the ends the window shrinks
+symmetrically, so the last step's smoothed value is its raw one); the val loss is compared as logged. A
+run agrees with the baseline when its FINAL val-loss relative difference and its FINAL smoothed
+train-loss relative difference are both <= --tolerance (DESIGN.md section 9 asks for 1%). Each run
+gets the same summary (table and PASS/FAIL line); with more than one run to check, a last `overall`
+line names the runs that do not agree. The plot shows every run's curves and each run's relative
+difference.
+
+Downstream scores: when a run's metrics.jsonl (beside its main.log) holds evaluation objects
+(`{"step", "eval": <set>, <metric>: <number or null>, ..., "examples"}`, train/logger.h logger_eval), a
+table follows the loss comparison: the scores at the last step every run with evaluations evaluated,
+one row per (set, metric), a column per run (the baseline last), each other run's difference from the
+baseline (absolute for accuracies, relative for perplexities and bits_per_byte), the binomial standard
+error sqrt(p (1 - p) / n) of the baseline's accuracies (a small set's accuracy is noisy: a difference of
+a few SE can be chance) and the number of examples; "-" where a run lacks the set. The plot then gets
+one panel per set (its main metric against step, MAIN_METRIC). The scores are reported, not judged:
+they do not enter the PASS/FAIL verdict or the exit status. Other metrics.jsonl lines are not read.
 
 --labels takes one label per run, in the runs' order; it takes every word up to the next flag, so it
 goes after the runs (or ends with `--`).
 
 Exit status: 0 every run within tolerance, 1 some run not within tolerance (a NaN counts as not
 within), 2 bad input (fewer than 2 runs, a --labels count or --baseline index that does not fit the
-runs, missing file, malformed line, no aligned steps, unwritable plot), with a one-line message on
-stderr.
+runs, missing file, malformed line, an evaluation line of metrics.jsonl that is not a JSON object with an
+integer step, a set name and numeric or null scores, no aligned steps, unwritable plot), with a one-line
+message on stderr.
 """
 import argparse
+import json
+import math
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -45,6 +60,17 @@ REL_LINEAR_BELOW = 1e-3
 BASELINE_COLOR = "tab:blue"
 RUN_COLORS = ("tab:red", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
               "tab:cyan", "tab:gray")
+# metrics.jsonl evaluation objects: the keys that are not scores, and the scores that are accuracies (a
+# fraction of examples right: absolute differences, binomial standard error); any other score (perplexity,
+# bits_per_byte) is compared relatively.
+EVAL_KEY = "eval"
+EVAL_NON_SCORES = ("step", "eval", "examples")
+ACCURACY_PREFIX = "acc"
+# The score drawn per set in the plot; a set not named here draws its first score.
+MAIN_METRIC = {"hellaswag": "acc_norm", "lambada": "acc", "wikitext": "word_perplexity"}
+EVAL_PANEL_HEIGHT = 3.0  # inches added to the figure per evaluation set's panel
+MISSING = "-"     # a run without the set (or without evaluations)
+NOT_FINITE = "null"  # the trainer writes null for a score that is not finite
 
 
 class InputError(Exception):
@@ -133,8 +159,25 @@ def align(curve_a, curve_b):
 
 
 def moving_average(values, window):
-    """Trailing mean over the last `window` entries (fewer at the start); a NaN spoils only its windows."""
-    return np.array([values[max(0, i - window + 1):i + 1].mean() for i in range(len(values))])
+    """Centred moving average of a (n,) float64 array over `window` entries; returns (n,) float64.
+
+    Entry i is the mean of entries i - h .. i + h, h = window // 2: for an odd window that is `window`
+    entries; for an even one the two outermost are weighted 1/2 (the centred "2 x window" moving average,
+    Hyndman & Athanasopoulos, Forecasting: Principles and Practice, section 3.3), so the weights still sum to
+    `window`. Near the ends the half-width shrinks to r = min(h, i, n - 1 - i), equal weights: the window
+    stays symmetric, so a linear ramp is returned unchanged (a trailing mean lags it by (window - 1) / 2
+    entries) and the first and last entries are the raw values. A NaN spoils only the windows holding it.
+    """
+    half = window // 2
+    out = np.empty(len(values))
+    for i in range(len(values)):
+        r = min(half, i, len(values) - 1 - i)
+        part = values[i - r:i + r + 1]
+        if window % 2 == 0 and r == half and r > 0:
+            out[i] = (part.sum() - 0.5 * (part[0] + part[-1])) / window
+        else:
+            out[i] = part.mean()
+    return out
 
 
 def relative_difference(a, b):
@@ -176,6 +219,7 @@ class Run:
     label: str
     train: dict  # {step: train loss}
     val: dict    # {step: val loss}
+    evals: dict = field(default_factory=dict)  # {set: {step: EvalScores}} from metrics.jsonl; {} without
 
     @property
     def letter(self):
@@ -238,6 +282,156 @@ def compare(run, baseline, smooth, tolerance):
     return Comparison(run, baseline, smooth, tolerance, train, val)
 
 
+@dataclass
+class EvalScores:
+    """One evaluation object of metrics.jsonl: one set's scores at one step."""
+    scores: dict   # {metric: float, or None where the trainer wrote null (not finite)}, in the file's order
+    examples: int  # examples scored (documents for wikitext)
+
+
+def is_accuracy(metric):
+    return metric.startswith(ACCURACY_PREFIX)
+
+
+def is_score(value):
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def read_evals(path):
+    """{set: {step: EvalScores}} from the evaluation objects of a metrics.jsonl; a later step overrides.
+
+    Only lines holding an "eval" key are parsed (train steps, val losses, shadow checks, events and alerts
+    are skipped unread). Raises InputError naming the file and line for an evaluation line that is not a
+    JSON object with an integer "step", a string "eval", an integer "examples" and scores that are numbers
+    or null.
+    """
+    evals = {}
+    for lineno, line in enumerate(read_lines(path), start=1):
+        if f'"{EVAL_KEY}"' not in line:
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if isinstance(row, dict) and EVAL_KEY not in row:
+            continue  # "eval" inside another object's text
+        scores = {k: v for k, v in row.items() if k not in EVAL_NON_SCORES} if isinstance(row, dict) else {}
+        ok = (isinstance(row, dict) and type(row.get("step")) is int and isinstance(row[EVAL_KEY], str)
+              and type(row.get("examples")) is int and len(scores) > 0 and all(map(is_score, scores.values())))
+        if not ok:
+            shown = line if len(line) <= 60 else line[:57] + "..."
+            raise InputError(f"{path}:{lineno}: malformed evaluation line {shown!r} (expected a JSON object "
+                             f"with an integer step, a string eval, numeric or null scores and integer examples)")
+        scores = {k: None if v is None or not math.isfinite(v) else float(v) for k, v in scores.items()}
+        evals.setdefault(row[EVAL_KEY], {})[row["step"]] = EvalScores(scores, row["examples"])
+    return evals
+
+
+def metrics_path(log):
+    """The metrics.jsonl beside a main.log (the run directory's), or None when there is none."""
+    path = os.path.join(os.path.dirname(log), "metrics.jsonl")
+    return path if os.path.isfile(path) else None
+
+
+@dataclass
+class ScoreTable:
+    """The downstream scores of every run at one step: score_table()'s result, printed by print_scores."""
+    runs: list  # [Run], the checked runs in command-line order, then the baseline
+    step: int   # the last step every run with evaluations evaluated (None when they share none)
+    rows: list  # [(set, metric)], in order of first appearance
+
+
+def score_table(runs, baseline):
+    """The ScoreTable of `runs` (their evaluations read) against `baseline`, or None when no run has any."""
+    with_evals = [r for r in runs if r.evals]
+    if not with_evals:
+        return None
+    ordered = [r for r in runs if r is not baseline] + [baseline]
+    common = set.intersection(*({step for by_step in r.evals.values() for step in by_step} for r in with_evals))
+    step = max(common) if common else None
+    rows = []
+    for r in ordered:
+        for name, by_step in r.evals.items():
+            for metric in (by_step[step].scores if step in by_step else {}):
+                if (name, metric) not in rows:
+                    rows.append((name, metric))
+    return ScoreTable(ordered, step, rows)
+
+
+def score_of(run, name, metric, step):
+    """(score or None for null, examples) of a run, or None when it lacks the set (or metric) at `step`."""
+    entry = run.evals.get(name, {}).get(step)
+    if entry is None or metric not in entry.scores:
+        return None
+    return entry.scores[metric], entry.examples
+
+
+def score_text(metric, value):
+    return NOT_FINITE if value is None else f"{value:.4f}" if is_accuracy(metric) else f"{value:.6g}"
+
+
+def score_difference(metric, got, base):
+    """The text of a run's difference from the baseline: absolute for an accuracy, relative (in %) else."""
+    if got is None or base is None:
+        return MISSING
+    if got[0] is None or base[0] is None:
+        return NOT_FINITE
+    if is_accuracy(metric):
+        return f"{got[0] - base[0]:+.4f}"
+    if base[0] == 0:
+        return NOT_FINITE
+    return f"{(got[0] - base[0]) / base[0]:+.3%}"
+
+
+def standard_error(metric, base):
+    """sqrt(p (1 - p) / n), the binomial standard error of the baseline's accuracy p over n examples."""
+    if not is_accuracy(metric) or base is None:
+        return MISSING
+    p, n = base
+    if p is None or n <= 0:
+        return NOT_FINITE
+    return f"{math.sqrt(max(p * (1 - p), 0.0) / n):.4f}"
+
+
+def print_scores(table):
+    """The downstream scores table: a row per (set, metric), a column per run, differences, SE, examples."""
+    *others, baseline = table.runs
+    who = "every run" if all(r.evals for r in table.runs) else "every run with evaluations"
+    if table.step is None:
+        steps = "; ".join(f"{r.letter}: {', '.join(map(str, sorted({s for b in r.evals.values() for s in b})))}"
+                          for r in table.runs if r.evals)
+        print(f"downstream scores: no step evaluated by {who} ({steps})")
+        return
+    print(f"downstream scores at step {table.step}, the last step evaluated by {who} (reported only: not part "
+          f"of the PASS/FAIL verdict)")
+    print(f"runs {', '.join(r.name for r in others)}; baseline {baseline.name}")
+    b = baseline.letter
+    header = (["set", "metric"] + [r.letter for r in table.runs] + [f"{r.letter} - {b}" for r in others]
+              + [f"SE {b}", "examples"])
+    lines = []
+    for name, metric in table.rows:
+        got = [score_of(r, name, metric, table.step) for r in table.runs]
+        counts = [str(g[1]) if g else MISSING for g in got]
+        present = {c for c in counts if c != MISSING}
+        lines.append([name, metric] + [score_text(metric, g[0]) if g else MISSING for g in got]
+                     + [score_difference(metric, g, got[-1]) for g in got[:-1]]
+                     + [standard_error(metric, got[-1]), present.pop() if len(present) == 1 else "/".join(counts)])
+    widths = [max(len(row[i]) for row in lines + [header]) for i in range(len(header))]
+
+    def show(row):
+        left = [f"{row[i]:<{widths[i]}}" for i in range(2)]
+        print("  ".join(left + [f"{row[i]:>{widths[i]}}" for i in range(2, len(row))]))
+    show(header)
+    print("-" * (sum(widths) + 2 * (len(widths) - 1)))
+    for row in lines:
+        show(row)
+    print("differences: accuracies run - baseline; other scores (perplexity, bits_per_byte) (run - baseline) / "
+          "baseline")
+    print(f"SE {b}: sqrt(p (1 - p) / n), the binomial standard error of {b}'s accuracy p over n examples "
+          f"(a difference within ~2 SE can be chance)")
+    print(f'"{MISSING}": no such score at step {table.step}; {NOT_FINITE}: not finite')
+
+
 def print_comparison(c):
     """The summary of one Comparison: the two logs, a table row per curve and the PASS/FAIL line."""
     r, b = c.run, c.baseline
@@ -268,10 +462,40 @@ def print_overall(comparisons):
         print(f"overall PASS: all {len(comparisons)} runs within {tolerance:g} of baseline {baseline.name}")
 
 
+def plot_evals(axes, runs, colors):
+    """One panel per evaluation set of `runs` (a panel in `axes` each, in order of first appearance): the
+    set's MAIN_METRIC against step for every run that has it, a perplexity on a log scale; for an accuracy,
+    the band of +-1 binomial standard error around the baseline (the last run), to show the noise."""
+    sets = list(dict.fromkeys(name for r in runs for name in r.evals))
+    baseline = runs[-1]
+    for ax, name in zip(axes, sets):
+        first = next(r.evals[name] for r in runs if name in r.evals)
+        metric = MAIN_METRIC.get(name, next(iter(next(iter(first.values())).scores)))
+        for r in runs:
+            by_step = r.evals.get(name, {})
+            steps = sorted(s for s in by_step if metric in by_step[s].scores)
+            if not steps:
+                continue
+            values = np.array([np.nan if by_step[s].scores[metric] is None else by_step[s].scores[metric]
+                               for s in steps])
+            ax.plot(steps, values, "o-", color=colors[r.index], markersize=3, label=r.label)
+            if r is baseline and is_accuracy(metric):
+                n = np.array([max(by_step[s].examples, 1) for s in steps])
+                se = np.sqrt(np.clip(values * (1 - values), 0, None) / n)
+                ax.fill_between(steps, values - se, values + se, color=colors[r.index], alpha=0.15,
+                                label=f"{r.label} +-1 SE")
+        if "perplexity" in metric:
+            ax.set_yscale("log")
+        ax.set_ylabel(f"{name} {metric}")
+        ax.legend()
+        ax.grid(alpha=0.3)
+
+
 def plot(out, comparisons, smooth, tolerance):
-    """Write the three-panel PNG: every run's train loss (raw faint + smoothed), val loss, and each run's
-    relative difference against the baseline. Runs are drawn over the steps they share with the baseline;
-    the baseline over the steps it shares with any run."""
+    """Write the PNG: every run's train loss (raw faint + smoothed), val loss, and each run's relative
+    difference against the baseline; then, when the runs have downstream evaluations, one panel per set
+    (plot_evals). Runs are drawn over the steps they share with the baseline; the baseline over the steps
+    it shares with any run."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -288,7 +512,10 @@ def plot(out, comparisons, smooth, tolerance):
                   np.array([baseline.val[s] for s in v_steps], dtype=np.float64)))
     drawn.sort(key=lambda entry: entry[0].index)
 
-    fig, axes = plt.subplots(3, 1, figsize=(9, 11), sharex=True)
+    runs = [c.run for c in comparisons] + [baseline]
+    run_colors = {entry[0].index: entry[1] for entry in drawn}
+    n_sets = len({name for r in runs for name in r.evals})
+    fig, axes = plt.subplots(3 + n_sets, 1, figsize=(9, 11 + EVAL_PANEL_HEIGHT * n_sets), sharex=True)
     ax = axes[0]
     for run, color, steps, raw, smoothed, _, _ in drawn:
         ax.plot(steps, raw, color=color, alpha=0.25, linewidth=0.8)
@@ -320,6 +547,9 @@ def plot(out, comparisons, smooth, tolerance):
     ax.set_xlabel("step")
     ax.legend()
     ax.grid(alpha=0.3)
+    if n_sets:
+        plot_evals(axes[3:], runs, run_colors)
+        axes[-1].set_xlabel("step")
     fig.suptitle(f"{', '.join(c.run.label for c in comparisons)} vs {baseline.label} (baseline)")
     fig.tight_layout()
     save_figure(fig, out)
@@ -346,7 +576,12 @@ def parse_args(argv):
                     "or --baseline). Relative difference = |run - baseline| / |baseline|, per step, over the "
                     "steps present in both logs; the train loss is smoothed first. Exit 0 when, for every "
                     "run, the final val and final smoothed train relative differences are both <= "
-                    "--tolerance, 1 when not, 2 on bad input.")
+                    "--tolerance, 1 when not, 2 on bad input.",
+        epilog="When the runs' metrics.jsonl files (beside main.log) hold downstream evaluations (-h 1, "
+               "--eval-lambada, --eval-wikitext), a table of their scores at the last step every run evaluated "
+               "follows, with each run's difference from the baseline, the binomial standard error of the "
+               "baseline's accuracies and the example counts, and the plot gets a panel per set. The scores are "
+               "reported only: they do not enter the PASS/FAIL verdict or the exit status.")
     parser.add_argument("runs", nargs="*", metavar="RUN",
                         help="run directory (holding main.log) or main.log; two or more, one the baseline")
     parser.add_argument("--baseline", type=int, metavar="K",
@@ -357,7 +592,9 @@ def parse_args(argv):
     parser.add_argument("--out", help="PNG to write (default: compare_loss.png in the first checked run's "
                                       "directory when it is one, else in the current directory)")
     parser.add_argument("--smooth", type=positive_int, default=20,
-                        help="train-loss moving-average window, in aligned steps (default 20)")
+                        help="train-loss smoothing window, in aligned steps: a centred moving average, "
+                             "shrinking symmetrically at the ends (so the last step's value is its raw one; "
+                             "default 20)")
     parser.add_argument("--tolerance", type=non_negative_float, default=0.01,
                         help="largest allowed final relative difference, val and smoothed train (default 0.01)")
     # intermixed: a run may follow a flag (`A --smooth 5 B`), as when the runs were two positionals
@@ -387,8 +624,9 @@ def read_runs(paths, labels):
         labels = [default_label(path, run_letter(i)) for i, path in enumerate(paths)]
         if len(set(labels)) < len(labels):  # the same directory name twice: tell the runs apart by position
             labels = [f"{run_letter(i)} ({label})" for i, label in enumerate(labels)]
-    return [Run(i, path, log, label, train, val)
-            for i, (path, log, label, (train, val)) in enumerate(zip(paths, logs, labels, curves))]
+    evals = [read_evals(metrics) if metrics else {} for metrics in map(metrics_path, logs)]
+    return [Run(i, path, log, label, train, val, scores)
+            for i, (path, log, label, (train, val), scores) in enumerate(zip(paths, logs, labels, curves, evals))]
 
 
 def main(argv=None):
@@ -405,6 +643,10 @@ def main(argv=None):
     if len(comparisons) > 1:
         print()
         print_overall(comparisons)
+    scores = score_table(runs, baseline)
+    if scores is not None:
+        print()
+        print_scores(scores)
     first = comparisons[0].run.path
     out = args.out or (os.path.join(first, "compare_loss.png") if os.path.isdir(first) else "compare_loss.png")
     plot(out, comparisons, args.smooth, args.tolerance)

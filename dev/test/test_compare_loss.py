@@ -5,11 +5,16 @@ Run from the repo root: python -m pytest dev/test/test_compare_loss.py. The scri
 as users run them; the expected numbers come from an independent numpy computation over the values this
 file wrote. Random inputs come from a seed printed by each test (set LLM8_TEST_SEED to replay one).
 The two-run output of compare_loss.py is also checked against the script as it was before it took N runs
-(read from git), both run in this process with their plots left out, which keeps that check cheap.
+(read from git), both run in this process with their plots left out, which keeps that check cheap; only
+the smoothed train figures differ from it (the smoothing became a centred moving average), and those are
+checked against numpy here. The downstream-score tests build metrics.jsonl by hand and run the script
+in this process (a few seconds in all, the plot's matplotlib import included).
 """
 import contextlib
 import importlib.util
 import io
+import json
+import math
 import os
 import re
 import secrets
@@ -80,21 +85,37 @@ def make_runs(rng, tmp_path, n=150, scale_a=1.003):
     return a, b
 
 
+def centred_mean(x, window):
+    """The centred moving average, from its definition: entry i averages x[i - h .. i + h], h = window // 2,
+    with weights 1 (an odd window) or 1/2, 1, ..., 1, 1/2 over `window` (an even one: the centred
+    2 x window average); where the window does not fit (i < h or i > n - 1 - h) it shrinks to the
+    symmetric x[i - r .. i + r], r = min(i, n - 1 - i), equal weights. The full windows are a convolution."""
+    x = np.asarray(x, dtype=np.float64)
+    n, h = len(x), window // 2
+    if h == 0:
+        return x.copy()
+    out = np.array([x[i - min(i, n - 1 - i):i + min(i, n - 1 - i) + 1].mean() for i in range(n)])
+    if n >= 2 * h + 1:
+        kernel = np.ones(2 * h + 1)
+        if window % 2 == 0:
+            kernel[[0, -1]] = 0.5
+        out[h:n - h] = np.convolve(x, kernel / kernel.sum(), mode="valid")
+    return out
+
+
+def expected_train(a_train, b_train, smooth):
+    """(steps, smoothed a, smoothed b, |a - b| / |b|) over the aligned train steps, from numpy."""
+    steps = np.array(sorted(a_train.keys() & b_train.keys()))
+    ta = centred_mean([a_train[s] for s in steps], smooth)
+    tb = centred_mean([b_train[s] for s in steps], smooth)
+    return steps, ta, tb, np.abs(ta - tb) / np.abs(tb)
+
+
 def expected_differences(a, b, smooth):
-    """Independent computation: aligned steps, cumsum moving average, |a-b|/|b|."""
+    """Independent computation: aligned steps, centred moving average, |a-b|/|b|."""
     (a_train, a_val), (b_train, b_val) = a, b
-    t_steps = np.array(sorted(a_train.keys() & b_train.keys()))
+    t_steps, _, _, t_rel = expected_train(a_train, b_train, smooth)
     v_steps = np.array(sorted(a_val.keys() & b_val.keys()))
-
-    def trailing_mean(x):
-        c = np.concatenate([[0.0], np.cumsum(x)])
-        hi = np.arange(1, len(x) + 1)
-        lo = np.maximum(0, hi - smooth)
-        return (c[hi] - c[lo]) / (hi - lo)
-
-    ta = trailing_mean(np.array([a_train[s] for s in t_steps]))
-    tb = trailing_mean(np.array([b_train[s] for s in t_steps]))
-    t_rel = np.abs(ta - tb) / np.abs(tb)
     va = np.array([a_val[s] for s in v_steps])
     vb = np.array([b_val[s] for s in v_steps])
     v_rel = np.abs(va - vb) / np.abs(vb)
@@ -337,10 +358,8 @@ def two_run_script(tmp_path_factory):
     return load_script(path, "compare_loss_two_run")
 
 
-def run_in_process(module, args, monkeypatch):
-    """(exit status, stdout, stderr) of a compare_loss.py module's main() as its __main__ block gives them,
-    with its plot left out (no PNG is written; the plot line is still printed)."""
-    monkeypatch.setattr(module, "plot", lambda *a, **k: None)
+def call_main(module, args):
+    """(exit status, stdout, stderr) of a compare_loss.py module's main() as its __main__ block gives them."""
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout):
         try:
@@ -351,33 +370,301 @@ def run_in_process(module, args, monkeypatch):
     return status, stdout.getvalue(), stderr.getvalue()
 
 
-def test_two_runs_print_as_before(rng, tmp_path, monkeypatch, two_run_script):
-    """Two runs, A against baseline B: the same stdout, stderr and exit status as the two-run script."""
+def run_in_process(module, args, monkeypatch):
+    """call_main() with the module's plot left out (no PNG is written; the plot line is still printed)."""
+    monkeypatch.setattr(module, "plot", lambda *a, **k: None)
+    return call_main(module, args)
+
+
+@pytest.fixture(scope="module")
+def compare_module():
+    return load_script(COMPARE, "compare_loss_n_runs")
+
+
+TRAIN_ROW = re.compile(r"^train \(smoothed \d+\) .*$", re.MULTILINE)
+VERDICT_LINE = re.compile(r"^(PASS|FAIL)(: at step \d+ val rel \S+ (<=|not <=) \S+; at step \d+ smoothed train rel )"
+                          r"(\S+) (<=|not <=) (\S+)$", re.MULTILINE)
+
+
+def with_centred_smoothing(two_run_output, a_train, b_train, smooth, tolerance):
+    """(stdout, status) of the two-run script with its smoothed-train figures replaced by numpy's centred
+    moving average: the train row's final A / final B / final rel / max rel / at step, and the verdict
+    line's smoothed train rel, its `<=` and the PASS/FAIL word. Everything else is the two-run script's."""
+    status, stdout = two_run_output
+    if not TRAIN_ROW.search(stdout):  # bad input: no table
+        return stdout, status
+    steps, ta, tb, rel = expected_train(a_train, b_train, smooth)
+    row = (f"{f'train (smoothed {smooth})':<22} {len(steps):>6d} {ta[-1]:>10.6f} {tb[-1]:>10.6f} "
+           f"{rel[-1]:>11.4e} {rel.max():>11.4e} {int(steps[np.argmax(rel)]):>8d}")
+    stdout = TRAIN_ROW.sub(row, stdout)
+    train_within = bool(rel[-1] <= tolerance)
+    verdict = VERDICT_LINE.search(stdout)
+    passed = verdict.group(3) == "<=" and train_within
+    stdout = VERDICT_LINE.sub(lambda m: f"{'PASS' if passed else 'FAIL'}{m.group(2)}{rel[-1]:.4e} "
+                                        f"{'<=' if train_within else 'not <='} {m.group(6)}", stdout)
+    return stdout, 0 if passed else 1
+
+
+def test_two_runs_print_as_before(rng, tmp_path, monkeypatch, two_run_script, compare_module):
+    """Two runs, A against baseline B: the same stdout, stderr and exit status as the two-run script of
+    TWO_RUN_COMMIT, except for the smoothed train figures. That script smoothed with a trailing mean, which
+    lags the loss by (window - 1) / 2 steps; the train row and the verdict's smoothed train rel now come
+    from a centred moving average, so those figures (and the verdict, should it flip) are expected from
+    centred_mean() here, not from either script's output."""
     a, b = make_runs(rng, tmp_path, scale_a=1.004)
     want = expected_differences(a, b, 20)
     tight = min(want["train"][1], want["val"][1]) * 0.5  # both curves out: a FAIL
-    write_main_log(tmp_path / "nan" / "main.log", {s: 3.0 for s in range(10)}, {9: float("nan")})
-    write_main_log(tmp_path / "same" / "main.log", {s: 3.0 for s in range(10)}, {9: 3.0})
+    nan = write_main_log(tmp_path / "nan" / "main.log", {s: 3.0 for s in range(10)}, {9: float("nan")})
+    same = write_main_log(tmp_path / "same" / "main.log", {s: 3.0 for s in range(10)}, {9: 3.0})
     write_main_log(tmp_path / "late" / "main.log", {s: 3.0 for s in range(100, 110)}, {109: 3.0})
     monkeypatch.chdir(tmp_path)
+    # (arguments, the checked run's and the baseline's train curves, --smooth, --tolerance)
     cases = [
-        ["run_a", "run_b"],  # relative paths, default labels and default --out (run_a/compare_loss.png)
-        ["run_a", "run_b/main.log", "--tolerance", repr(float(tight))],
-        ["run_a", "run_b", "--labels", "fp8", "bf16", "--smooth", "5", "--out", "x.png"],
-        ["run_a", "--smooth", "3", "run_b"],  # a flag between the runs
-        ["run_a/main.log", "run_a/main.log"],  # one name twice: "A (run_a)", "B (run_a)"; default --out in cwd
-        ["nan", "same"],
-        ["same", "late"],  # no aligned steps
-        ["run_a", "missing"],
+        (["run_a", "run_b"], a, b, 20, 0.01),  # relative paths, default labels, default --out (run_a/...)
+        (["run_a", "run_b/main.log", "--tolerance", repr(float(tight))], a, b, 20, tight),
+        (["run_a", "run_b", "--labels", "fp8", "bf16", "--smooth", "5", "--out", "x.png"], a, b, 5, 0.01),
+        (["run_a", "--smooth", "3", "run_b"], a, b, 3, 0.01),  # a flag between the runs
+        (["run_a/main.log", "run_a/main.log"], a, a, 20, 0.01),  # one name twice; default --out in cwd
+        (["nan", "same"], nan, same, 20, 0.01),
+        (["same", "late"], same, same, 20, 0.01),  # no aligned steps
+        (["run_a", "missing"], a, a, 20, 0.01),
     ]
-    n_run_script = load_script(COMPARE, "compare_loss_n_runs")
-    statuses = set()
-    for args in cases:
-        got = run_in_process(n_run_script, args, monkeypatch)
-        assert got == run_in_process(two_run_script, args, monkeypatch), args
-        statuses.add(got[0])
+    statuses, changed = set(), 0
+    for args, run_curves, base_curves, smooth, tolerance in cases:
+        status, stdout, stderr = run_in_process(compare_module, args, monkeypatch)
+        old_status, old_stdout, old_stderr = run_in_process(two_run_script, args, monkeypatch)
+        want_stdout, want_status = with_centred_smoothing((old_status, old_stdout), run_curves[0], base_curves[0],
+                                                          smooth, tolerance)
+        assert (status, stdout, stderr) == (want_status, want_stdout, old_stderr), args
+        statuses.add(status)
+        changed += stdout != old_stdout
     assert statuses == {0, 1, 2}
+    assert changed >= 4, "the centred smoothing changed no output: the comparison would not notice it"
     assert not list(tmp_path.rglob("*.png"))
+
+
+def test_centred_smoothing_does_not_lag(compare_module):
+    """A linear ramp's smoothed curve is the ramp (at every step: the window is symmetric, also where it
+    shrinks at the ends); a trailing mean would lag it by (window - 1) / 2 steps."""
+    ramp = 10.0 - 0.05 * np.arange(40)
+    for window in (1, 2, 5, 20, 39, 40, 100):
+        smoothed = compare_module.moving_average(ramp, window)
+        np.testing.assert_allclose(smoothed, ramp, rtol=0, atol=1e-12, err_msg=f"window {window}")
+        trailing = np.array([ramp[max(0, i - window + 1):i + 1].mean() for i in range(len(ramp))])
+        lag = (window - 1) / 2
+        if window < len(ramp):  # a full trailing window: it reads the ramp `lag` steps back
+            np.testing.assert_allclose(trailing[window - 1:], 10.0 - 0.05 * (np.arange(window - 1, 40) - lag))
+    noisy = np.random.default_rng(0).standard_normal(50)
+    for window in (2, 3, 8, 9):
+        np.testing.assert_allclose(compare_module.moving_average(noisy, window), centred_mean(noisy, window),
+                                   rtol=1e-12, atol=1e-12)
+
+
+# --- compare_loss.py: downstream scores (metrics.jsonl) ------------------------------------------
+
+OTHER_METRICS_LINES = [  # the objects of metrics.jsonl the score table must skip
+    {"step": 0, "loss": 10.39, "lr": 5e-05, "grad_norm": 2.7, "linears": "fp8"},
+    {"step": 0, "val_loss": 10.40},
+    {"step": 0, "shadow_loss_fp8": 10.39, "shadow_loss_bf16": 10.38, "shadow_rel_diff": 1e-3},
+    {"step": 0, "event": "fallback", "reason": "eval"},  # "eval" as text, not as a key
+    {"step": 0, "alert": "saturation", "layer": 0, "gemm": "wo", "operand": "X", "value": 0.1},
+]
+
+
+def write_metrics(path, evals):
+    """metrics.jsonl with `evals` ([(step, set, {metric: value or None}, examples)]) as the trainer writes
+    them (JSON numbers that round-trip; null for not finite), among the other objects a run writes."""
+    lines = [json.dumps(row) for row in OTHER_METRICS_LINES]
+    for step, name, scores, examples in evals:
+        lines.append(json.dumps({"step": step, "eval": name, **scores, "examples": examples}))
+        lines.append(json.dumps({"step": step, "loss": 3.0}))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def random_scores(rng, name, examples):
+    """One evaluation's scores as train/evals.h names them: accuracies k / n, perplexities > 1."""
+    acc = lambda: int(rng.integers(0, examples + 1)) / examples
+    if name == "hellaswag":
+        return {"acc": acc(), "acc_norm": acc(), "acc_llmc": acc()}
+    if name == "lambada":
+        return {"acc": acc(), "perplexity": float(10 ** rng.uniform(1, 4))}
+    bpb = float(rng.uniform(1, 5))
+    return {"word_perplexity": float(10 ** rng.uniform(2, 6)), "byte_perplexity": 2 ** bpb, "bits_per_byte": bpb}
+
+
+def parse_cell(text):
+    """A printed score cell: None for "-" (missing), "null", a fraction for "+1.234%", else the number."""
+    if text == "-":
+        return None
+    if text == "null":
+        return "null"
+    return float(text[:-1]) / 100 if text.endswith("%") else float(text)
+
+
+def parse_scores(stdout):
+    """(header cells, step, {(set, metric): [cells]}) of the printed downstream-score table."""
+    lines = stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("downstream scores"))
+    step = int(re.match(r"downstream scores at step (\d+),", lines[first]).group(1))
+    header = re.split(r"\s{2,}", lines[first + 2].strip())
+    assert set(lines[first + 3]) == {"-"}, lines[first + 3]
+    rows = {}
+    for line in lines[first + 4:]:
+        if line.startswith("differences:"):
+            break
+        cells = line.split()
+        assert len(cells) == len(header), line
+        rows[(cells[0], cells[1])] = [parse_cell(c) for c in cells[2:-1]] + [cells[-1]]  # examples as printed
+    return header, step, rows
+
+
+def assert_cell(got, want, metric, kind):
+    """A printed cell against the independent value: None (missing) and "null" exactly, numbers to the
+    printed precision (accuracies and SE 4 decimals, other scores 6 digits, relative differences 0.001%)."""
+    if want is None or want == "null":
+        assert got == want, (metric, kind, got, want)
+    elif kind == "value" and not metric.startswith("acc"):
+        assert got == pytest.approx(want, rel=1e-5), (metric, kind)
+    elif kind == "diff" and not metric.startswith("acc"):
+        assert got == pytest.approx(want, abs=6e-6), (metric, kind)
+    else:
+        assert got == pytest.approx(want, abs=6e-5), (metric, kind)
+
+
+def eval_runs(rng, tmp_path):
+    """Three runs with evaluations: fp8 (A: steps 0, 10, 20), delayed (B: steps 0, 10; no lambada; a null
+    perplexity at step 10; 40 hellaswag examples) and the baseline bf16 (C: 0, 10, 20, its step 10 logged
+    twice, as by a resumed run: the later wins). The last step all three evaluated is 10, not 20.
+    Returns {run: {(step, set): (scores, examples)}}, the objects that count."""
+    plan = {"fp8": ((0, 10, 20), ("hellaswag", "lambada", "wikitext")),
+            "delayed": ((0, 10), ("hellaswag", "wikitext")),
+            "bf16": ((0, 10, 20), ("hellaswag", "lambada", "wikitext"))}
+    examples = {"hellaswag": 50, "lambada": 30, "wikitext": 2}
+    runs = {}
+    for run_name, (steps, sets) in plan.items():
+        written, kept = [], {}
+        for step in steps:
+            for name in sets:
+                n = 40 if (run_name, name) == ("delayed", "hellaswag") else examples[name]
+                scores = random_scores(rng, name, n)
+                if (run_name, step, name) == ("delayed", 10, "wikitext"):
+                    scores["word_perplexity"] = None
+                if (run_name, step) == ("bf16", 10):  # an earlier object of the same step, overridden
+                    written.append((step, name, random_scores(rng, name, n), n))
+                written.append((step, name, scores, n))
+                kept[(step, name)] = (scores, n)
+        write_main_log(tmp_path / run_name / "main.log", {s: 3.0 - 0.01 * s for s in range(21)}, {0: 3.0, 20: 2.8})
+        write_metrics(tmp_path / run_name / "metrics.jsonl", written)
+        runs[run_name] = kept
+    return runs
+
+
+def test_score_table(rng, tmp_path, compare_module, monkeypatch):
+    runs = eval_runs(rng, tmp_path)
+    status, stdout, stderr = run_in_process(
+        compare_module, [tmp_path / "fp8", tmp_path / "delayed", tmp_path / "bf16", "--labels", "fp8", "delayed",
+                         "bf16"], monkeypatch)
+    assert status == 0 and not stderr, stdout + stderr  # identical losses: the scores do not judge
+    header, step, rows = parse_scores(stdout)
+    assert step == 10, stdout
+    assert header == ["set", "metric", "A", "B", "C", "A - C", "B - C", "SE C", "examples"], header
+    assert "runs A [fp8], B [delayed]; baseline C [bf16]" in stdout
+    want_rows = [(name, metric) for name in ("hellaswag", "lambada", "wikitext")
+                 for metric in runs["fp8"][(10, name)][0]]
+    assert list(rows) == want_rows, stdout
+    for name, metric in want_rows:
+        got = dict(zip(header[2:], rows[(name, metric)]))
+        scores = {r: runs[r].get((10, name)) for r in ("fp8", "delayed", "bf16")}
+        value = {r: None if s is None else "null" if s[0][metric] is None else s[0][metric] for r, s in scores.items()}
+        base = value["bf16"]
+        for letter, r in (("A", "fp8"), ("B", "delayed"), ("C", "bf16")):
+            assert_cell(got[letter], value[r], metric, "value")
+        for letter, r in (("A", "fp8"), ("B", "delayed")):
+            v = value[r]
+            if v is None:
+                diff = None
+            elif v == "null":
+                diff = "null"
+            else:
+                diff = v - base if metric.startswith("acc") else (v - base) / base
+            assert_cell(got[f"{letter} - C"], diff, metric, "diff")
+        n = scores["bf16"][1]
+        assert_cell(got["SE C"], math.sqrt(base * (1 - base) / n) if metric.startswith("acc") else None, metric, "se")
+        counts = {str(s[1]) for s in scores.values() if s}  # one count, or each run's in column order
+        assert got["examples"] == (counts.pop() if len(counts) == 1 else
+                                   "/".join(str(s[1]) if s else "-" for s in scores.values())), (name, metric)
+    # the cases spelled out: B lacks lambada, its word perplexity is null, its hellaswag count differs
+    assert rows[("lambada", "acc")][1] is None and rows[("lambada", "acc")][4] is None
+    assert rows[("lambada", "acc")][-1] == "30"
+    assert rows[("wikitext", "word_perplexity")][1] == "null" and rows[("wikitext", "word_perplexity")][4] == "null"
+    assert rows[("hellaswag", "acc")][-1] == "50/40/50"
+
+
+def test_score_table_nulls_and_no_common_step(tmp_path, compare_module, monkeypatch):
+    """A baseline score of null: its cells, the differences and the SE read null. Runs whose evaluations
+    share no step: one line says so. A metrics.jsonl without evaluations: no table at all."""
+    for name in ("a", "b"):
+        write_main_log(tmp_path / name / "main.log", {s: 3.0 for s in range(5)}, {4: 3.0})
+    write_metrics(tmp_path / "a" / "metrics.jsonl", [(4, "lambada", {"acc": 0.5, "perplexity": 12.0}, 4)])
+    write_metrics(tmp_path / "b" / "metrics.jsonl", [(4, "lambada", {"acc": None, "perplexity": None}, 4)])
+    status, stdout, _ = run_in_process(compare_module, [tmp_path / "a", tmp_path / "b"], monkeypatch)
+    assert status == 0
+    _, step, rows = parse_scores(stdout)
+    assert step == 4
+    assert rows == {("lambada", "acc"): [0.5, "null", "null", "null", "4"],
+                    ("lambada", "perplexity"): [12.0, "null", "null", None, "4"]}, stdout
+    write_metrics(tmp_path / "b" / "metrics.jsonl", [(3, "lambada", {"acc": 0.25, "perplexity": 9.0}, 4)])
+    status, stdout, _ = run_in_process(compare_module, [tmp_path / "a", tmp_path / "b"], monkeypatch)
+    assert status == 0
+    assert "downstream scores: no step evaluated by every run (A: 4; B: 3)" in stdout, stdout
+    write_metrics(tmp_path / "a" / "metrics.jsonl", [])
+    (tmp_path / "b" / "metrics.jsonl").unlink()
+    with_metrics = run_in_process(compare_module, [tmp_path / "a", tmp_path / "b"], monkeypatch)
+    (tmp_path / "a" / "metrics.jsonl").unlink()
+    assert with_metrics == run_in_process(compare_module, [tmp_path / "a", tmp_path / "b"], monkeypatch)
+    assert "downstream" not in with_metrics[1]
+
+
+def test_score_table_bad_evaluation_line(tmp_path, compare_module, monkeypatch):
+    write_main_log(tmp_path / "a" / "main.log", {0: 3.0}, {0: 3.0})
+    metrics = tmp_path / "a" / "metrics.jsonl"
+    for bad in ['{"step": 0, "eval": "lambada", "acc": "high", "examples": 3}', '{"step": 0, "eval": "lambada", "acc',
+                '{"step": "0", "eval": "lambada", "acc": 0.5, "examples": 3}']:
+        write_metrics(metrics, [(0, "lambada", {"acc": 0.5}, 3)])
+        metrics.write_text(metrics.read_text() + bad + "\n")
+        status, _, stderr = run_in_process(compare_module, [tmp_path / "a", tmp_path / "a"], monkeypatch)
+        line = len(metrics.read_text().splitlines())
+        assert status == 2 and f"{metrics}:{line}: malformed evaluation line" in stderr, (bad, stderr)
+
+
+def test_plot_panels(rng, tmp_path, compare_module, monkeypatch):
+    """The PNG gets one panel per evaluation set under the three loss panels (log scale for wikitext's word
+    perplexity); without evaluations it keeps its three panels and size."""
+    import matplotlib.image
+    eval_runs(rng, tmp_path)
+    figures, save = [], compare_module.save_figure
+
+    def save_and_record(fig, out):  # each panel's (y label, y scale, curves drawn), then the real save
+        figures.append([(ax.get_ylabel(), ax.get_yscale(), len(ax.get_lines())) for ax in fig.axes])
+        save(fig, out)
+    monkeypatch.setattr(compare_module, "save_figure", save_and_record)
+    out = tmp_path / "evals.png"
+    status, stdout, stderr = call_main(compare_module, [tmp_path / "fp8", tmp_path / "delayed", tmp_path / "bf16",
+                                                        "--out", out])
+    assert status == 0, stdout + stderr
+    axes = figures[-1]
+    assert len(axes) == 6, axes
+    assert [a[0] for a in axes[:3]] == ["train loss", "val loss", "|run - bf16| / |bf16|"]
+    assert axes[3:] == [("hellaswag acc_norm", "linear", 3), ("lambada acc", "linear", 2),
+                        ("wikitext word_perplexity", "log", 3)], axes
+    png = matplotlib.image.imread(out)
+    assert out.read_bytes().startswith(PNG_MAGIC) and png.shape[:2] == (round((11 + 3 * 3) * 110), 9 * 110)
+    for name in ("fp8", "delayed", "bf16"):
+        (tmp_path / name / "metrics.jsonl").unlink()
+    status, stdout, stderr = call_main(compare_module, [tmp_path / "fp8", tmp_path / "bf16", "--out", out])
+    assert status == 0, stdout + stderr
+    assert len(figures[-1]) == 3 and matplotlib.image.imread(out).shape[:2] == (11 * 110, 9 * 110)
 
 
 # --- plot_fp8_stats.py -----------------------------------------------------------------------------
