@@ -88,7 +88,7 @@ def evals_of(out_dir):
 
 
 # ---------------------------------------------------------------------------------------------------
-# independent readers of the two eval formats (from their descriptions in README "Downstream evaluation")
+# independent readers of the two eval formats (from their descriptions in README "File formats")
 
 def read_mc(path):
     """llm.c's eval file: [(label, context, [ending tokens...])]."""
@@ -162,36 +162,37 @@ def continuation_ll(entries, record, choice, tokens):
     return ll, greedy
 
 
-def numpy_scores(files, dump_dir):
-    """lm-evaluation-harness's metrics (and llm.c's HellaSwag number) from the dumped logits."""
-    scores = {}
-    entries = read_dump(dump_dir, "hellaswag")
+def reference_scores(files, ending_ll, lambada_ll, document_ll):
+    """lm-evaluation-harness's metrics (and llm.c's HellaSwag number) from a scorer's log-likelihoods:
+    ending_ll(example, ending, context, tokens) -> ll; lambada_ll(record, context, target) -> (ll, greedy);
+    document_ll(record, bos, tokens) -> ll. Words and bytes come from the raw texts above."""
     correct = np.zeros(3)
-    for e, (label, _, ends) in enumerate(read_mc(files["hellaswag"])):
-        ll = np.array([continuation_ll(entries, e, c, toks)[0] for c, toks in enumerate(ends)])
+    for e, (label, ctx, ends) in enumerate(read_mc(files["hellaswag"])):
+        ll = np.array([ending_ll(e, c, ctx, toks) for c, toks in enumerate(ends)])
         nbytes = np.array([len(x.strip().encode()) for x in HELLASWAG[e]["endings"]], dtype=np.float64)
         ntok = np.array([len(t) for t in ends], dtype=np.float64)
         correct += [np.argmax(ll) == label, np.argmax(ll / nbytes) == label, np.argmax(ll / ntok) == label]
-    assert not entries, f"hellaswag: unexpected targets {sorted(entries)[:5]}"
-    n = len(HELLASWAG)
-    scores["hellaswag"] = {"acc": correct[0] / n, "acc_norm": correct[1] / n, "acc_llmc": correct[2] / n}
-
-    entries = read_dump(dump_dir, "lambada")
-    lls, hits = [], 0
-    for r, (_, target) in enumerate(read_cont(files["lambada"])[1]):
-        ll, greedy = continuation_ll(entries, r, 0, target)
-        lls.append(ll)
-        hits += greedy
-    assert not entries
-    scores["lambada"] = {"acc": hits / len(LAMBADA), "perplexity": math.exp(-np.mean(lls))}
-
-    entries = read_dump(dump_dir, "wikitext")
-    total = sum(continuation_ll(entries, r, 0, doc)[0] for r, (_, doc) in enumerate(read_cont(files["wikitext"])[1]))
-    assert not entries
+    scores = {"hellaswag": dict(zip(["acc", "acc_norm", "acc_llmc"], correct / len(HELLASWAG)))}
+    lam = [lambada_ll(r, ctx, t) for r, (ctx, t) in enumerate(read_cont(files["lambada"])[1])]
+    scores["lambada"] = {"acc": sum(g for _, g in lam) / len(LAMBADA), "perplexity": math.exp(-np.mean([x for x, _ in lam]))}
+    bos, docs = read_cont(files["wikitext"])
+    total = sum(document_ll(r, bos, doc) for r, (_, doc) in enumerate(docs))
     words = sum(len(re.split(r"\s+", p)) for p in WIKI_PAGES)
     nbytes = sum(len(p.encode()) for p in WIKI_PAGES)
     scores["wikitext"] = {"word_perplexity": math.exp(-total / words), "byte_perplexity": math.exp(-total / nbytes),
                           "bits_per_byte": -total / nbytes / math.log(2)}
+    return scores
+
+
+def numpy_scores(files, dump_dir):
+    """reference_scores over the dumped logits; checks that each set's dump scored exactly its targets."""
+    dumps = {name: read_dump(dump_dir, name) for name in ("hellaswag", "lambada", "wikitext")}
+    scores = reference_scores(
+        files, lambda e, c, _, toks: continuation_ll(dumps["hellaswag"], e, c, toks)[0],
+        lambda r, _, target: continuation_ll(dumps["lambada"], r, 0, target),
+        lambda r, _, doc: continuation_ll(dumps["wikitext"], r, 0, doc)[0])
+    for name, left in dumps.items():
+        assert not left, f"{name}: unexpected targets {sorted(left)[:5]}"
     return scores
 
 
@@ -371,29 +372,18 @@ def test_hf_transformers_agrees(eval_files, tmp_path, sp):
     def cont_ll(ctx, cont):
         return ll_of((ctx + cont)[-(T + 1):], len(cont))
 
-    correct = np.zeros(3)
-    for e, (label, ctx, ends) in enumerate(read_mc(eval_files["hellaswag"])):
-        ll = np.array([cont_ll(ctx, t)[0] for t in ends])
-        nbytes = np.array([len(x.strip().encode()) for x in HELLASWAG[e]["endings"]], dtype=np.float64)
-        ntok = np.array([len(t) for t in ends], dtype=np.float64)
-        correct += [np.argmax(ll) == label, np.argmax(ll / nbytes) == label, np.argmax(ll / ntok) == label]
-    expected = {"hellaswag": dict(zip(["acc", "acc_norm", "acc_llmc"], correct / len(HELLASWAG)))}
-    lam = [cont_ll(ctx, t) for ctx, t in read_cont(eval_files["lambada"])[1]]
-    expected["lambada"] = {"acc": sum(g for _, g in lam) / len(lam), "perplexity": math.exp(-np.mean([x for x, _ in lam]))}
-    bos, docs = read_cont(eval_files["wikitext"])
-    total = 0.0
-    for _, x in docs:
-        # lm-evaluation-harness's get_rolling_token_windows(x, bos, max_seq_len=T, context_len=1)
+    def document_ll(_, bos, x):
+        """lm-evaluation-harness's get_rolling_token_windows(x, bos, max_seq_len=T, context_len=1)."""
         first = min(T, len(x))
-        total += ll_of([bos] + x[:first], first)[0]
+        total = ll_of([bos] + x[:first], first)[0]
         predicted = first
         while predicted < len(x):
             count = min(T, len(x) - predicted)
             end = predicted + count
             total += ll_of(x[end - T - 1:end], count)[0]
             predicted = end
-    words = sum(len(re.split(r"\s+", p)) for p in WIKI_PAGES)
-    nbytes = sum(len(p.encode()) for p in WIKI_PAGES)
-    expected["wikitext"] = {"word_perplexity": math.exp(-total / words), "byte_perplexity": math.exp(-total / nbytes),
-                            "bits_per_byte": -total / nbytes / math.log(2)}
+        return total
+
+    expected = reference_scores(eval_files, lambda e, c, ctx, toks: cont_ll(ctx, toks)[0],
+                                lambda r, ctx, target: cont_ll(ctx, target), document_ll)
     assert_scores_agree(found, expected, 1e-4)
