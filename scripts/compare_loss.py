@@ -11,14 +11,18 @@ the later line wins. Runs are named A, B, C, ... by their position on the comman
 
 The baseline is the run at 0-based position --baseline (default: the last, so `A B` checks A against
 B). Every other run is compared with it on its own, over the steps present in both of the two logs:
-the relative difference at a step is |run - baseline| / |baseline|. The train loss is noisy, so it is
-first smoothed by a centred moving average over --smooth aligned steps (moving_average: unlike a trailing
-mean, which lags the loss by (window - 1) / 2 steps, it does not lag; near the ends the window shrinks
-symmetrically, so the last step's smoothed value is its raw one); the val loss is compared as logged. A
-run agrees with the baseline when its FINAL val-loss relative difference and its FINAL smoothed
-train-loss relative difference are both <= --tolerance (DESIGN.md section 9 asks for 1%). Each run
-gets the same summary (table and PASS/FAIL line); with more than one run to check, a last `overall`
-line names the runs that do not agree. The plot shows every run's curves and each run's relative
+the relative difference at a step is |run - baseline| / |baseline|. The train loss is noisy, so its
+curve (the table's max rel and its step, and the plot) is first smoothed by a centred moving average over
+--smooth W aligned steps (moving_average: unlike a trailing mean, which lags the loss by (W - 1) / 2
+steps, it does not lag; near the ends the window shrinks symmetrically, so the last step's smoothed value
+is its raw one); the val loss is compared as logged. The final train values are not that one noisy raw
+step but each run's mean over the last W aligned steps (all of them when fewer; last_window_mean): the
+train row's final columns show those two means and their relative difference. Both runs are averaged over
+the same steps, so the window's lag does not bias the comparison. A run agrees with the baseline when its
+FINAL val-loss relative difference (at the last aligned val step) and its FINAL smoothed train-loss
+relative difference (of the last-W means) are both <= --tolerance (DESIGN.md section 9 asks for 1%).
+Each run gets the same summary (table and PASS/FAIL line); with more than one run to check, a last
+`overall` line names the runs that do not agree. The plot shows every run's curves and each run's relative
 difference.
 
 Downstream scores: when a run's metrics.jsonl (beside its main.log) holds evaluation objects
@@ -180,6 +184,15 @@ def moving_average(values, window):
     return out
 
 
+def last_window_mean(values, window):
+    """Mean of the last `window` entries of a (n,) float64 array (n >= 1; all n when fewer); a float.
+
+    The train verdict's final value: both runs are averaged over the same aligned steps, so the window's lag
+    shifts both alike, and the verdict does not rest on one noisy step (the centred moving average's last
+    entry is the raw last step). A NaN in the window makes it NaN."""
+    return float(values[max(0, len(values) - window):].mean())
+
+
 def relative_difference(a, b):
     """|a - b| / |b| elementwise (b is the baseline); inf or NaN where b is 0."""
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -232,15 +245,18 @@ class Run:
 
 @dataclass
 class CurveDifference:
-    """One curve of a run against the baseline's, over their common steps (float64 arrays, one entry a step)."""
-    steps: np.ndarray     # (n,) int64, increasing
-    run: np.ndarray       # (n,) the run's values as compared (the train loss smoothed)
-    baseline: np.ndarray  # (n,) the baseline's, likewise
-    rel: np.ndarray       # (n,) |run - baseline| / |baseline|
-    final: float          # rel at the last common step
-    worst: float          # the largest rel (NaN when any is NaN) ...
-    worst_step: int       # ... and its step
-    within: bool          # final <= tolerance (False for NaN)
+    """One curve of a run against the baseline's, over their common steps (float64 arrays, one entry a step),
+    and the final values the verdict compares."""
+    steps: np.ndarray      # (n,) int64, increasing
+    run: np.ndarray        # (n,) the run's curve (the train loss: its centred moving average)
+    baseline: np.ndarray   # (n,) the baseline's, likewise
+    rel: np.ndarray        # (n,) |run - baseline| / |baseline|
+    final_run: float       # the run's final value: val, the last common step's; train, the last-W mean
+    final_baseline: float  # the baseline's, likewise
+    final: float           # |final_run - final_baseline| / |final_baseline|
+    worst: float           # the largest rel (NaN when any is NaN) ...
+    worst_step: int        # ... and its step
+    within: bool           # final <= tolerance (False for NaN)
 
 
 @dataclass
@@ -250,7 +266,7 @@ class Comparison:
     baseline: Run
     smooth: int
     tolerance: float
-    train: CurveDifference  # smoothed train loss
+    train: CurveDifference  # train loss: centred curve, final values the last-`smooth` means
     val: CurveDifference
 
     @property
@@ -258,18 +274,21 @@ class Comparison:
         return self.train.within and self.val.within
 
 
-def curve_difference(steps, run_values, baseline_values, tolerance):
-    """CurveDifference of two aligned (n,) arrays (n >= 1) over `steps`."""
+def curve_difference(steps, run_values, baseline_values, final_run, final_baseline, tolerance):
+    """CurveDifference of two aligned (n,) arrays (n >= 1) over `steps`, judged on the final values
+    `final_run` against `final_baseline` (floats)."""
     rel = relative_difference(run_values, baseline_values)
     worst_rel, worst_step = worst(steps, rel)
-    final = float(rel[-1])
-    return CurveDifference(steps, run_values, baseline_values, rel, final, worst_rel, worst_step,
-                           final <= tolerance)  # False for NaN
+    final = float(relative_difference(np.float64(final_run), np.float64(final_baseline)))
+    return CurveDifference(steps, run_values, baseline_values, rel, final_run, final_baseline, final, worst_rel,
+                           worst_step, final <= tolerance)  # False for NaN
 
 
 def compare(run, baseline, smooth, tolerance):
-    """Compare `run` against `baseline` over the steps both logged, the train loss smoothed over `smooth`
-    aligned steps. Returns a Comparison; raises InputError when a curve has no step in common."""
+    """Compare `run` against `baseline` over the steps both logged: the val loss as logged, judged at the last
+    common step; the train curve smoothed by a centred moving average over `smooth` aligned steps, judged on
+    the two runs' means over their last `smooth` aligned steps. Returns a Comparison; raises InputError when
+    a curve has no step in common."""
     t_steps, t_run, t_base = align(run.train, baseline.train)
     v_steps, v_run, v_base = align(run.val, baseline.val)
     for name, steps, run_curve, base_curve in (("train", t_steps, run.train, baseline.train),
@@ -277,8 +296,9 @@ def compare(run, baseline, smooth, tolerance):
         if len(steps) == 0:
             raise InputError(f"{run.log} and {baseline.log}: no aligned {name} steps ({len(run_curve)} {name} "
                              f"steps in {run.letter}, {len(base_curve)} in {baseline.letter}, none in common)")
-    train = curve_difference(t_steps, moving_average(t_run, smooth), moving_average(t_base, smooth), tolerance)
-    val = curve_difference(v_steps, v_run, v_base, tolerance)
+    train = curve_difference(t_steps, moving_average(t_run, smooth), moving_average(t_base, smooth),
+                             last_window_mean(t_run, smooth), last_window_mean(t_base, smooth), tolerance)
+    val = curve_difference(v_steps, v_run, v_base, float(v_run[-1]), float(v_base[-1]), tolerance)
     return Comparison(run, baseline, smooth, tolerance, train, val)
 
 
@@ -433,7 +453,9 @@ def print_scores(table):
 
 
 def print_comparison(c):
-    """The summary of one Comparison: the two logs, a table row per curve and the PASS/FAIL line."""
+    """The summary of one Comparison: the two logs, a table row per curve and the PASS/FAIL line. The train
+    row's final columns and the verdict's smoothed train rel are the last-`smooth` means (CurveDifference's
+    final values); its max rel and step are the centred curve's."""
     r, b = c.run, c.baseline
     print(f"{r.letter} = {r.log} [{r.label}]")
     print(f"{b.letter} = {b.log} [{b.label}] (baseline); "
@@ -443,7 +465,7 @@ def print_comparison(c):
     print(header)
     print("-" * len(header))
     for name, d in ((f"train (smoothed {c.smooth})", c.train), ("val", c.val)):
-        print(f"{name:<22} {len(d.steps):>6d} {d.run[-1]:>10.6f} {d.baseline[-1]:>10.6f} "
+        print(f"{name:<22} {len(d.steps):>6d} {d.final_run:>10.6f} {d.final_baseline:>10.6f} "
               f"{d.final:>11.4e} {d.worst:>11.4e} {d.worst_step:>8d}")
     t, v = c.train, c.val
     print(f"{'PASS' if c.within else 'FAIL'}: at step {int(v.steps[-1])} val rel {v.final:.4e} "
@@ -574,8 +596,9 @@ def parse_args(argv):
         prog=PROG,
         description="Compare the train and val loss curves of each RUN against the baseline run (the last, "
                     "or --baseline). Relative difference = |run - baseline| / |baseline|, per step, over the "
-                    "steps present in both logs; the train loss is smoothed first. Exit 0 when, for every "
-                    "run, the final val and final smoothed train relative differences are both <= "
+                    "steps present in both logs; the train loss is smoothed first (--smooth). Exit 0 when, "
+                    "for every run, the final val relative difference (last common step) and the final "
+                    "smoothed train one (the means over the last --smooth common steps) are both <= "
                     "--tolerance, 1 when not, 2 on bad input.",
         epilog="When the runs' metrics.jsonl files (beside main.log) hold downstream evaluations (-h 1, "
                "--eval-lambada, --eval-wikitext), a table of their scores at the last step every run evaluated "
@@ -591,12 +614,14 @@ def parse_args(argv):
                              "directories' names); give it after the runs")
     parser.add_argument("--out", help="PNG to write (default: compare_loss.png in the first checked run's "
                                       "directory when it is one, else in the current directory)")
-    parser.add_argument("--smooth", type=positive_int, default=20,
-                        help="train-loss smoothing window, in aligned steps: a centred moving average, "
-                             "shrinking symmetrically at the ends (so the last step's value is its raw one; "
-                             "default 20)")
+    parser.add_argument("--smooth", type=positive_int, default=20, metavar="W",
+                        help="train-loss smoothing window W, in aligned steps (default 20): the curve "
+                             "(max rel, plot) is a centred moving average, shrinking symmetrically at the ends; "
+                             "the final values (the table's final columns, the verdict) are the two runs' "
+                             "means over their last W aligned steps")
     parser.add_argument("--tolerance", type=non_negative_float, default=0.01,
-                        help="largest allowed final relative difference, val and smoothed train (default 0.01)")
+                        help="largest allowed final relative difference, val (last step) and smoothed "
+                             "train (last-W means) (default 0.01)")
     # intermixed: a run may follow a flag (`A --smooth 5 B`), as when the runs were two positionals
     return parser.parse_intermixed_args(argv)
 

@@ -6,9 +6,11 @@ as users run them; the expected numbers come from an independent numpy computati
 file wrote. Random inputs come from a seed printed by each test (set LLM8_TEST_SEED to replay one).
 The two-run output of compare_loss.py is also checked against the script as it was before it took N runs
 (read from git), both run in this process with their plots left out, which keeps that check cheap; only
-the smoothed train figures differ from it (the smoothing became a centred moving average), and those are
-checked against numpy here. The downstream-score tests build metrics.jsonl by hand and run the script
-in this process (a few seconds in all, the plot's matplotlib import included).
+the train row's max rel and its step differ from it (the train curve became a centred moving average),
+while the final train values and the verdict (the means over the last --smooth aligned steps, which is
+what the old trailing mean ended on) are the old ones; all of them are checked against numpy here. The
+downstream-score tests build metrics.jsonl by hand and run the script in this process (a few seconds in
+all, the plot's matplotlib import included).
 """
 import contextlib
 import importlib.util
@@ -103,23 +105,34 @@ def centred_mean(x, window):
     return out
 
 
+def last_mean(x, window):
+    """The mean of the last `window` entries of x, or of all of them when there are fewer: their sum over
+    their count. Summed by np.sum, not math.fsum: a mean of W values logged to 6 decimals is a multiple of
+    1e-6 / W, so at 6 decimals it often sits on a rounding tie that one ulp of a different sum would flip."""
+    count = min(window, len(x))
+    return float(np.sum(np.asarray(x, dtype=np.float64)[len(x) - count:]) / count)
+
+
 def expected_train(a_train, b_train, smooth):
-    """(steps, smoothed a, smoothed b, |a - b| / |b|) over the aligned train steps, from numpy."""
+    """The train figures from numpy over the aligned train steps: (steps, centred a, centred b, their
+    |a - b| / |b| per step, a's and b's means over the last `smooth` steps, those means' |a - b| / |b|)."""
     steps = np.array(sorted(a_train.keys() & b_train.keys()))
-    ta = centred_mean([a_train[s] for s in steps], smooth)
-    tb = centred_mean([b_train[s] for s in steps], smooth)
-    return steps, ta, tb, np.abs(ta - tb) / np.abs(tb)
+    raw_a, raw_b = [a_train[s] for s in steps], [b_train[s] for s in steps]
+    ta, tb = centred_mean(raw_a, smooth), centred_mean(raw_b, smooth)
+    fa, fb = last_mean(raw_a, smooth), last_mean(raw_b, smooth)
+    return steps, ta, tb, np.abs(ta - tb) / np.abs(tb), fa, fb, abs(fa - fb) / abs(fb)
 
 
 def expected_differences(a, b, smooth):
-    """Independent computation: aligned steps, centred moving average, |a-b|/|b|."""
+    """Independent computation: aligned steps, |a-b|/|b|; train: the max over the centred moving average, the
+    final value of the means over the last `smooth` aligned steps."""
     (a_train, a_val), (b_train, b_val) = a, b
-    t_steps, _, _, t_rel = expected_train(a_train, b_train, smooth)
+    t_steps, _, _, t_rel, _, _, t_final = expected_train(a_train, b_train, smooth)
     v_steps = np.array(sorted(a_val.keys() & b_val.keys()))
     va = np.array([a_val[s] for s in v_steps])
     vb = np.array([b_val[s] for s in v_steps])
     v_rel = np.abs(va - vb) / np.abs(vb)
-    return {"train": (len(t_steps), t_rel[-1], t_rel.max(), t_steps[np.argmax(t_rel)]),
+    return {"train": (len(t_steps), t_final, t_rel.max(), t_steps[np.argmax(t_rel)]),
             "val": (len(v_steps), v_rel[-1], v_rel.max(), v_steps[np.argmax(v_rel)])}
 
 
@@ -386,31 +399,40 @@ VERDICT_LINE = re.compile(r"^(PASS|FAIL)(: at step \d+ val rel \S+ (<=|not <=) \
                           r"(\S+) (<=|not <=) (\S+)$", re.MULTILINE)
 
 
-def with_centred_smoothing(two_run_output, a_train, b_train, smooth, tolerance):
-    """(stdout, status) of the two-run script with its smoothed-train figures replaced by numpy's centred
-    moving average: the train row's final A / final B / final rel / max rel / at step, and the verdict
-    line's smoothed train rel, its `<=` and the PASS/FAIL word. Everything else is the two-run script's."""
+def with_numpy_train_figures(two_run_output, a_train, b_train, smooth, tolerance):
+    """(stdout, status) of the two-run script with its train figures replaced by numpy's: the train row's
+    final A / final B / final rel (the means over the last `smooth` aligned steps) and max rel / at step
+    (the centred moving average), and the verdict line's smoothed train rel (of those means), its `<=` and
+    the PASS/FAIL word. Everything else is the two-run script's."""
     status, stdout = two_run_output
     if not TRAIN_ROW.search(stdout):  # bad input: no table
         return stdout, status
-    steps, ta, tb, rel = expected_train(a_train, b_train, smooth)
-    row = (f"{f'train (smoothed {smooth})':<22} {len(steps):>6d} {ta[-1]:>10.6f} {tb[-1]:>10.6f} "
-           f"{rel[-1]:>11.4e} {rel.max():>11.4e} {int(steps[np.argmax(rel)]):>8d}")
+    steps, _, _, rel, final_a, final_b, final = expected_train(a_train, b_train, smooth)
+    row = (f"{f'train (smoothed {smooth})':<22} {len(steps):>6d} {final_a:>10.6f} {final_b:>10.6f} "
+           f"{final:>11.4e} {rel.max():>11.4e} {int(steps[np.argmax(rel)]):>8d}")
     stdout = TRAIN_ROW.sub(row, stdout)
-    train_within = bool(rel[-1] <= tolerance)
+    train_within = bool(final <= tolerance)
     verdict = VERDICT_LINE.search(stdout)
     passed = verdict.group(3) == "<=" and train_within
-    stdout = VERDICT_LINE.sub(lambda m: f"{'PASS' if passed else 'FAIL'}{m.group(2)}{rel[-1]:.4e} "
+    stdout = VERDICT_LINE.sub(lambda m: f"{'PASS' if passed else 'FAIL'}{m.group(2)}{final:.4e} "
                                         f"{'<=' if train_within else 'not <='} {m.group(6)}", stdout)
     return stdout, 0 if passed else 1
 
 
+def final_columns(stdout):
+    """The train row up to its max rel (label, steps, final A, final B, final rel) and the verdict line."""
+    row, verdict = TRAIN_ROW.search(stdout), VERDICT_LINE.search(stdout)
+    return row and row.group(0).split()[:7], verdict and verdict.group(0)
+
+
 def test_two_runs_print_as_before(rng, tmp_path, monkeypatch, two_run_script, compare_module):
     """Two runs, A against baseline B: the same stdout, stderr and exit status as the two-run script of
-    TWO_RUN_COMMIT, except for the smoothed train figures. That script smoothed with a trailing mean, which
-    lags the loss by (window - 1) / 2 steps; the train row and the verdict's smoothed train rel now come
-    from a centred moving average, so those figures (and the verdict, should it flip) are expected from
-    centred_mean() here, not from either script's output."""
+    TWO_RUN_COMMIT, except for the train row's max rel and its step. That script smoothed with a trailing
+    mean, which lags the loss by (window - 1) / 2 steps; the train curve is now a centred moving average
+    (centred_mean() here), while the final train values and the verdict are the means over the last
+    --smooth aligned steps (last_mean() here), which is what the trailing mean ended on: the final columns,
+    the verdict line and the exit status are the old script's again. The train figures are expected from
+    numpy, not from either script's output; that they give back the old final columns is checked too."""
     a, b = make_runs(rng, tmp_path, scale_a=1.004)
     want = expected_differences(a, b, 20)
     tight = min(want["train"][1], want["val"][1]) * 0.5  # both curves out: a FAIL
@@ -429,17 +451,16 @@ def test_two_runs_print_as_before(rng, tmp_path, monkeypatch, two_run_script, co
         (["same", "late"], same, same, 20, 0.01),  # no aligned steps
         (["run_a", "missing"], a, a, 20, 0.01),
     ]
-    statuses, changed = set(), 0
+    statuses = set()
     for args, run_curves, base_curves, smooth, tolerance in cases:
         status, stdout, stderr = run_in_process(compare_module, args, monkeypatch)
         old_status, old_stdout, old_stderr = run_in_process(two_run_script, args, monkeypatch)
-        want_stdout, want_status = with_centred_smoothing((old_status, old_stdout), run_curves[0], base_curves[0],
-                                                          smooth, tolerance)
+        want_stdout, want_status = with_numpy_train_figures((old_status, old_stdout), run_curves[0],
+                                                            base_curves[0], smooth, tolerance)
         assert (status, stdout, stderr) == (want_status, want_stdout, old_stderr), args
+        assert (status, final_columns(stdout)) == (old_status, final_columns(old_stdout)), args
         statuses.add(status)
-        changed += stdout != old_stdout
     assert statuses == {0, 1, 2}
-    assert changed >= 4, "the centred smoothing changed no output: the comparison would not notice it"
     assert not list(tmp_path.rglob("*.png"))
 
 
@@ -458,6 +479,37 @@ def test_centred_smoothing_does_not_lag(compare_module):
     for window in (2, 3, 8, 9):
         np.testing.assert_allclose(compare_module.moving_average(noisy, window), centred_mean(noisy, window),
                                    rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("smooth, status", [(20, 0), (100, 0), (1, 1)])
+def test_train_verdict_is_the_last_window_means(tmp_path, compare_module, monkeypatch, smooth, status):
+    """The train verdict compares the two runs' means over their last `smooth` aligned steps (all of them
+    when fewer), not the last step: A is 0.2% above a ramp B but 5% above it at the last aligned step, and
+    logged 10 steps more (at loss 100: not aligned, so not averaged); B lacks step 30, which the window
+    skips.
+    The means are within 1%, the last step is not (the verdict for smooth 1); the centred curve still
+    shows the last step's 5% as its max rel, there, where its window has shrunk to that step."""
+    b_steps = [s for s in range(40) if s != 30]
+    b_train = {s: 3.0 - 0.01 * s for s in b_steps}
+    a_train = {s: v * 1.002 for s, v in b_train.items()} | {39: b_train[39] * 1.05} | {s: 100.0 for s in range(40, 50)}
+    a, _ = write_main_log(tmp_path / "a" / "main.log", a_train, {39: 2.6})
+    b, _ = write_main_log(tmp_path / "b" / "main.log", b_train, {39: 2.6})
+    status_got, stdout, stderr = run_in_process(compare_module, [tmp_path / "a", tmp_path / "b", "--smooth", smooth],
+                                                monkeypatch)
+    assert status_got == status, stdout + stderr
+    raw_a, raw_b = [a[s] for s in b_steps], [b[s] for s in b_steps]
+    want_a, want_b = last_mean(raw_a, smooth), last_mean(raw_b, smooth)
+    want = abs(want_a - want_b) / abs(want_b)
+    assert (want < 0.01) == (status == 0) and abs(raw_a[-1] - raw_b[-1]) / raw_b[-1] > 0.01
+    cells = TRAIN_ROW.search(stdout).group(0).split()
+    assert cells[:4] == ["train", "(smoothed", f"{smooth})", str(len(b_steps))], stdout
+    final_a, final_b, final, worst = map(float, cells[4:8])
+    assert (final_a, final_b) == (pytest.approx(want_a, abs=1e-6), pytest.approx(want_b, abs=1e-6)), stdout
+    assert final == pytest.approx(want, rel=1e-3), stdout
+    assert worst == pytest.approx(abs(raw_a[-1] - raw_b[-1]) / raw_b[-1], rel=1e-3) and cells[8] == "39", stdout
+    verdict = VERDICT_LINE.search(stdout)
+    assert verdict.group(1) == ("PASS" if status == 0 else "FAIL") and "at step 39 smoothed" in verdict.group(2)
+    assert float(verdict.group(4)) == pytest.approx(want, rel=1e-3), stdout
 
 
 # --- compare_loss.py: downstream scores (metrics.jsonl) ------------------------------------------
