@@ -12,7 +12,10 @@ attention), SwiGLU and the residual adds, then the BF16 output layer and classif
 backward; per optimizer step the gradient zeroing, the gradient norm, AdamW on the rank's ZeRO shard,
 the BF16 working-weight refresh and the FP8 weight casts; the ZeRO collectives (reduce-scatter of the
 gradients, all-gather of the updated weights) over NVLink and InfiniBand with NCCL's ring formulas,
-overlapped with backward and forward layer by layer. GEMMs and attention run at a fraction of the
+overlapped with backward and forward layer by layer, and the element-wise kernels of a BF16 or FP8
+reduction. `--grad-reduce fp8` is a design (issue 19, after FP8-LM / MS-AMP), not trainer code: E4M3
+pieces with per-piece scales exchanged by all-to-all (its own formula: no ring, half of each bucket over
+InfiniBand on 2 nodes), dequantized and summed in FP32. GEMMs and attention run at a fraction of the
 tensor-core peak, memory-bound ops at a fraction of the HBM bandwidth; every such number is a named
 assumption below, with its source or reasoning. Multi-GPU training is designed but not built yet
 (README "Status"), so its rows model DESIGN.md section 6, not measured code.
@@ -26,7 +29,9 @@ other GPUs as fractions of the measuring GPU's peak (compute) or HBM bandwidth (
 
 Prints a table (plan, predicted tokens/s/GPU, MFU by llm.c's and by Megatron's FLOP count, the step's time
 by kind of work; --json for machines), with --calibrate the rates it replaced and predicted against
-measured, and last what it would take for 7B fp8 on 8 H100 to reach 18,000 tokens/s/GPU. Activation
+measured, what it would take for 7B fp8 on 8 H100 to reach 18,000 tokens/s/GPU, and last fp8 training of
+13B and 7B on 2 x 8 H800 (and 13B on 1 x 8) with each gradient reduction, fp32, bf16 and fp8: bytes on
+the wire and per NIC, the communication stream's time, what of it is exposed, tokens/s/GPU. Activation
 recompute is, unless --recompute says otherwise, the least with which the plan fits the GPU's memory by
 the model's own memory estimate.
 
@@ -101,6 +106,36 @@ COLLECTIVE_LATENCY_S = {"intra": 20e-6, "inter": 40e-6}  # per NCCL call, large 
 # While a collective runs beside compute it takes SMs (NCCL's channels, capped, DESIGN.md section 6) and
 # HBM bandwidth from the kernels it overlaps: those kernels are taken to run this fraction slower.
 COMM_OVERLAP_SLOWDOWN = 0.08
+# The element-wise kernels a gradient reduction runs on the communication stream (the BF16 conversions of
+# dist/comm_nccl.cuh; FP8's quantize and dequantize-and-sum) are HBM-bound like the compute stream's own
+# memory-bound kernels and take SMs at full grid: beside compute they are taken to delay it by their
+# whole duration, not hidden the way a link transfer is.
+COMM_KERNEL_OVERLAP_COST = 1.0
+
+# Gradient reductions (--grad-reduce). fp32 and bf16 are the trainer's: NCCL ring reduce-scatter (ZeRO-1/2)
+# or all-reduce (ZeRO-0) of FP32 or BF16 gradients. fp8 is a design (issue 19 item 1, after FP8-LM / MS-AMP
+# O1), not llm8 code: every rank quantizes its bucket piece by piece (piece r: the 1/W of the bucket rank r
+# reduces) to E4M3 with one FP32 scale per piece from that piece's amax, exchanges the pieces by all-to-all
+# (grouped ncclSend/ncclRecv), and each rank dequantizes the W pieces of its chunk and sums them in FP32 in
+# rank order; ZeRO-0 then all-gathers the sums as BF16. Format: E4M3, as MS-AMP quantizes weight gradients
+# for its FP8 all-reduce (msamp/nn/distributed.py, Dtypes.kfloat8_e4m3). MS-AMP needs a scale shared by
+# all ranks (amax MAX-all-reduced, times 1/sqrt(W)) because its NCCL sums the FP8 bytes; here the sum is
+# FP32 after dequantization, so it cannot overflow and each piece can take its own amax scale, with no
+# amax all-reduce. With the top of the range set by the piece's own amax, E4M3 keeps normals down to
+# 2^-14.8 of it (E5M2 2^-29.8) and rounds them to 2^-4 relative, not E5M2's 2^-3: the format follows MS-AMP,
+# and the numerics tests of issue 19 decide whether it holds (the model's bytes are the same for both).
+# ZeRO-0's all-gather is BF16, not FP8: a second FP8 rounding of the sums would double the error, BF16
+# adds 2^-9.
+GRAD_REDUCTIONS = ("fp32", "bf16", "fp8")
+GRAD_WIRE_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1}   # bytes per gradient element, scales aside
+FP8_GRAD_SCALE_BYTES = 4                              # one FP32 scale per piece (W per bucket per rank)
+ZERO0_FP8_GATHER_BYTES = 2                            # BF16 all-gather of the FP8 reduction's sums (ZeRO-0)
+# NCCL's all-to-all is W-1 point-to-point sends, no ring: a rank's piece for a rank on its node crosses
+# NVLink once, its piece for a rank on another node crosses InfiniBand once. With PXN (NCCL_P2P_PXN_LEVEL,
+# default 2 since NCCL 2.12: always) an off-node piece first crosses NVLink to the local GPU on the
+# destination's rail and leaves through that GPU's NIC, so the NICs share the node's off-node bytes evenly
+# and NVLink also carries the forwarded pieces. Links run at the ring's efficiencies (NVLINK_EFFICIENCY,
+# NIC_EFFICIENCY): an assumption, nothing here is measured.
 
 # Host-side costs. Back-to-back kernels on one stream leave a gap of ~1 us when the host runs ahead;
 # each blocking copy (a synchronization) drains the stream and then refills it.
@@ -227,7 +262,7 @@ class Plan:
     zero: int               # 0 all-reduce, 1 sharded optimizer, 2 sharded gradients too
     recompute: str          # "none", "cheap" (norm and SwiGLU outputs, bf16 only), "full"
     recompute_layers: int   # blocks recomputed in full (recompute "full"), the first ones
-    grad_bytes: int         # bytes per gradient element on the wire (4 FP32, 2 BF16)
+    grad_reduce: str        # "fp32", "bf16" (ring collectives) or "fp8" (all-to-all, a design: GRAD_REDUCTIONS)
     weight_gather: str      # "bf16" or "e4m3" (fp8 only: linear weights gathered as E4M3)
     overlap: bool           # collectives overlapped with compute, layer by layer
     nics_per_node: int
@@ -246,6 +281,11 @@ class Plan:
     @property
     def fp8(self):
         return self.precision == "fp8"
+
+    @property
+    def grad_bytes(self):
+        """Bytes of one gradient element on the wire, scales aside (GRAD_WIRE_BYTES)."""
+        return GRAD_WIRE_BYTES[self.grad_reduce]
 
     def label(self):
         return f"{self.nodes}x{self.gpus_per_node} {self.gpu}"
@@ -541,6 +581,99 @@ def collective_latency(plan):
     return COLLECTIVE_LATENCY_S["inter" if plan.nodes > 1 else "intra"]
 
 
+def all_to_all_time(size_bytes, nodes, gpus_per_node, nvlink_bytes_s, node_nics_bytes_s, latency_s):
+    """Seconds of an NCCL all-to-all in which every rank holds size_bytes in W = nodes x gpus_per_node equal
+    pieces and sends each other rank its piece (its own stays): W - 1 point-to-point sends, no ring, so no
+    pipelining through other ranks. Off-node pieces leave through the node's NICs, PXN spreading them over
+    all of them (see GRAD_WIRE_BYTES' notes): node_nics_bytes_s, all NICs of a node together, carries
+    gpus_per_node x (W - gpus_per_node) pieces. NVLink (nvlink_bytes_s per GPU and direction) carries the
+    gpus_per_node - 1 on-node pieces and, per other node, the gpus_per_node - 1 pieces forwarded to the
+    destination's rail: nodes x (gpus_per_node - 1) pieces. The two run at once; the slower sets the time."""
+    W = nodes * gpus_per_node
+    if W <= 1:
+        return 0.0
+    piece = size_bytes / W
+    nvlink_s = nodes * (gpus_per_node - 1) * piece / nvlink_bytes_s
+    nics_s = gpus_per_node * (W - gpus_per_node) * piece / node_nics_bytes_s if nodes > 1 else 0.0
+    return latency_s + max(nvlink_s, nics_s)
+
+
+def link_rates(plan):
+    """(NVLink bytes/s per GPU and direction, the node's NICs together in bytes/s), at the assumed efficiencies."""
+    return (GPUS[plan.gpu].nvlink_bytes_s / 2 * NVLINK_EFFICIENCY,
+            plan.nics_per_node * plan.nic_bytes_s * NIC_EFFICIENCY)
+
+
+def grad_wire_bytes_per_element(plan, elements):
+    """Bytes a rank puts on the wire per gradient element it sends, reducing a bucket of elements: FP32 4,
+    BF16 2, FP8 1 plus one FP32 scale per piece of elements / W (ZeRO-0's BF16 all-gather after the FP8
+    exchange is ZERO0_FP8_GATHER_BYTES more, not counted here)."""
+    scales = FP8_GRAD_SCALE_BYTES * plan.world / elements if plan.grad_reduce == "fp8" else 0.0
+    return plan.grad_bytes + scales
+
+
+def inter_node_bytes_per_element(plan):
+    """Bytes one NIC sends out of its node per gradient element of a bucket, scales aside. A ring (NCCL
+    runs one per NIC) leaves each node once per direction, so a reduce-scatter or all-gather puts
+    (W - 1) / W of the buffer on the node's NICs together, an all-reduce twice that; the all-to-all sends
+    every off-node piece, gpus_per_node x (W - gpus_per_node) / W of the buffer per node. On 2 x 8: a ring
+    0.117 of the buffer per NIC, the all-to-all 0.5."""
+    W, g, nics = plan.world, plan.gpus_per_node, plan.nics_per_node
+    if plan.nodes == 1:
+        return 0.0
+    ring = (W - 1) / W / nics
+    if plan.grad_reduce == "fp8":
+        gather = ZERO0_FP8_GATHER_BYTES * ring if plan.zero == 0 else 0.0
+        return plan.grad_bytes * g * (W - g) / W / nics + gather
+    return plan.grad_bytes * ring * (2 if plan.zero == 0 else 1)
+
+
+def reduction_kernel_ops(plan, elements):
+    """The element-wise kernels the reduction of a bucket of elements gradients runs on the communication
+    stream, bytes as dist/comm_nccl.cuh moves them. n = elements / W is the rank's chunk; ZeRO-2 adds it
+    into the sharded FP32 accumulator (reads it too), ZeRO-1 writes it, ZeRO-0 writes the whole bucket.
+    fp32: none (NCCL reduces in the buffers). Not counted: ZeRO-2's comm_store_kernel adding the
+    reduce-scattered FP32 chunk into the shard (12 bytes per chunk element), which would cost 13B fp8 1.4%
+    of its step on 2 x 8 H800 and 3% on 1 x 8 here; left out so that the fp32 rows stay the ones README
+    quotes until they are next refreshed.
+    bf16: comm_to_bf16_kernel over the bucket (FP32 read, BF16 written) and comm_store_kernel of the
+    result (BF16 read, FP32 written, + FP32 read when accumulating).
+    fp8: the quantize, an amax pass per piece (FP32 read) and the cast (FP32 read, E4M3 written), and the
+    dequantize-and-sum of the chunk's W pieces (E4M3 and W scales read, FP32 written, + read when
+    accumulating); ZeRO-0 writes the sums as BF16 for the all-gather and widens the gathered BF16 bucket
+    into the FP32 gradients."""
+    W, n = plan.world, elements / plan.world
+    accumulate = plan.zero >= 2
+    if plan.grad_reduce == "bf16":
+        result = elements if plan.zero == 0 else n
+        return [mem_op("grad_to_bf16", 6 * elements, "comm"),
+                mem_op("grad_store", (10 if accumulate else 6) * result, "comm")]
+    if plan.grad_reduce == "fp8":
+        ops = [mem_op("grad_amax", 4 * elements, "comm"), mem_op("grad_cast E4M3", 5 * elements, "comm")]
+        if plan.zero == 0:
+            return ops + [mem_op("grad_dequantize_sum", elements + FP8_GRAD_SCALE_BYTES * W + 2 * n, "comm"),
+                          mem_op("grad_store", 6 * elements, "comm")]
+        return ops + [mem_op("grad_dequantize_sum", elements + FP8_GRAD_SCALE_BYTES * W + (8 if accumulate else 4) * n,
+                             "comm")]
+    return []
+
+
+def reduction_time(plan, elements, rates):
+    """(link seconds, kernel seconds) of reducing one bucket of elements gradients, one after the other on
+    the communication stream. fp32 / bf16: the ring reduce-scatter (ZeRO-1/2) or all-reduce (ZeRO-0);
+    fp8: the all-to-all of the E4M3 pieces and their scales, and under ZeRO-0 the BF16 ring all-gather."""
+    n, bus, lat = plan.world, bus_bandwidth(plan), collective_latency(plan)
+    kernels = sum(rates.time(op) for op in reduction_kernel_ops(plan, elements))
+    if plan.grad_reduce != "fp8":
+        kind = "all_reduce" if plan.zero == 0 else "reduce_scatter"
+        return ring_time(kind, elements * plan.grad_bytes, n, bus, lat), kernels
+    link = all_to_all_time(elements * grad_wire_bytes_per_element(plan, elements), plan.nodes, plan.gpus_per_node,
+                           *link_rates(plan), lat)
+    if plan.zero == 0:
+        link += ring_time("all_gather", elements * ZERO0_FP8_GATHER_BYTES, n, bus, lat)
+    return link, kernels
+
+
 def fifo_exposed(ready_s, comm_s, compute_end_s):
     """Communication left after compute ends when bucket i is ready at ready_s[i] and the collectives run
     one after another on their own stream: exposed = end of the last one - compute_end_s (>= 0)."""
@@ -657,8 +790,9 @@ def predict(plan, rates):
     backward_s = segment_times(micro.backward, rates)
     micro_s = sum(forward_s) + sum(backward_s)
 
-    comm_total, comm_exposed = communication(plan, forward_s, backward_s, sum(rates.time(op) for op in casts))
-    totals["comm"] = comm_exposed + (comm_total - comm_exposed) * COMM_OVERLAP_SLOWDOWN
+    comm_total, comm_exposed, overlap_cost, reduction_kernels = communication(
+        plan, forward_s, backward_s, sum(rates.time(op) for op in casts), rates)
+    totals["comm"] = comm_exposed + overlap_cost
     launches = G * sum(len(seg) for seg in micro.forward + micro.backward) + s.L * len(casts) + len(optim)
     syncs = G * SYNCS_PER_MICRO_STEP[plan.precision] + grad_segments(s)
     totals["other"] = launches * KERNEL_GAP_S + syncs * HOST_SYNC_S
@@ -671,31 +805,38 @@ def predict(plan, rates):
         "model": s.name, "precision": plan.precision, "gpus": plan.label(), "world": plan.world,
         "micro_batch": plan.B, "seq_len": plan.T, "grad_accum": G, "zero": plan.zero,
         "recompute": recompute_label(plan), "weight_gather": plan.weight_gather,
-        "grad_reduce": "fp32" if plan.grad_bytes == BYTES["fp32"] else "bf16", "overlap": plan.overlap,
+        "grad_reduce": plan.grad_reduce, "grad_reduce_built": plan.grad_reduce != "fp8",
+        "grad_wire_bytes_per_element": grad_wire_bytes_per_element(plan, s.layer_params()),
+        "grad_inter_node_bytes_per_element_per_nic": inter_node_bytes_per_element(plan), "overlap": plan.overlap,
         "memory_gib": memory, "fits": memory <= GPUS[plan.gpu].memory_gib,
         "tokens_per_s_per_gpu": tok_s, "step_ms": 1e3 * step_s, "tokens_per_gpu_step": tokens,
         "mfu_llmc": flops_per_token_llmc(s, plan.T) * tok_s / peak,
         "mfu_megatron": flops_per_token_megatron(s, plan.T) * tok_s / peak,
         "compute_bound_tokens_per_s": plan.N / micro_s,
         "comm_total_ms": 1e3 * comm_total, "comm_exposed_ms": 1e3 * comm_exposed,
+        "grad_reduction_kernels_ms": 1e3 * reduction_kernels,
         "split_ms": {c: 1e3 * totals[c] for c in CATEGORIES},
     }
 
 
-def communication(plan, forward_s, backward_s, cast_s_per_layer):
-    """(total, exposed) seconds of a step's collectives. Buckets: the output layer (+ final norm), each
-    block, the embedding. Gradients: ZeRO-0 all-reduces and ZeRO-1 reduce-scatters them on the last
-    micro-step, ZeRO-2 every micro-step, each bucket as soon as its backward is done; weights: ZeRO-1/2
-    all-gather each bucket ahead of its first forward after the update (fp8: its FP8 cast follows the
-    gather). Scalars (loss, gradient norm, the E4M3 gather's amax MAX) cost one latency each, exposed."""
+def communication(plan, forward_s, backward_s, cast_s_per_layer, rates):
+    """Seconds of a step's collectives: (total, exposed, overlap cost, reduction kernels). Buckets: the
+    output layer (+ final norm), each block, the embedding. Gradients: reduced on the last micro-step
+    (ZeRO-0, ZeRO-1) or every micro-step (ZeRO-2), each bucket as soon as its backward is done
+    (reduction_time: its link time and its kernels, one after the other on the communication stream);
+    weights: ZeRO-1/2 all-gather each bucket ahead of its first forward after the update (fp8: its FP8 cast
+    follows the gather). Scalars (loss, gradient norm, the E4M3 gather's amax MAX) cost one latency each,
+    exposed. The overlap cost is what the hidden part costs the compute it runs beside: link time at
+    COMM_OVERLAP_SLOWDOWN, the reduction's kernels at COMM_KERNEL_OVERLAP_COST (their hidden share taken
+    as the reductions' hidden share)."""
     n = plan.world
     if n == 1:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0
     s, bus, lat = plan.shape, bus_bandwidth(plan), collective_latency(plan)
     out_params, layer_params, emb_params = s.V * s.C + s.C, s.layer_params(), s.V * s.C
-    grad_kind = "all_reduce" if plan.zero == 0 else "reduce_scatter"
     grad_buckets = [out_params] + [layer_params] * s.L + [emb_params]
-    grad_s = [ring_time(grad_kind, p * plan.grad_bytes, n, bus, lat) for p in grad_buckets]
+    grad = [reduction_time(plan, p, rates) for p in grad_buckets]
+    grad_s = [link + kernels for link, kernels in grad]
     ready, t = [], 0.0
     for seg in backward_s:
         t += seg
@@ -703,6 +844,8 @@ def communication(plan, forward_s, backward_s, cast_s_per_layer):
     per_reduction = sum(grad_s)
     exposed_reduction = fifo_exposed(ready, grad_s, t) if plan.overlap else per_reduction
     reductions = plan.grad_accum if plan.zero >= 2 else 1
+    kernels = reductions * sum(k for _, k in grad)
+    hidden_kernels = kernels * (1.0 - exposed_reduction / per_reduction)
     total = reductions * per_reduction
     exposed = reductions * exposed_reduction
     if plan.zero >= 1:
@@ -716,7 +859,10 @@ def communication(plan, forward_s, backward_s, cast_s_per_layer):
         total += sum(gather_s)
         exposed += gated_delay(gather_s, compute_s) if plan.overlap else sum(gather_s)
     scalars = 2 + (1 if plan.weight_gather == "e4m3" else 0)
-    return total + scalars * lat, exposed + scalars * lat
+    total, exposed = total + scalars * lat, exposed + scalars * lat
+    overlap_cost = ((total - exposed - hidden_kernels) * COMM_OVERLAP_SLOWDOWN
+                    + hidden_kernels * COMM_KERNEL_OVERLAP_COST)
+    return total, exposed, overlap_cost, kernels
 
 
 # ------------------------------------------------------------------------------------------------
@@ -753,7 +899,7 @@ def make_plan(args, shape, precision, gpu, nodes, gpus_per_node):
     plan = Plan(shape=shape, precision=precision, gpu=gpu, nodes=nodes, gpus_per_node=gpus_per_node,
                 B=args.micro_batch, T=args.seq_len, grad_accum=args.global_batch // per_step, zero=zero,
                 recompute="none" if recompute == "auto" else recompute, recompute_layers=layers,
-                grad_bytes=BYTES["fp32"] if args.grad_reduce == "fp32" else BYTES["bf16"], weight_gather=gather,
+                grad_reduce=args.grad_reduce, weight_gather=gather,
                 overlap=not args.no_overlap, nics_per_node=args.nics_per_node, nic_bytes_s=args.nic_gbits * 1e9 / 8)
     return fit_recompute(plan) if args.recompute == "auto" else plan
 
@@ -1042,7 +1188,7 @@ def kernel_op(name, shape):
 def single_gpu_plan(shape, precision, gpu, B, T, grad_accum):
     """One GPU, no ZeRO, no recompute: what the device check's trainer runs."""
     return Plan(shape=shape, precision=precision, gpu=gpu, nodes=1, gpus_per_node=1, B=B, T=T, grad_accum=grad_accum,
-                zero=0, recompute="none", recompute_layers=0, grad_bytes=BYTES["fp32"], weight_gather="bf16",
+                zero=0, recompute="none", recompute_layers=0, grad_reduce="fp32", weight_gather="bf16",
                 overlap=True, nics_per_node=DEFAULT_NICS_PER_NODE, nic_bytes_s=DEFAULT_NIC_GBITS * 1e9 / 8)
 
 
@@ -1105,7 +1251,7 @@ def what_it_takes(args, rates_for):
     fp8_gemm_speedup = 1.10
     levers = [(f"FP8 GEMMs {fp8_gemm_speedup - 1:.0%} faster", {}, fp8_gemm_speedup),
               ("amax computed by the producing kernels (norms, SwiGLU, their backward)", {"fused_amax": True}, 1.0),
-              ("gradients reduce-scattered in BF16", {"grad_bytes": BYTES["bf16"]}, 1.0),
+              ("gradients reduce-scattered in BF16", {"grad_reduce": "bf16"}, 1.0),
               # the amax pass delayed scaling saves (Colossal-AI: current scaling within 10% of delayed)
               ("delayed scaling (--fp8-recipe delayed): no amax pass before X, dY casts",
                {"fp8_recipe": "delayed"}, 1.0)]
@@ -1130,6 +1276,36 @@ def what_it_takes(args, rates_for):
 
 def lever_summary(result):
     return {key: result[key] for key in ("tokens_per_s_per_gpu", "memory_gib", "fits", "recompute")}
+
+
+# The gradient reductions compared (issue 19: 13B on 2 x 8 H800; 7B beside it, and 13B on one node, where
+# the all-to-all crosses no InfiniBand).
+GRAD_REDUCE_PLANS = (("llama2-13b", "H800", 2, 8), ("llama2-7b", "H800", 2, 8), ("llama2-13b", "H800", 1, 8))
+
+
+def grad_reduce_comparison(args, rates_for):
+    """fp8 training with each gradient reduction of GRAD_REDUCTIONS on GRAD_REDUCE_PLANS, the other flags
+    as given: one row per plan and reduction, the prediction's communication terms; a plan the flags do not
+    allow (a global batch its GPUs do not divide, a recompute its depth does not have) is a row with
+    "skipped" saying why."""
+    rows = []
+    for model, gpu, nodes, per_node in GRAD_REDUCE_PLANS:
+        for reduction in GRAD_REDUCTIONS:
+            try:
+                plan = make_plan(argparse.Namespace(**{**vars(args), "grad_reduce": reduction}), PRESETS[model],
+                                 "fp8", gpu, nodes, per_node)
+            except InputError as e:
+                rows.append({"model": model, "gpus": f"{nodes}x{per_node} {gpu}", "grad_reduce": reduction,
+                             "skipped": str(e)})
+                continue
+            r = predict(plan, rates_for(gpu))
+            rows.append({key: r[key] for key in (
+                "model", "gpus", "zero", "grad_accum", "recompute", "grad_reduce", "grad_reduce_built",
+                "grad_wire_bytes_per_element", "grad_inter_node_bytes_per_element_per_nic", "comm_total_ms",
+                "grad_reduction_kernels_ms", "comm_exposed_ms", "step_ms", "tokens_per_s_per_gpu")}
+                        | {"exposed_share": r["comm_exposed_ms"] / r["step_ms"],
+                           "comm_share": r["split_ms"]["comm"] / r["step_ms"]})
+    return rows
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1172,7 +1348,8 @@ def print_report(results, calibration, comparison, takes, args):
           "reports it); llm.c: 6N + 12LCT; Megatron: 6L(hQKV + h^2 + 3hF + 2sh) + 6hV")
     print("step split, % of the step: GEMM (all linear layers), attn (cuDNN SDPA), mem (norms, RoPE, SwiGLU, residual,"
           " embedding, classifier), cast (FP8 amax + cast-transpose of X, dY, W), optim (zeroing, norm, AdamW, "
-          "weight refresh), comm (exposed collectives + overlap slowdown), other (launch gaps, host syncs); "
+          "weight refresh), comm (exposed collectives + overlap slowdown + a bf16/fp8 reduction's conversion kernels), "
+          "other (launch gaps, host syncs); "
           "mem GiB (>) = does not fit\n")
     print(predictions_table(results))
     print()
@@ -1231,11 +1408,40 @@ def print_what_it_takes(t):
     print(line)
 
 
+def print_grad_reduce_comparison(rows):
+    print("\n== Gradient reduction, fp8 training (fp8 reduction: a design, not in the trainer; every multi-GPU row "
+          "models DESIGN.md 6)")
+    print("wire B/el: bytes per gradient element sent (fp8: E4M3 + one FP32 scale per piece; ZeRO-0 adds a BF16 "
+          "all-gather); IB B/el/NIC: bytes per element each NIC sends out of the node; comm stream: link time + "
+          "the reduction's kernels (BF16 conversions, FP8 quantize and dequantize-and-sum); exposed: comm stream "
+          "past compute; comm %: exposed + the cost of what overlaps")
+    table, skipped = [], set()
+    for r in rows:
+        if "skipped" in r:
+            if (r["model"], r["gpus"]) not in skipped:  # the same reason for every reduction
+                print(f"skipped {r['model']} on {r['gpus']}: {r['skipped']}")
+                skipped.add((r["model"], r["gpus"]))
+            continue
+        design = "" if r["grad_reduce_built"] else " (design)"
+        wire = f"{r['grad_wire_bytes_per_element']:.2f}"
+        if r["grad_reduce"] == "fp8" and r["zero"] == 0:
+            wire += f"+{ZERO0_FP8_GATHER_BYTES}"
+        table.append([r["model"], r["gpus"], f"{r['grad_reduce']}{design}", r["zero"], wire,
+                      f"{r['grad_inter_node_bytes_per_element_per_nic']:.3f}", f"{r['comm_total_ms']:,.0f}",
+                      f"{r['grad_reduction_kernels_ms']:,.0f}", f"{r['comm_exposed_ms']:,.0f}",
+                      f"{r['exposed_share']:.1%}", f"{r['comm_share']:.1%}", f"{r['step_ms']:,.0f}",
+                      f"{r['tokens_per_s_per_gpu']:,.0f}"])
+    print(markdown_table(["model", "GPUs", "reduce", "ZeRO", "wire B/el", "IB B/el/NIC", "comm stream ms",
+                          "of it kernels ms", "exposed ms", "exposed %", "comm %", "step ms", "tok/s/GPU"], table))
+
+
 def assumptions():
     return {"gemm_efficiency": {f"{p} {k}": v for (p, k), v in GEMM_EFFICIENCY.items()},
             "attention_efficiency": ATTENTION_EFFICIENCY, "hbm_efficiency": HBM_EFFICIENCY,
             "nvlink_efficiency": NVLINK_EFFICIENCY, "nic_efficiency": NIC_EFFICIENCY,
             "collective_latency_s": COLLECTIVE_LATENCY_S, "comm_overlap_slowdown": COMM_OVERLAP_SLOWDOWN,
+            "comm_kernel_overlap_cost": COMM_KERNEL_OVERLAP_COST, "grad_wire_bytes": GRAD_WIRE_BYTES,
+            "fp8_grad_scale_bytes": FP8_GRAD_SCALE_BYTES, "zero0_fp8_gather_bytes": ZERO0_FP8_GATHER_BYTES,
             "kernel_gap_s": KERNEL_GAP_S, "host_sync_s": HOST_SYNC_S, "memory_overhead_gib": MEMORY_OVERHEAD_GIB,
             "gpus": {k: vars(g) for k, g in GPUS.items()}}
 
@@ -1252,7 +1458,10 @@ def parse_args(argv):
     p.add_argument("--zero", default="auto", choices=["auto", "0", "1", "2"], help="auto: 1 for 7B, 2 for 13B")
     p.add_argument("--recompute", default="auto",
                    help="auto (the least that fits the GPU's memory), none, cheap (bf16), full, full:K (first K blocks)")
-    p.add_argument("--grad-reduce", default="fp32", choices=["fp32", "bf16"], help="gradient type on the wire")
+    p.add_argument("--grad-reduce", default="fp32",
+                   help="gradient reduction: fp32 or bf16 (the trainer's NCCL ring reduce-scatter / all-reduce), "
+                        "fp8 (a design, not in the trainer: E4M3 pieces with per-piece scales by all-to-all, "
+                        "summed in FP32)")
     p.add_argument("--weight-gather", default="e4m3", choices=["bf16", "e4m3"],
                    help="all-gather of the updated weights in fp8 rows: linear weights as E4M3, or all as BF16 "
                         "(bf16 rows gather BF16)")
@@ -1287,6 +1496,9 @@ def split_list(flag, text, known):
 def main(argv=None):
     args = parse_args(argv)
     try:
+        if args.grad_reduce not in GRAD_REDUCTIONS:
+            raise InputError(f"flag --grad-reduce: '{args.grad_reduce}' is not {', '.join(GRAD_REDUCTIONS[:-1])} "
+                             f"or {GRAD_REDUCTIONS[-1]}")
         models = split_list("--models", args.models, PRESETS)
         precisions = split_list("--precisions", args.precisions, ("bf16", "fp8"))
         gpus = split_list("--gpus", args.gpus, GPUS)
@@ -1301,12 +1513,13 @@ def main(argv=None):
                    for g in gpus for m in models for nodes, per_node in topologies for p in precisions]
         comparison = measured_vs_predicted(calibration) if calibration is not None else []
         takes = what_it_takes(args, rates_for)
+        reductions = grad_reduce_comparison(args, rates_for)
     except InputError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
     if args.json:
         out = {"assumptions": assumptions(), "predictions": results, "measured_vs_predicted": comparison,
-               "what_it_takes": takes}
+               "what_it_takes": takes, "grad_reduce_comparison": reductions}
         if calibration is not None:
             out["calibration"] = {"device": calibration.device,
                                   "files": [{"path": p, "found": f} for p, f in calibration.files],
@@ -1315,6 +1528,7 @@ def main(argv=None):
         print()
     else:
         print_report(results, calibration, comparison, takes, args)
+        print_grad_reduce_comparison(reductions)
     return 0
 
 

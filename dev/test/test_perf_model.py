@@ -2,8 +2,8 @@
 Tests of scripts/perf_model.py, the performance model of a training step.
 
 Run from the repo root: python -m pytest dev/test/test_perf_model.py. FLOP counts are checked against
-sums written out here matmul by matmul for a tiny config, the ring formula against a case computed by
-hand, calibration against sample logs this file writes in the device check's formats (random measured
+sums written out here matmul by matmul for a tiny config, the ring and all-to-all formulas and the
+gradient reductions' bytes against cases computed by hand, calibration against sample logs this file writes in the device check's formats (random measured
 rates from a seed printed by each test; set LLM8_TEST_SEED to replay one), and the predictions against
 orderings that must hold whatever the rates.
 """
@@ -51,7 +51,7 @@ def run(*args):
 
 def plan(shape=TINY, precision="fp8", gpu="H100", nodes=1, per_node=1, B=1, T=TINY_T, accum=1, zero=0, **kw):
     p = pm.Plan(shape=shape, precision=precision, gpu=gpu, nodes=nodes, gpus_per_node=per_node, B=B, T=T,
-                grad_accum=accum, zero=zero, recompute="none", recompute_layers=0, grad_bytes=4,
+                grad_accum=accum, zero=zero, recompute="none", recompute_layers=0, grad_reduce="fp32",
                 weight_gather="e4m3" if precision == "fp8" else "bf16", overlap=True, nics_per_node=8,
                 nic_bytes_s=50e9)
     return replace(p, **kw)
@@ -142,6 +142,118 @@ def test_overlap_helpers():
     # gathers of 1 s ahead of 0.5 s segments: segment i starts at i + 1, the forward ends at 3.5 s, not 1.5
     assert pm.gated_delay([1, 1, 1], [0.5, 0.5, 0.5]) == pytest.approx(2.0)
     assert pm.gated_delay([0.1, 0.1], [1, 1]) == pytest.approx(0.1)
+
+
+# --- gradient reductions (--grad-reduce fp32 | bf16 | fp8) ----------------------------------------------
+
+def test_all_to_all_time_by_hand():
+    # 2 nodes x 4 GPUs (W 8), 1.6 GB per rank in 8 pieces of 0.2 GB, NVLink 100 GB/s per direction, the
+    # node's NICs 80 GB/s together, latency 30 us. Off-node: each GPU sends 4 pieces, the node 16 pieces
+    # = 3.2 GB through its NICs: 40 ms. NVLink: 3 on-node pieces + 3 forwarded to the other node's rails
+    # (PXN) = 1.2 GB: 12 ms. The NICs set it: 40 ms.
+    assert pm.all_to_all_time(1.6e9, 2, 4, 100e9, 80e9, 30e-6) == pytest.approx(0.040 + 30e-6, rel=1e-12)
+    # NVLink-bound when the NICs are fast: 2 x 3 pieces of 0.2 GB over 100 GB/s = 12 ms
+    assert pm.all_to_all_time(1.6e9, 2, 4, 100e9, 1e15, 0.0) == pytest.approx(0.012, rel=1e-12)
+    # one node of 8: 7 pieces of 0.2 GB over NVLink, 14 ms, what the ring reduce-scatter of the buffer takes
+    assert pm.all_to_all_time(1.6e9, 1, 8, 100e9, 80e9, 0.0) == pytest.approx(0.014, rel=1e-12)
+    assert pm.all_to_all_time(1.6e9, 1, 8, 100e9, 80e9, 0.0) == pytest.approx(
+        pm.ring_time("reduce_scatter", 1.6e9, 8, 100e9, 0.0), rel=1e-12)
+    assert pm.all_to_all_time(1.6e9, 1, 1, 100e9, 80e9, 30e-6) == 0.0
+
+
+def test_grad_wire_and_inter_node_bytes_by_hand():
+    # 2 x 8 GPUs, 8 NICs per node, a bucket of 16 M elements
+    p = plan(nodes=2, per_node=8, zero=1)
+    elements = 16 * 2**20
+    assert pm.grad_wire_bytes_per_element(p, elements) == 4
+    assert pm.grad_wire_bytes_per_element(replace(p, grad_reduce="bf16"), elements) == 2
+    # fp8: 1 byte, and one 4-byte scale per piece of 1 M elements
+    assert pm.grad_wire_bytes_per_element(replace(p, grad_reduce="fp8"), elements) == pytest.approx(1 + 4 / 2**20)
+    # per NIC out of the node, per element: a ring reduce-scatter 15/16 of the buffer over 8 NICs; an
+    # all-reduce twice that; the all-to-all 8 GPUs x 8 off-node pieces of 1/16 over 8 NICs = 1/2
+    assert pm.inter_node_bytes_per_element(p) == pytest.approx(4 * 15 / 16 / 8)
+    assert pm.inter_node_bytes_per_element(replace(p, grad_reduce="bf16")) == pytest.approx(2 * 15 / 16 / 8)
+    assert pm.inter_node_bytes_per_element(replace(p, grad_reduce="bf16", zero=0)) == pytest.approx(2 * 2 * 15 / 16 / 8)
+    assert pm.inter_node_bytes_per_element(replace(p, grad_reduce="fp8")) == pytest.approx(0.5)
+    # ZeRO-0 adds the BF16 ring all-gather of the sums
+    assert pm.inter_node_bytes_per_element(replace(p, grad_reduce="fp8", zero=0)) == pytest.approx(0.5 + 2 * 15 / 16 / 8)
+    assert pm.inter_node_bytes_per_element(replace(p, nodes=1, grad_reduce="fp8")) == 0.0
+
+
+def test_grad_reduction_kernels_by_hand():
+    # W 16, a bucket of 16 M elements, chunk n = 1 M
+    p = plan(nodes=2, per_node=8, zero=2)
+    elements, n = 16 * 2**20, 2**20
+
+    def kernel_bytes(**kw):
+        return sum(op.bytes for op in pm.reduction_kernel_ops(replace(p, **kw), elements))
+
+    assert kernel_bytes() == 0  # fp32: NCCL reduces in its buffers
+    # bf16: FP32 -> BF16 of the bucket (4 + 2), the chunk's BF16 added into the FP32 shard (2 + 4 + 4)
+    assert kernel_bytes(grad_reduce="bf16") == 6 * elements + 10 * n
+    assert kernel_bytes(grad_reduce="bf16", zero=1) == 6 * elements + 6 * n
+    # fp8: amax (4) and cast (4 + 1) of the bucket; the chunk's 16 E4M3 pieces and scales read, the FP32
+    # shard read and written (ZeRO-2) or written (ZeRO-1)
+    assert kernel_bytes(grad_reduce="fp8") == 9 * elements + elements + 16 * 4 + 8 * n
+    assert kernel_bytes(grad_reduce="fp8", zero=1) == 9 * elements + elements + 16 * 4 + 4 * n
+    # ZeRO-0: the sums written as BF16 for the all-gather, the gathered bucket widened to FP32 (2 + 4)
+    assert kernel_bytes(grad_reduce="fp8", zero=0) == 9 * elements + elements + 16 * 4 + 2 * n + 6 * elements
+    # at the model's HBM efficiency, on the communication stream after the link time
+    rates = pm.Rates(pm.GPUS["H800"])
+    link, kernels = pm.reduction_time(replace(p, gpu="H800", grad_reduce="fp8"), elements, rates)
+    assert kernels == pytest.approx(kernel_bytes(grad_reduce="fp8") / (pm.HBM_EFFICIENCY * 3.35e12))
+    nvlink, nics = 200e9 * pm.NVLINK_EFFICIENCY, 8 * 50e9 * pm.NIC_EFFICIENCY
+    assert nics == pytest.approx(320e9)
+    assert link == pytest.approx(pm.all_to_all_time(elements + 16 * 4, 2, 8, nvlink, nics, pm.COLLECTIVE_LATENCY_S["inter"]))
+    link0, _ = pm.reduction_time(replace(p, gpu="H800", grad_reduce="fp8", zero=0), elements, rates)
+    bus = pm.bus_bandwidth(replace(p, gpu="H800"))
+    assert bus == pytest.approx(160e9)  # NVLink-bound ring
+    assert link0 == pytest.approx(link + pm.ring_time("all_gather", 2 * elements, 16, bus, 40e-6))
+
+
+def grad_reduce_results(nodes, shape="llama2-13b", gpu="H800", **kw):
+    """13B fp8 ZeRO-2 (7B: ZeRO-1) on nodes x 8 GPUs, 128 sequences of 4096 per step, each reduction."""
+    s = pm.PRESETS[shape]
+    base = dict(shape=s, precision="fp8", gpu=gpu, nodes=nodes, per_node=8, T=4096, accum=16 // nodes,
+                zero=pm.ZERO_STAGE_OF[shape], **kw)
+    return {g: pm.predict(plan(grad_reduce=g, **base), pm.Rates(pm.GPUS[gpu])) for g in pm.GRAD_REDUCTIONS}
+
+
+def test_grad_reduce_orderings_13b_h800():
+    two, one = grad_reduce_results(2), grad_reduce_results(1)
+    # fewer bytes never expose more than FP32 does
+    for r in (two, one):
+        assert r["fp8"]["comm_exposed_ms"] <= r["fp32"]["comm_exposed_ms"]
+        assert r["bf16"]["comm_exposed_ms"] <= r["fp32"]["comm_exposed_ms"]
+        assert r["fp32"]["grad_reduction_kernels_ms"] == 0
+        assert 0 < r["bf16"]["grad_reduction_kernels_ms"] < r["fp8"]["grad_reduction_kernels_ms"]
+    # one node: the all-to-all moves what the ring moves per byte, so a quarter / half of FP32 / BF16's time
+    assert one["fp8"]["comm_exposed_ms"] <= one["bf16"]["comm_exposed_ms"] <= one["fp32"]["comm_exposed_ms"]
+    # two nodes: the all-to-all sends half of each bucket through the NICs (a ring 15/16 over 8 NICs), so
+    # per element its 1 byte over a 40 GB/s NIC (0.5 / 40e9) takes longer than BF16's ring over NVLink
+    # (2 x 15/16 / 160e9): this is why fp8 does not beat bf16 on 2 x 8 H800
+    layer = pm.PRESETS["llama2-13b"].layer_params()
+    p = plan(shape=pm.PRESETS["llama2-13b"], gpu="H800", nodes=2, per_node=8, zero=2)
+    rates = pm.Rates(pm.GPUS["H800"])
+    fp8_link = pm.reduction_time(replace(p, grad_reduce="fp8"), layer, rates)[0] - 40e-6
+    bf16_link = pm.reduction_time(replace(p, grad_reduce="bf16"), layer, rates)[0] - 40e-6
+    assert fp8_link == pytest.approx((layer + 16 * 4) * 0.5 / 40e9, rel=1e-9)
+    assert bf16_link == pytest.approx(layer * 2 * 15 / 16 / 160e9, rel=1e-9)
+    assert fp8_link / bf16_link == pytest.approx((0.5 / 40) / (2 * 15 / 16 / 160), rel=1e-6)
+
+
+def test_grad_reduce_overlap_and_fp32_unchanged():
+    # without overlap everything is exposed; fp32 has no reduction kernels, so its comm term is what it
+    # always was: exposed + the hidden part at COMM_OVERLAP_SLOWDOWN
+    for g, r in grad_reduce_results(2, overlap=False).items():
+        assert r["comm_exposed_ms"] == pytest.approx(r["comm_total_ms"])
+        assert r["split_ms"]["comm"] == pytest.approx(r["comm_total_ms"])
+    r = grad_reduce_results(2)["fp32"]
+    hidden = r["comm_total_ms"] - r["comm_exposed_ms"]
+    assert r["split_ms"]["comm"] == pytest.approx(r["comm_exposed_ms"] + hidden * pm.COMM_OVERLAP_SLOWDOWN)
+    # overlapped kernels cost their whole duration (COMM_KERNEL_OVERLAP_COST), link time 8%
+    fp8 = grad_reduce_results(2)["fp8"]
+    assert fp8["split_ms"]["comm"] > fp8["comm_exposed_ms"] + (fp8["comm_total_ms"] - fp8["comm_exposed_ms"]) * 0.08
 
 
 # --- calibration ----------------------------------------------------------------------------------
@@ -341,7 +453,7 @@ def test_faster_links_and_overlap_never_hurt():
     assert tok["H100", True] > tok["H800", True]
     assert tok["H100", True] > tok["H100", False]
     assert tok["H800", True] > tok["H800", False]
-    bf16_wire = pm.predict(plan(gpu="H800", grad_bytes=2, **base), pm.Rates(pm.GPUS["H800"]))
+    bf16_wire = pm.predict(plan(gpu="H800", grad_reduce="bf16", **base), pm.Rates(pm.GPUS["H800"]))
     assert bf16_wire["tokens_per_s_per_gpu"] > tok["H800", True]
 
 
@@ -385,7 +497,30 @@ def test_json_is_complete_and_finite():
         assert 0 < r["mfu_llmc"] < 1 and abs(r["mfu_llmc"] / r["mfu_megatron"] - 1) < 0.01
 
 
+def test_grad_reduce_flag_and_comparison():
+    out = run("--grad-reduce", "fp8", "--models", "llama2-13b", "--gpus", "H800", "--topologies", "2x8", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    for r in result["predictions"]:
+        assert r["grad_reduce"] == "fp8" and not r["grad_reduce_built"]
+        assert r["grad_wire_bytes_per_element"] == pytest.approx(1, abs=1e-5)
+    rows = result["grad_reduce_comparison"]
+    assert [(r["model"], r["gpus"], r["grad_reduce"]) for r in rows] == [
+        (m, f"{n}x{g} {gpu}", red) for m, gpu, n, g in pm.GRAD_REDUCE_PLANS for red in pm.GRAD_REDUCTIONS]
+    for r in rows:
+        for key in ("tokens_per_s_per_gpu", "step_ms", "comm_total_ms", "comm_exposed_ms", "exposed_share", "comm_share"):
+            assert math.isfinite(r[key]) and r[key] >= 0, key
+    # the comparison's rows are the table's: fp8 13B on 2 x 8 H800
+    table_row = next(r for r in result["predictions"] if r["precision"] == "fp8")
+    assert table_row["model"] == "llama2-13b" and table_row["gpus"] == "2x8 H800"
+    assert rows[2]["tokens_per_s_per_gpu"] == pytest.approx(table_row["tokens_per_s_per_gpu"])
+    text = run()
+    assert "== Gradient reduction, fp8 training (fp8 reduction: a design" in text.stdout
+    assert any(line.startswith("| llama2-13b | 2x8 H800 | fp8 (design) |") for line in text.stdout.splitlines())
+
+
 @pytest.mark.parametrize("args,message", [
+    (["--grad-reduce", "fp16"], "flag --grad-reduce: 'fp16' is not fp32, bf16 or fp8"),
     (["--models", "llama2-8b"], "flag --models: unknown 'llama2-8b'"),
     (["--topologies", "8"], "flag --topologies: '8'"),
     (["--global-batch", "1000"], "flag --global-batch: 1000 tokens"),
@@ -395,3 +530,5 @@ def test_json_is_complete_and_finite():
 def test_bad_flags(args, message):
     out = run(*args)
     assert out.returncode == 2 and message in out.stderr, out.stderr
+    if args[0] == "--grad-reduce":
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
