@@ -387,3 +387,18 @@ def test_hf_transformers_agrees(eval_files, tmp_path, sp):
     expected = reference_scores(eval_files, lambda e, c, ctx, toks: cont_ll(ctx, toks)[0],
                                 lambda r, ctx, target: cont_ll(ctx, target), document_ll)
     assert_scores_agree(found, expected, 1e-4)
+
+
+def test_shakespeare_cloze(tmp_path):
+    """dev/data/shakespeare_cloze.py: each example's label is its speech's own last line, the context is the
+    speech before it, the other endings are other lines of the validation split."""
+    sys.path.append(str(REPO / "dev/data"))
+    import shakespeare_cloze
+    speeches = [f"SPEAKER{i}:\nline one of speech {i} here\nline two of speech {i} here\nthe last line of speech {i}"
+                for i in range(40)]
+    examples = shakespeare_cloze.cloze_examples("\n\n".join(speeches), seed=3)
+    assert len(examples) == 4  # the first 10% of the 40 paragraphs
+    for i, e in enumerate(examples):
+        assert e["endings"][e["label"]] == f"the last line of speech {i}"
+        assert e["ctx_a"] == f"line one of speech {i} here line two of speech {i} here" and e["activity_label"] == f"SPEAKER{i}"
+        assert len(set(e["endings"])) == 4
