@@ -432,6 +432,12 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaC
         trainer_print_safety_net(tr);
     }
 
+    char tok_path[PATH_LEN];
+    trainer_tokenizer_path(tr, tok_path, sizeof(tok_path));
+    /* HellaSwag's acc_norm needs each ending's bytes on every rank */
+    if ((a->sample_every > 0 && tr->rank == 0) || a->hellaswag) tokenizer_init(&tr->tokenizer, tok_path);
+    trainer_load_evals(tr); /* before the model: a bad eval file stops the run before any allocation */
+
     Sharding sharding = {tr->world, tr->rank, a->zero_stage};
     Fp8Settings fp8 = train_args_fp8(a);
     llama_build(&tr->model, &tr->cfg, (Precision)a->precision, a->B, a->T, &fp8, a->recompute, sharding);
@@ -454,11 +460,6 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaC
     if (tr->rank == 0)
         logger_init(&tr->logger, a->output_dir, tr->steps == 0 ? LOG_KEEP_ALL : a->resume ? tr->step : -1,
                     a->precision == PRECISION_FP8 && a->fp8_stats_every > 0);
-    char tok_path[PATH_LEN];
-    trainer_tokenizer_path(tr, tok_path, sizeof(tok_path));
-    /* HellaSwag's acc_norm needs each ending's bytes on every rank */
-    if ((a->sample_every > 0 && tr->rank == 0) || a->hellaswag) tokenizer_init(&tr->tokenizer, tok_path);
-    trainer_load_evals(tr);
 }
 
 /* Runs the downstream evaluations of the current step; rank 0 prints and logs the scores. */
