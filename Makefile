@@ -112,7 +112,7 @@ endif
 # and committed regressions.
 FUZZ_CC ?= clang
 FUZZ_FLAGS = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -std=c11 -D_GNU_SOURCE -Wall -Wextra
-FUZZ_HARNESSES = shard model state tokenizer cli manifest
+FUZZ_HARNESSES = shard model state tokenizer cli manifest evals
 FUZZ_BINS = $(FUZZ_HARNESSES:%=build/fuzz/fuzz_%)
 FUZZ_SEEDS = build/fuzz/seeds/.done
 FUZZ_SECONDS ?= 60

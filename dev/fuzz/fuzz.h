@@ -8,8 +8,8 @@
  *     hook also checks what the product promises of every rejection: one line, naming the file (or,
  *     for the command line, the flag); a message that breaks this aborts, which libFuzzer reports.
  *   - A reader that stops halfway leaves files open and memory allocated, which the real program gives
- *     back by exiting. The macros below route the readers' fopen/fclose, malloc/calloc/free/strdup and
- *     glob/globfree (the only resources they take) through trackers; a rejection releases what is left,
+ *     back by exiting. The macros below route the readers' fopen/fclose, malloc/calloc/realloc/free/
+ *     strdup and glob/globfree (the only resources they take) through trackers; a rejection releases what is left,
  *     and an accepted input must have released everything itself (the product's *_free functions), so
  *     a leak on the success path aborts too.
  * Inputs reach the file readers through a memfd named by its /proc/self/fd path: no disk traffic.
@@ -33,6 +33,7 @@ typedef union FuzzBlock {
     struct {
         union FuzzBlock* prev;
         union FuzzBlock* next;
+        size_t size; /* the caller's bytes, for realloc */
     } link;
     max_align_t align;
 } FuzzBlock;
@@ -40,7 +41,7 @@ typedef union FuzzBlock {
 #define FUZZ_MAX_FILES 8 /* the readers hold at most two files open at once */
 #define FUZZ_MAX_GLOBS 4
 
-static FuzzBlock fuzz_blocks = {{&fuzz_blocks, &fuzz_blocks}}; /* circular list of live blocks */
+static FuzzBlock fuzz_blocks = {{&fuzz_blocks, &fuzz_blocks, 0}}; /* circular list of live blocks */
 static FILE* fuzz_files[FUZZ_MAX_FILES];
 static glob_t fuzz_globs[FUZZ_MAX_GLOBS];
 static int fuzz_glob_live[FUZZ_MAX_GLOBS];
@@ -55,6 +56,7 @@ static inline void* fuzz_malloc(size_t size) {
     if (b == NULL) return NULL;
     b->link.prev = fuzz_blocks.link.prev;
     b->link.next = &fuzz_blocks;
+    b->link.size = size;
     fuzz_blocks.link.prev->link.next = b;
     fuzz_blocks.link.prev = b;
     return b + 1;
@@ -74,6 +76,16 @@ static inline void* fuzz_calloc(size_t count, size_t size) {
     void* p = fuzz_malloc(bytes);
     if (p != NULL) memset(p, 0, bytes);
     return p;
+}
+
+/* realloc as a tracked malloc, copy and free (the readers grow arrays with it). */
+static inline void* fuzz_realloc(void* p, size_t size) {
+    void* q = fuzz_malloc(size);
+    if (q == NULL || p == NULL) return q;
+    size_t old = ((FuzzBlock*)p - 1)->link.size;
+    memcpy(q, p, old < size ? old : size);
+    fuzz_free(p);
+    return q;
 }
 
 static inline char* fuzz_strdup(const char* s) {
@@ -148,6 +160,7 @@ static inline void fuzz_check_released(void) {
 
 #define malloc fuzz_malloc
 #define calloc fuzz_calloc
+#define realloc fuzz_realloc
 #define free fuzz_free
 #define strdup fuzz_strdup
 #define fopen fuzz_fopen

@@ -8,12 +8,15 @@
  *   tokenizer/  a decode table of a few pieces, one of them empty, one raw byte
  *   cli/        every flag of the parser's table with a value of its type, and a typical run's flags
  *   manifest/   the manifest.json of the manifest harness's one-shard folder
+ *   evals/      a HellaSwag file of two examples (one context longer than T), a LAMBADA file and a
+ *               WikiText file of two documents (one of several windows), each after its kind byte
  * Usage: make_seeds DIR
  */
 #include "fuzz_inputs.h"
 #include "../../dataloader/manifest.h"
 #include "../../dataloader/tokenizer.h"
 #include "../../train/cli.h"
+#include "../../dataloader/eval_sets.h"
 
 #define SEED_SHARD_TOKENS 64
 #define SEED_STATE_FLOATS 16 /* elements of each array of the seed state's one shard */
@@ -152,6 +155,76 @@ static void seed_manifest(const char* dir) {
     write_bytes(path, text, (size_t)n);
 }
 
+/* Writes kind byte + header (256 int32) + body to DIR/evals/name. */
+static void write_eval_seed(const char* dir, const char* name, uint8_t kind, const int32_t* header, const void* body,
+                            size_t body_bytes) {
+    size_t len = 1 + EVAL_HEADER_INTS * sizeof(int32_t) + body_bytes;
+    uint8_t* buf = (uint8_t*)mallocCheck(len);
+    buf[0] = kind;
+    memcpy(buf + 1, header, EVAL_HEADER_INTS * sizeof(int32_t));
+    memcpy(buf + 1 + EVAL_HEADER_INTS * sizeof(int32_t), body, body_bytes);
+    char path[PATH_LEN];
+    seed_path(path, sizeof(path), dir, "evals", name);
+    write_bytes(path, buf, len);
+    free(buf);
+}
+
+static void seed_evals(const char* dir) {
+    int32_t header[EVAL_HEADER_INTS];
+    /* HellaSwag: example 0 with a context of 2 tokens and endings of 1..4 tokens; example 1 with a context of
+       FUZZ_T + 2 tokens (cut from the left) */
+    uint16_t mc[128];
+    size_t n = 0, longest = 0;
+    for (int e = 0; e < 2; e++) {
+        size_t start = n;
+        int nctx = e == 0 ? 2 : FUZZ_T + 2;
+        mc[n++] = EVAL_MC_START;
+        mc[n++] = 0;
+        mc[n++] = (uint16_t)e;
+        mc[n++] = (uint16_t)(e + 1);
+        mc[n++] = 4;
+        mc[n++] = (uint16_t)nctx;
+        for (int i = 0; i < nctx; i++) mc[n++] = (uint16_t)(i == 0 ? LLAMA_BOS : 100 + i);
+        for (int c = 0; c < 4; c++) {
+            mc[n++] = (uint16_t)(c + 1);
+            for (int i = 0; i <= c; i++) mc[n++] = (uint16_t)(200 + 10 * c + i);
+        }
+        mc[start + 1] = (uint16_t)(2 * (n - start));
+        longest = 2 * (n - start) > longest ? 2 * (n - start) : longest;
+    }
+    memset(header, 0, sizeof(header));
+    header[0] = EVAL_MC_MAGIC;
+    header[1] = 1;
+    header[2] = 2;
+    header[3] = (int32_t)longest;
+    write_eval_seed(dir, "hellaswag.bin", EVAL_HELLASWAG, header, mc, n * sizeof(uint16_t));
+    /* LAMBADA: BOS + 3 tokens, a target of 2; WikiText: a document of 3 * FUZZ_T + 1 tokens and one of 2 */
+    int32_t cont[128];
+    size_t m = 0;
+    int32_t lambada[] = {1, 2, 1, 5, LLAMA_BOS, 300, 301, 302, 400, 401};
+    memcpy(cont, lambada, sizeof(lambada));
+    m = sizeof(lambada) / sizeof(int32_t);
+    memset(header, 0, sizeof(header));
+    header[0] = EVAL_CONT_MAGIC;
+    header[1] = 1;
+    header[2] = 1;
+    header[3] = 1;
+    header[4] = LLAMA_BOS;
+    write_eval_seed(dir, "lambada.bin", EVAL_LAMBADA, header, cont, m * sizeof(int32_t));
+    m = 0;
+    int docs[2] = {3 * FUZZ_T + 1, 2};
+    for (int d = 0; d < 2; d++) {
+        cont[m++] = 0;
+        cont[m++] = docs[d];
+        cont[m++] = docs[d] / 2;
+        cont[m++] = docs[d] * 4;
+        for (int i = 0; i < docs[d]; i++) cont[m++] = 500 + i;
+    }
+    header[2] = 2;
+    header[3] = 2;
+    write_eval_seed(dir, "wikitext.bin", EVAL_WIKITEXT, header, cont, m * sizeof(int32_t));
+}
+
 int main(int argc, char** argv) {
     if (argc != 2) die("usage: %s DIR (writes DIR/<harness>/ seed files)", argv[0]);
     seed_shards(argv[1]);
@@ -160,5 +233,6 @@ int main(int argc, char** argv) {
     seed_tokenizer(argv[1]);
     seed_cli(argv[1]);
     seed_manifest(argv[1]);
+    seed_evals(argv[1]);
     return 0;
 }
