@@ -21,7 +21,8 @@
 #include "../core/common.h"
 
 #define EVAL_MC_MAGIC 20240522      /* llm.c dev/data/data_common.py write_evalfile, version 1 */
-#define EVAL_MC_START 65535         /* <START_EXAMPLE> */
+#define EVAL_MC_START UINT16_MAX     /* <START_EXAMPLE> */
+#define EVAL_MC_MAX_TOKENS 65535    /* a context or an ending: its length is one uint16 */
 #define EVAL_CONT_MAGIC 20261202    /* llm8's continuation file (dev/data/llm8_evals.py) */
 #define EVAL_HEADER_INTS 256
 #define EVAL_MAX_CHOICES 64
@@ -61,6 +62,7 @@ typedef struct {
     int records;
 } EvalScores;
 
+/* Appends n tokens to the set's token pool (grown as needed). */
 static inline void eval_push_tokens(EvalSet* s, const int* tokens, size_t n) {
     if (s->n_tokens + n > s->cap_tokens) {
         s->cap_tokens = 2 * (s->n_tokens + n);
@@ -113,6 +115,7 @@ static inline void eval_add_rolling(EvalSet* s, int record, const int* x, int n,
     }
 }
 
+/* Stops, naming the file and the example, on a token outside the model's vocabulary. */
 static inline void eval_check_token(const EvalSet* s, int record, int token, int vocab) {
     if (token < 0 || token >= vocab) die("%s: example %d: token %d is outside the model's vocabulary of %d", s->path, record, token, vocab);
 }
@@ -130,13 +133,14 @@ static inline void* eval_read_file(const char* path, int32_t* header, size_t* by
     return body;
 }
 
-static inline void eval_alloc_records(EvalSet* s, int records, int choices_hint) {
+/* The per-record arrays of `records` records and the per-choice ones of at most `choices` choices. */
+static inline void eval_alloc_records(EvalSet* s, int records, size_t choices) {
     s->records = records;
     s->label = (int*)callocCheck((size_t)records, sizeof(int));
     s->choice_begin = (int*)callocCheck((size_t)records + 1, sizeof(int));
     s->words = (double*)callocCheck((size_t)records, sizeof(double));
-    s->bytes = (double*)callocCheck((size_t)records * (size_t)choices_hint, sizeof(double));
-    s->choice_tokens = (int*)callocCheck((size_t)records * (size_t)choices_hint, sizeof(int));
+    s->bytes = (double*)callocCheck(choices, sizeof(double));
+    s->choice_tokens = (int*)callocCheck(choices, sizeof(int));
 }
 
 /*
@@ -156,15 +160,20 @@ static inline void eval_load_hellaswag(EvalSet* s, const char* path, int limit, 
     if (header[2] <= 0) die("%s: bad example count %d", path, header[2]);
     if (bytes % 2 != 0) die("%s: %zu bytes after the header, not a whole number of uint16", path, bytes);
     if (!tok->ok) die("%s: HellaSwag's acc_norm needs the tokenizer decode table (--tokenizer)", path);
+    if (tok->vocab_size != vocab)
+        die("%s: the tokenizer decode table has %d pieces, the model's vocabulary %d (acc_norm decodes the endings)", path,
+            tok->vocab_size, vocab);
     size_t words = bytes / 2, at = 0;
     /* each example takes at least 8 uint16 (its 6 fields, one ending's length and token): checked before
        allocating for the count */
     if ((size_t)header[2] > words / 8) die("%s: %d examples do not fit the file's %zu bytes", path, header[2], bytes);
     int n = limit >= 0 && limit < header[2] ? limit : header[2];
-    eval_alloc_records(s, n, EVAL_MAX_CHOICES);
+    /* an ending takes at least 2 uint16 (its length and a token): the file bounds the choices too */
+    size_t max_choices = (size_t)n * EVAL_MAX_CHOICES < words / 2 ? (size_t)n * EVAL_MAX_CHOICES : words / 2;
+    eval_alloc_records(s, n, max_choices);
     int* scratch = (int*)mallocCheck((size_t)(T + 1) * sizeof(int));
-    int* ctx = (int*)mallocCheck(65536 * sizeof(int));
-    int* cont = (int*)mallocCheck(65536 * sizeof(int));
+    int* ctx = (int*)mallocCheck(EVAL_MC_MAX_TOKENS * sizeof(int));
+    int* cont = (int*)mallocCheck(EVAL_MC_MAX_TOKENS * sizeof(int));
     int choices = 0;
     for (int e = 0; e < n; e++) {
         if (at + 6 > words) die("%s: truncated: example %d of %d is missing", path, e, header[2]);
@@ -177,6 +186,7 @@ static inline void eval_load_hellaswag(EvalSet* s, const char* path, int limit, 
         int label = w[at + 3], nc = w[at + 4], nctx = w[at + 5];
         at += 6;
         if (nc < 1 || nc > EVAL_MAX_CHOICES) die("%s: example %d: %d endings (1 to %d)", path, e, nc, EVAL_MAX_CHOICES);
+        if (nctx < 1) die("%s: example %d: no context tokens (the context starts with BOS)", path, e);
         if (label >= nc) die("%s: example %d: label %d for %d endings", path, e, label, nc);
         if (at + (size_t)nctx > start + ex_words) die("%s: example %d: context runs past the example", path, e);
         for (int i = 0; i < nctx; i++) {
@@ -238,7 +248,7 @@ static inline void eval_load_continuations(EvalSet* s, const char* path, int lim
     /* each record takes at least 5 int32 (its 4 sizes and one target token): checked before allocating */
     if ((size_t)header[3] > words / 5) die("%s: %d records do not fit the file's %zu bytes", path, header[3], bytes);
     int n = limit >= 0 && limit < header[3] ? limit : header[3];
-    eval_alloc_records(s, n, 1);
+    eval_alloc_records(s, n, (size_t)n);
     int* scratch = (int*)mallocCheck((size_t)(T + 1) * sizeof(int));
     int bos_ctx[1] = {bos};
     for (int r = 0; r < n; r++) {
@@ -253,6 +263,7 @@ static inline void eval_load_continuations(EvalSet* s, const char* path, int lim
         const int* tgt = w + at + nctx;
         for (int i = 0; i < nctx + ntgt; i++) eval_check_token(s, r, w[at + (size_t)i], vocab);
         at += (size_t)nctx + (size_t)ntgt;
+        if (s->kind == EVAL_WIKITEXT && nctx != 0) die("%s: record %d: a WikiText document has no context, got %d tokens", path, r, nctx);
         s->choice_begin[r] = r;
         s->choice_tokens[r] = ntgt;
         if (s->kind == EVAL_WIKITEXT) eval_add_rolling(s, r, tgt, ntgt, bos, T, scratch);
@@ -271,6 +282,31 @@ static inline void eval_load(EvalSet* s, EvalKind kind, const char* path, int li
     s->path = path;
     if (kind == EVAL_HELLASWAG) eval_load_hellaswag(s, path, limit, T, vocab, tok);
     else eval_load_continuations(s, path, limit, T, vocab);
+}
+
+/*
+ * FNV-1a (32-bit) of what the set makes each rank do and score: its rows, their tokens, labels, words and
+ * bytes; 0 for a set not loaded. Ranks compare it at start-up (train/agreement.h).
+ */
+static inline int32_t eval_set_hash(const EvalSet* s) {
+    if (s->path == NULL) return 0;
+    uint32_t h = 2166136261u;
+#define EVAL_HASH(ptr, bytes)                                                              \
+    for (size_t i_ = 0; i_ < (size_t)(bytes); i_++) h = (h ^ ((const uint8_t*)(ptr))[i_]) * 16777619u;
+    int choices = s->choice_begin[s->records];
+    EVAL_HASH(&s->records, sizeof(int));
+    EVAL_HASH(&s->n_rows, sizeof(int));
+    for (int i = 0; i < s->n_rows; i++) {
+        const EvalRow* r = &s->rows[i];
+        int fields[5] = {r->record, r->choice, r->len, r->n_score, r->target_from};
+        EVAL_HASH(fields, sizeof(fields));
+        EVAL_HASH(s->tokens + r->offset, (size_t)r->len * sizeof(int));
+    }
+    EVAL_HASH(s->label, (size_t)s->records * sizeof(int));
+    EVAL_HASH(s->words, (size_t)s->records * sizeof(double));
+    EVAL_HASH(s->bytes, (size_t)(s->kind == EVAL_HELLASWAG ? choices : s->records) * sizeof(double));
+#undef EVAL_HASH
+    return (int32_t)(h | 1u); /* never 0, which means "off" */
 }
 
 static inline void eval_free(EvalSet* s) {

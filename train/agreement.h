@@ -3,7 +3,7 @@
  * contributes the settings that must be equal everywhere (the run identity of train/checkpoint.h, the
  * ZeRO stage and every setting that decides when the ranks communicate or what they decide: steps,
  * validation, checkpoint and sample intervals, the schedule, the shadow check and its policy, the data's
- * token counts, the build, and the math libraries, since two ranks computing with different BLAS kernels
+ * token counts, the downstream evaluations' sets as loaded (their rows decide each rank's forwards), the build, and the math libraries, since two ranks computing with different BLAS kernels
  * would silently train different runs), and every rank compares all of them. On a difference every rank
  * stops: rank 0 says which setting differs on which ranks, in one line, and all exit non-zero within
  * seconds, where a mismatch would otherwise hang in a collective or die deep inside the loader
@@ -22,6 +22,7 @@ typedef struct {
     int32_t zero_stage, grad_reduce_bf16, steps, grad_accum_steps, val_every, val_batches, ckpt_every, sample_every;
     int32_t resume, fp8_stats_every, max_skips, overfit, warmup, schedule_hash;
     int32_t shadow_every, shadow_grad, shadow_fallback, shadow_patience, shadow_recover;
+    int32_t eval_every, eval_hellaswag, eval_lambada, eval_wikitext; /* the sets: eval_set_hash, 0 when off */
     float lr, final_lr_frac, weight_decay, grad_clip, shadow_tol;
     int64_t train_tokens, val_tokens;
     char build[SETTING_TEXT_LEN];
@@ -58,6 +59,10 @@ static const AgreedSetting AGREED_SETTINGS[] = {
     AGREED("--shadow-patience", shadow_patience, SETTING_I32),
     AGREED("--shadow-recover", shadow_recover, SETTING_I32),
     AGREED("--shadow-tol", shadow_tol, SETTING_F32),
+    AGREED("--eval-every", eval_every, SETTING_I32),
+    AGREED("-h 1 / --hellaswag (hash of its rows)", eval_hellaswag, SETTING_I32),
+    AGREED("--eval-lambada (hash of its rows)", eval_lambada, SETTING_I32),
+    AGREED("--eval-wikitext (hash of its rows)", eval_wikitext, SETTING_I32),
     AGREED("-l", lr, SETTING_F32),
     AGREED("-q", final_lr_frac, SETTING_F32),
     AGREED("-c", weight_decay, SETTING_F32),

@@ -18,16 +18,16 @@
 #define EVAL_DUMP_MAGIC 20261203    /* --eval-dump files */
 
 /*
- * --eval-dump: for every scored token of this rank's rows, int32 record, choice, index of the token in
- * the continuation (the document for WikiText), token id, then the position's V logits as FP32, after a
- * header of int32 {20261203, 1, V, 0}. Written to DIR/<set>_step<step>.rank<rank>.bin, for
- * dev/test's independent scorer.
+ * --eval-dump: after a header of int32 {20261203, 2, V, 0}, each of this rank's rows as the model saw
+ * it: int32 record, choice, len, n_score, target_from (the index of its first scored token in the
+ * record's continuation, or document), its len tokens, then the V logits (FP32) of each of its n_score
+ * scored positions. Written to DIR/<set>_step<step>.rank<rank>.bin, for dev/test's independent scorer.
  */
 static inline FILE* eval_dump_open(const char* dir, const EvalSet* s, int step, int rank, int V, char* path, size_t len) {
     make_dir(dir);
     snprintf(path, len, "%s/%s_step%d.rank%d.bin", dir, EVAL_NAMES[s->kind], step, rank);
     FILE* f = fopenCheck(path, "wb");
-    int32_t header[4] = {EVAL_DUMP_MAGIC, 1, V, 0};
+    int32_t header[4] = {EVAL_DUMP_MAGIC, 2, V, 0};
     fwriteCheck(header, sizeof(int32_t), 4, f, path);
     return f;
 }
@@ -65,17 +65,18 @@ static inline EvalScores eval_run(Llama* m, const EvalSet* s, int rank, int worl
         for (int b = 0; b < count && need_logits; b++) {
             const EvalRow* r = &s->rows[first + b];
             int hit = 1;
+            if (dump) {
+                int32_t head[5] = {r->record, r->choice, r->len, r->n_score, r->target_from};
+                fwriteCheck(head, sizeof(int32_t), 5, dump, dump_path);
+                fwriteCheck(s->tokens + r->offset, sizeof(int), (size_t)r->len, dump, dump_path);
+            }
             for (int j = 0; j < r->n_score; j++) {
                 size_t p = (size_t)b * T + (size_t)(r->len - 1 - r->n_score + j);
                 llama_logits_row(m, p, row);
                 int best = 0;
                 for (int v = 1; v < V; v++) best = row[v] > row[best] ? v : best;
                 hit = hit && best == targets[p];
-                if (dump) {
-                    int32_t head[4] = {r->record, r->choice, r->target_from + j, targets[p]};
-                    fwriteCheck(head, sizeof(int32_t), 4, dump, dump_path);
-                    fwriteCheck(row, sizeof(float), (size_t)V, dump, dump_path);
-                }
+                if (dump) fwriteCheck(row, sizeof(float), (size_t)V, dump, dump_path);
             }
             greedy[first + b] = hit;
         }

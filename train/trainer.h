@@ -315,6 +315,10 @@ static inline RankSettings trainer_rank_settings(const Trainer* tr) {
     r.shadow_patience = a->shadow_patience;
     r.shadow_recover = a->shadow_recover;
     r.shadow_tol = a->shadow_tol;
+    r.eval_every = a->eval_every < 0 ? a->val_every : a->eval_every;
+    r.eval_hellaswag = eval_set_hash(&tr->evals[EVAL_HELLASWAG]);
+    r.eval_lambada = eval_set_hash(&tr->evals[EVAL_LAMBADA]);
+    r.eval_wikitext = eval_set_hash(&tr->evals[EVAL_WIKITEXT]);
     uint32_t h = 2166136261u; /* FNV-1a of the schedule's name */
     for (const char* c = a->schedule; *c; c++) h = (h ^ (unsigned char)*c) * 16777619u;
     r.schedule_hash = (int32_t)h;
@@ -362,11 +366,18 @@ static inline void trainer_load_evals(Trainer* tr) {
         if (access(paths[k], R_OK) != 0)
             die("%s: cannot read the %s eval file (%s); write it with dev/data/%s.py", paths[k], EVAL_NAMES[k], strerror(errno),
                 EVAL_NAMES[k]);
-        EvalSet* s = &tr->evals[k];
-        eval_load(s, (EvalKind)k, paths[k], a->eval_limit, a->T, tr->cfg.vocab_size, &tr->tokenizer);
+        eval_load(&tr->evals[k], (EvalKind)k, paths[k], a->eval_limit, a->T, tr->cfg.vocab_size, &tr->tokenizer);
         tr->eval_on[k] = 1;
-        printf("| eval %s: %s, %d %s in %d rows of up to -t %d", EVAL_NAMES[k], paths[k], s->records,
-               k == EVAL_WIKITEXT ? "documents" : "examples", s->n_rows, a->T);
+    }
+}
+
+/* The start-up lines of the evaluation sets. */
+static inline void trainer_print_evals(const Trainer* tr) {
+    for (int k = 0; k < EVAL_KINDS; k++) {
+        if (!tr->eval_on[k]) continue;
+        const EvalSet* s = &tr->evals[k];
+        printf("| eval %s: %s, %d %s in %d rows of up to -t %d", EVAL_NAMES[k], s->path, s->records,
+               k == EVAL_WIKITEXT ? "documents" : "examples", s->n_rows, tr->args.T);
         if (s->truncated) printf(" (%d contexts cut from the left to fit)", s->truncated);
         printf("\n");
     }
@@ -407,6 +418,12 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaC
     manifest_check(&tr->val, "-j", "val", tr->cfg.vocab_size);
     long long epoch_steps = dataloader_epoch_batches(&tr->train);
     tr->steps = a->steps >= 0 ? a->steps : (int)(epoch_steps > 0 ? epoch_steps : 1);
+    char tok_path[PATH_LEN];
+    trainer_tokenizer_path(tr, tok_path, sizeof(tok_path));
+    /* HellaSwag's acc_norm needs each ending's bytes on every rank */
+    if ((a->sample_every > 0 && tr->rank == 0) || a->hellaswag) tokenizer_init(&tr->tokenizer, tok_path);
+    /* before the agreement, which compares the sets, and the model: a bad file stops before any allocation */
+    trainer_load_evals(tr);
     RankSettings mine = trainer_rank_settings(tr);
     watchdog_phase("start-up agreement", 0);
     agreement_check(&mine);
@@ -432,12 +449,7 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaC
         trainer_print_safety_net(tr);
     }
 
-    char tok_path[PATH_LEN];
-    trainer_tokenizer_path(tr, tok_path, sizeof(tok_path));
-    /* HellaSwag's acc_norm needs each ending's bytes on every rank */
-    if ((a->sample_every > 0 && tr->rank == 0) || a->hellaswag) tokenizer_init(&tr->tokenizer, tok_path);
-    trainer_load_evals(tr); /* before the model: a bad eval file stops the run before any allocation */
-
+    trainer_print_evals(tr);
     Sharding sharding = {tr->world, tr->rank, a->zero_stage};
     Fp8Settings fp8 = train_args_fp8(a);
     llama_build(&tr->model, &tr->cfg, (Precision)a->precision, a->B, a->T, &fp8, a->recompute, sharding);
@@ -472,8 +484,9 @@ static inline void trainer_evals(Trainer* tr) {
         for (int i = 0; i < sc.n; i++) printf(" | %s %.6f", sc.names[i], sc.values[i]);
         printf(" | %d %s, %.1f s (step %d)\n", sc.records, k == EVAL_WIKITEXT ? "documents" : "examples", wall_seconds() - t0,
                tr->step);
-        logger_eval(&tr->logger, tr->step, EVAL_NAMES[k], sc.names, sc.values, sc.n, sc.records,
-                    k == EVAL_HELLASWAG ? sc.values[2] : NAN);
+        double llmc = NAN; /* llm.c's HellaSwag number, its main.log line */
+        for (int i = 0; i < sc.n; i++) llmc = strcmp(sc.names[i], "acc_llmc") == 0 ? sc.values[i] : llmc;
+        logger_eval(&tr->logger, tr->step, EVAL_NAMES[k], sc.names, sc.values, sc.n, sc.records, llmc);
     }
 }
 

@@ -128,21 +128,52 @@ def read_cont(path):
 
 
 def read_dump(dump_dir, name, step=0):
-    """{(record, choice, index): (target, logits float64)} over every rank's dump file."""
-    entries = {}
+    """Every rank's dump of one evaluation: ({(record, choice, index): (target, logits float64)}, the rows as
+    (record, choice, tokens, n_score) tuples)."""
+    entries, rows = {}, []
     for path in sorted(dump_dir.glob(f"{name}_step{step}.rank*.bin")):
         header = np.fromfile(path, "<i4", 4)
-        assert header[0] == DUMP_MAGIC and header[1] == 1
+        assert header[0] == DUMP_MAGIC and header[1] == 2
         V = int(header[2])
         raw = np.fromfile(path, np.uint8, offset=16)
-        size = 16 + 4 * V
-        assert raw.size % size == 0
-        for k in range(raw.size // size):
-            rec = raw[k * size:(k + 1) * size]
-            r, c, i, t = np.frombuffer(rec[:16].tobytes(), "<i4").tolist()
-            assert (r, c, i) not in entries, f"{name}: target {(r, c, i)} scored twice"
-            entries[(r, c, i)] = (t, np.frombuffer(rec[16:].tobytes(), "<f4").astype(np.float64))
-    return entries
+        at = 0
+        while at < raw.size:
+            r, c, n, n_score, first = np.frombuffer(raw[at:at + 20].tobytes(), "<i4").tolist()
+            tokens = np.frombuffer(raw[at + 20:at + 20 + 4 * n].tobytes(), "<i4").tolist()
+            at += 20 + 4 * n
+            rows.append((r, c, tuple(tokens), n_score))
+            for j in range(n_score):
+                key = (r, c, first + j)
+                assert key not in entries, f"{name}: target {key} scored twice"
+                logits = np.frombuffer(raw[at:at + 4 * V].tobytes(), "<f4").astype(np.float64)
+                entries[key] = (tokens[n - n_score + j], logits)
+                at += 4 * V
+    return entries, rows
+
+
+def rolling_windows(bos, x):
+    """lm-evaluation-harness's get_rolling_token_windows(x, bos, max_seq_len=T, context_len=1), as rows of
+    input tokens + the last target: (tokens, n_score)."""
+    first = min(T, len(x))
+    windows = [([bos] + x[:first], first)]
+    predicted = first
+    while predicted < len(x):
+        count = min(T, len(x) - predicted)
+        end = predicted + count
+        windows.append((x[end - T - 1:end], count))
+        predicted = end
+    return windows
+
+
+def expected_rows(files):
+    """The rows the trainer must score, from the definitions: context + continuation cut to its last T + 1
+    tokens (lm-evaluation-harness's [-(max_length + 1):]); WikiText's rolling windows."""
+    rows = [(e, c, tuple((ctx + t)[-(T + 1):]), len(t)) for e, (_, ctx, ends) in enumerate(read_mc(files["hellaswag"]))
+            for c, t in enumerate(ends)]
+    lam = [(r, 0, tuple((ctx + t)[-(T + 1):]), len(t)) for r, (ctx, t) in enumerate(read_cont(files["lambada"])[1])]
+    bos, docs = read_cont(files["wikitext"])
+    wiki = [(r, 0, tuple(w), n) for r, (_, x) in enumerate(docs) for w, n in rolling_windows(bos, x)]
+    return {"hellaswag": rows, "lambada": lam, "wikitext": wiki}
 
 
 def log_softmax_at(logits, target):
@@ -186,7 +217,7 @@ def reference_scores(files, ending_ll, lambada_ll, document_ll):
 
 def numpy_scores(files, dump_dir):
     """reference_scores over the dumped logits; checks that each set's dump scored exactly its targets."""
-    dumps = {name: read_dump(dump_dir, name) for name in ("hellaswag", "lambada", "wikitext")}
+    dumps = {name: read_dump(dump_dir, name)[0] for name in ("hellaswag", "lambada", "wikitext")}
     scores = reference_scores(
         files, lambda e, c, _, toks: continuation_ll(dumps["hellaswag"], e, c, toks)[0],
         lambda r, _, target: continuation_ll(dumps["lambada"], r, 0, target),
@@ -233,6 +264,8 @@ def test_scores_match_numpy_scorer(one_rank, eval_files):
     found = {name: obj for (step, name), obj in evals_of(out).items() if step == 0}
     expected = numpy_scores(eval_files, out / "dump")
     assert_scores_agree(found, expected, 1e-5)
+    for name, rows in expected_rows(eval_files).items():
+        assert sorted(read_dump(out / "dump", name)[1]) == sorted(rows), f"{name}: the model saw other rows"
     assert found["hellaswag"]["examples"] == len(HELLASWAG) and found["wikitext"]["examples"] == len(WIKI_PAGES)
     # llm.c's own line for HellaSwag
     assert f"s:0 eval:{found['hellaswag']['acc_llmc']:.6f}" in (out / "main.log").read_text()
@@ -373,16 +406,7 @@ def test_hf_transformers_agrees(eval_files, tmp_path, sp):
         return ll_of((ctx + cont)[-(T + 1):], len(cont))
 
     def document_ll(_, bos, x):
-        """lm-evaluation-harness's get_rolling_token_windows(x, bos, max_seq_len=T, context_len=1)."""
-        first = min(T, len(x))
-        total = ll_of([bos] + x[:first], first)[0]
-        predicted = first
-        while predicted < len(x):
-            count = min(T, len(x) - predicted)
-            end = predicted + count
-            total += ll_of(x[end - T - 1:end], count)[0]
-            predicted = end
-        return total
+        return sum(ll_of(w, n)[0] for w, n in rolling_windows(bos, x))
 
     expected = reference_scores(eval_files, lambda e, c, ctx, toks: cont_ll(ctx, toks)[0],
                                 lambda r, ctx, target: cont_ll(ctx, target), document_ll)
@@ -402,3 +426,19 @@ def test_shakespeare_cloze(tmp_path):
         assert e["endings"][e["label"]] == f"the last line of speech {i}"
         assert e["ctx_a"] == f"line one of speech {i} here line two of speech {i} here" and e["activity_label"] == f"SPEAKER{i}"
         assert len(set(e["endings"])) == 4
+
+
+@pytest.mark.skipif(MPIRUN is None, reason="mpirun not found (make setup installs Open MPI)")
+def test_ranks_with_other_eval_files_stop(eval_files, tmp_path):
+    """Two ranks reading different LAMBADA files at start-up (a node with another copy): their rows
+    differ, so would their forwards; the start-up agreement stops both, naming the flag, in one line."""
+    other = tmp_path / "lambada_other.bin"
+    r = run_script("lambada.py", write_jsonl(tmp_path / "other.jsonl", [{"text": t} for t in LAMBADA[:2]]), "--out", other)
+    assert r.returncode == 0, r.stderr
+    args = [*FLAGS, "-x", "0", *eval_flags(eval_files)]
+    cmd = [MPIRUN, "--oversubscribe", "-np", "1", REPO / "train_llama_cpu", *args, ":",
+           "-np", "1", REPO / "train_llama_cpu", *[other if a == eval_files["lambada"] else a for a in args]]
+    r = subprocess.run([str(c) for c in cmd], cwd=REPO, env=mpi_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "disagree on --eval-lambada" in lines[0], r.stderr
