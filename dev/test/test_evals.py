@@ -337,8 +337,24 @@ def truncate(src, dst, drop):
     return dst
 
 
+def write_mc(path, examples):
+    """An llm.c eval file of (label, context, endings) examples, from the format's description."""
+    stream, longest = [], 0
+    for i, (label, ctx, ends) in enumerate(examples):
+        ex = [65535, 0, i, label, len(ends), len(ctx), *ctx]
+        for t in ends:
+            ex += [len(t), *t]
+        ex[1] = 2 * len(ex)
+        longest = max(longest, ex[1])
+        stream += ex
+    header = np.zeros(256, "<i4")
+    header[:4] = [20240522, 1, len(examples), longest]
+    path.write_bytes(header.tobytes() + np.array(stream, "<u2").tobytes())
+    return path
+
+
 @pytest.mark.parametrize("case", ["missing", "truncated_mc", "truncated_cont", "wrong_kind", "too_long", "h2", "limit",
-                                  "hellaswag_without_h"])
+                                  "hellaswag_without_h", "no_context"])
 def test_bad_input_one_line_error(trainer, eval_files, tmp_path, case):
     files = dict(eval_files)
     extra = []
@@ -358,6 +374,9 @@ def test_bad_input_one_line_error(trainer, eval_files, tmp_path, case):
     elif case == "too_long":
         extra = ["-t", "2", "-p", "bf16"]
         needle = "does not fit -t 2"
+    elif case == "no_context":
+        files["hellaswag"] = write_mc(tmp_path / "noctx.bin", [(0, [1, 5], [[7], [8]]), (1, [], [[7], [8, 9]])])
+        needle = "example 1: no context tokens"
     if case == "h2":
         args = ["-h", "2"]
         needle = "flag -h"
