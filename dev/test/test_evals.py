@@ -363,7 +363,7 @@ def test_bad_input_one_line_error(trainer, eval_files, tmp_path, case):
         files["lambada"] = tmp_path / "nope.bin"
         needle = "nope.bin"
     elif case == "truncated_mc":
-        files["hellaswag"] = truncate(eval_files["hellaswag"], tmp_path / "hs.bin", 3)
+        files["hellaswag"] = truncate(eval_files["hellaswag"], tmp_path / "hs.bin", 4)
         needle = "hs.bin"
     elif case == "truncated_cont":
         files["wikitext"] = truncate(eval_files["wikitext"], tmp_path / "wiki.bin", 8)
