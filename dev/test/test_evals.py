@@ -462,3 +462,16 @@ def test_ranks_with_other_eval_files_stop(eval_files, tmp_path):
     assert r.returncode != 0
     lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "disagree on --eval-lambada" in lines[0], r.stderr
+
+
+@pytest.mark.skipif(MPIRUN is None, reason="mpirun not found (make setup installs Open MPI)")
+def test_during_training_on_two_ranks(eval_files, tmp_path):
+    """Evaluations during training score the same on 2 ranks as on 1 with the same global batch (one rank
+    accumulating the two micro-batches the two ranks run), at every step."""
+    args = [*FLAGS, "-x", "2", "-v", "0", "-d", str(2 * 3 * T), "--eval-every", "1", *eval_flags(eval_files), "-n", "-1"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert run([REPO / "train_llama_cpu", *args, "-o", one]).returncode == 0
+    r = mpirun(2, [*args, "-o", two], env=mpi_env("default"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert evals_of(one) == evals_of(two) and len(evals_of(one)) == 3 * 3
+    assert train_losses(one) == train_losses(two)
