@@ -204,3 +204,10 @@ static inline double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0
 
 /* Integer ceiling division for sizes. */
 static inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+/* FNV-1a (32-bit, Fowler-Noll-Vo) of n bytes at p, continuing from h (start from FNV_OFFSET). */
+#define FNV_OFFSET 2166136261u
+static inline uint32_t fnv1a(uint32_t h, const void* p, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char*)p)[i]) * 16777619u;
+    return h;
+}

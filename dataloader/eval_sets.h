@@ -290,22 +290,18 @@ static inline void eval_load(EvalSet* s, EvalKind kind, const char* path, int li
  */
 static inline int32_t eval_set_hash(const EvalSet* s) {
     if (s->path == NULL) return 0;
-    uint32_t h = 2166136261u;
-#define EVAL_HASH(ptr, bytes)                                                              \
-    for (size_t i_ = 0; i_ < (size_t)(bytes); i_++) h = (h ^ ((const uint8_t*)(ptr))[i_]) * 16777619u;
     int choices = s->choice_begin[s->records];
-    EVAL_HASH(&s->records, sizeof(int));
-    EVAL_HASH(&s->n_rows, sizeof(int));
+    uint32_t h = fnv1a(FNV_OFFSET, &s->records, sizeof(int));
+    h = fnv1a(h, &s->n_rows, sizeof(int));
     for (int i = 0; i < s->n_rows; i++) {
         const EvalRow* r = &s->rows[i];
         int fields[5] = {r->record, r->choice, r->len, r->n_score, r->target_from};
-        EVAL_HASH(fields, sizeof(fields));
-        EVAL_HASH(s->tokens + r->offset, (size_t)r->len * sizeof(int));
+        h = fnv1a(h, fields, sizeof(fields));
+        h = fnv1a(h, s->tokens + r->offset, (size_t)r->len * sizeof(int));
     }
-    EVAL_HASH(s->label, (size_t)s->records * sizeof(int));
-    EVAL_HASH(s->words, (size_t)s->records * sizeof(double));
-    EVAL_HASH(s->bytes, (size_t)(s->kind == EVAL_HELLASWAG ? choices : s->records) * sizeof(double));
-#undef EVAL_HASH
+    h = fnv1a(h, s->label, (size_t)s->records * sizeof(int));
+    h = fnv1a(h, s->words, (size_t)s->records * sizeof(double));
+    h = fnv1a(h, s->bytes, (size_t)(s->kind == EVAL_HELLASWAG ? choices : s->records) * sizeof(double));
     return (int32_t)(h | 1u); /* never 0, which means "off" */
 }
 

@@ -142,10 +142,7 @@ static inline void run_identity_bf16_text(const RunIdentity* id, char* out, size
 
 /* FNV-1a hash of the run identity (the "config hash" of the training state). */
 static inline uint32_t run_identity_hash(const RunIdentity* id) {
-    const unsigned char* p = (const unsigned char*)id;
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < sizeof(*id); i++) h = (h ^ p[i]) * 16777619u;
-    return h;
+    return fnv1a(FNV_OFFSET, id, sizeof(*id));
 }
 
 /*

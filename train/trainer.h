@@ -319,9 +319,7 @@ static inline RankSettings trainer_rank_settings(const Trainer* tr) {
     r.eval_hellaswag = eval_set_hash(&tr->evals[EVAL_HELLASWAG]);
     r.eval_lambada = eval_set_hash(&tr->evals[EVAL_LAMBADA]);
     r.eval_wikitext = eval_set_hash(&tr->evals[EVAL_WIKITEXT]);
-    uint32_t h = 2166136261u; /* FNV-1a of the schedule's name */
-    for (const char* c = a->schedule; *c; c++) h = (h ^ (unsigned char)*c) * 16777619u;
-    r.schedule_hash = (int32_t)h;
+    r.schedule_hash = (int32_t)fnv1a(FNV_OFFSET, a->schedule, strlen(a->schedule));
     r.lr = a->lr;
     r.final_lr_frac = a->final_lr_frac;
     r.weight_decay = a->weight_decay;
