@@ -114,7 +114,7 @@ static int check_fp8_nonfinite_flagged(void) {
     ref_state_read(&r, REF_STATE_PATH, &cfg);
     backend_init(PRECISION_FP8);
     Llama m;
-    llama_build(&m, &cfg, PRECISION_FP8, r.B, r.T, NULL, 0, SINGLE_PROCESS);
+    llama_build(&m, &cfg, PRECISION_FP8, r.B, r.T, NULL, 0, SINGLE_PROCESS, OPTIM_STATE_FP32);
     float* params = (float*)mallocCheck(m.num_params * sizeof(float));
     checkpoint_read_params(REF_MODEL_PATH, &cfg, params);
     size_t offsets[NUM_PARAM_TENSORS];
@@ -665,7 +665,7 @@ static int check_bf16_blocks(void) {
     for (int k = 0; k < 2; k++) {
         Precision p = k == 0 ? PRECISION_BF16 : PRECISION_FP8;
         backend_init(p);
-        llama_build(&m[k], cfg, p, B, T, NULL, 0, SINGLE_PROCESS);
+        llama_build(&m[k], cfg, p, B, T, NULL, 0, SINGLE_PROCESS, OPTIM_STATE_FP32);
         model_init(&m[k], seed);
         llama_refresh_working_weights(&m[k]);
         if (k == 1) llama_set_bf16_blocks(&m[k], blocks);

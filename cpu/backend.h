@@ -477,11 +477,37 @@ static inline void op_sum_f32_in_order(double* sum, const float* x, size_t n) {
     *sum = total;
 }
 
-/* AdamW on n parameters (optim.h's adamw_update), gradients multiplied by grad_scale. */
-static inline void op_adamw(float* master, float* m, float* v, const float* grads, size_t n, float lr, float wd, float bc1,
+/* AdamW on n parameters (optim.h's adamw_update), gradients multiplied by grad_scale, one chunk of
+   ADAMW_CHUNK elements at a time: decode, update in FP32, then (fp8) the chunk's scales from the new
+   values' amax, and encode. */
+static inline void op_adamw(float* master, AdamwMoments s, const float* grads, size_t n, float lr, float wd, float bc1,
                             float bc2_sqrt, float grad_scale) {
+    size_t chunks = ceil_div(n, ADAMW_CHUNK);
+    int fp8 = s.format == OPTIM_STATE_FP8;
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) adamw_update(&master[i], &m[i], &v[i], grads[i] * grad_scale, lr, wd, bc1, bc2_sqrt);
+    for (size_t k = 0; k < chunks; k++) {
+        float mt[ADAMW_CHUNK], vt[ADAMW_CHUNK];
+        size_t begin = k * ADAMW_CHUNK, len = n - begin < ADAMW_CHUNK ? n - begin : ADAMW_CHUNK;
+        float sinv_m = fp8 ? s.scale_inv[2 * k] : 1.0f, sinv_v = fp8 ? s.scale_inv[2 * k + 1] : 1.0f;
+        float amax_m = 0.0f, amax_v = 0.0f;
+        for (size_t j = 0; j < len; j++) {
+            size_t i = begin + j;
+            mt[j] = adamw_moment_load(&s, 0, i, sinv_m);
+            vt[j] = adamw_moment_load(&s, 1, i, sinv_v);
+            adamw_update(&master[i], &mt[j], &vt[j], grads[i] * grad_scale, lr, wd, bc1, bc2_sqrt);
+            amax_m = fmaxf(amax_m, fabsf(mt[j]));
+            amax_v = fmaxf(amax_v, fabsf(vt[j]));
+        }
+        float scale_m = fp8 ? adamw_moment_scale(0, amax_m) : 1.0f, scale_v = fp8 ? adamw_moment_scale(1, amax_v) : 1.0f;
+        for (size_t j = 0; j < len; j++) {
+            adamw_moment_store(&s, 0, begin + j, mt[j], scale_m);
+            adamw_moment_store(&s, 1, begin + j, vt[j], scale_v);
+        }
+        if (fp8) {
+            s.scale_inv[2 * k] = 1.0f / scale_m;
+            s.scale_inv[2 * k + 1] = 1.0f / scale_v;
+        }
+    }
 }
 
 /* ---------------------------------------------------------------- FP8 and GEMM (the FP8 library's CPU emulation) */

@@ -88,18 +88,65 @@ static inline void op_sum_f32_in_order(double* sum, const float* x, size_t n) {
     launchCheck();
 }
 
-__global__ void adamw_kernel(float* master, float* m, float* v, const float* grads, size_t n, float lr, float wd, float bc1,
+/* AdamW on the moments of fp32 and bf16, which have no scales: one element per thread. */
+__global__ void adamw_kernel(float* master, AdamwMoments s, const float* grads, size_t n, float lr, float wd, float bc1,
                              float bc2_sqrt, float grad_scale) {
-    for (size_t i = grid_index(); i < n; i += grid_stride())
-        adamw_update(&master[i], &m[i], &v[i], grads[i] * grad_scale, lr, wd, bc1, bc2_sqrt);
+    for (size_t i = grid_index(); i < n; i += grid_stride()) {
+        float mt = adamw_moment_load(&s, 0, i, 1.0f), vt = adamw_moment_load(&s, 1, i, 1.0f);
+        adamw_update(&master[i], &mt, &vt, grads[i] * grad_scale, lr, wd, bc1, bc2_sqrt);
+        adamw_moment_store(&s, 0, i, mt, 1.0f);
+        adamw_moment_store(&s, 1, i, vt, 1.0f);
+    }
+}
+
+/* Elements of an fp8 chunk each thread of adamw_chunk_kernel holds in registers between the amax and the store. */
+#define ADAMW_PER_THREAD ((int)(ADAMW_CHUNK / BLOCK_THREADS))
+
+/* AdamW on fp8 moments: one block per ADAMW_CHUNK-element chunk, which decodes, updates, reduces the new
+   values' amax, then encodes with the chunk's new scales (as cpu/backend.h's loop). */
+__global__ void __launch_bounds__(BLOCK_THREADS) adamw_chunk_kernel(float* master, AdamwMoments s, const float* grads, size_t n,
+                                                                     float lr, float wd, float bc1, float bc2_sqrt, float grad_scale) {
+    size_t k = blockIdx.x, begin = k * ADAMW_CHUNK;
+    float sinv_m = s.scale_inv[2 * k], sinv_v = s.scale_inv[2 * k + 1];
+    float mt[ADAMW_PER_THREAD], vt[ADAMW_PER_THREAD];
+    float amax_m = 0.0f, amax_v = 0.0f;
+#pragma unroll
+    for (int j = 0; j < ADAMW_PER_THREAD; j++) {
+        size_t i = begin + (size_t)j * BLOCK_THREADS + threadIdx.x;
+        mt[j] = vt[j] = 0.0f;
+        if (i >= n) continue;
+        mt[j] = adamw_moment_load(&s, 0, i, sinv_m);
+        vt[j] = adamw_moment_load(&s, 1, i, sinv_v);
+        adamw_update(&master[i], &mt[j], &vt[j], grads[i] * grad_scale, lr, wd, bc1, bc2_sqrt);
+        amax_m = fmaxf(amax_m, fabsf(mt[j]));
+        amax_v = fmaxf(amax_v, fabsf(vt[j]));
+    }
+    amax_m = block_reduce<BLOCK_THREADS>(amax_m, MaxOp());
+    amax_v = block_reduce<BLOCK_THREADS>(amax_v, MaxOp());
+    float scale_m = adamw_moment_scale(0, amax_m), scale_v = adamw_moment_scale(1, amax_v);
+#pragma unroll
+    for (int j = 0; j < ADAMW_PER_THREAD; j++) {
+        size_t i = begin + (size_t)j * BLOCK_THREADS + threadIdx.x;
+        if (i >= n) continue;
+        adamw_moment_store(&s, 0, i, mt[j], scale_m);
+        adamw_moment_store(&s, 1, i, vt[j], scale_v);
+    }
+    if (threadIdx.x == 0) {
+        s.scale_inv[2 * k] = 1.0f / scale_m;
+        s.scale_inv[2 * k + 1] = 1.0f / scale_v;
+    }
 }
 
 /*
- * AdamW (optim.h's adamw_update) on n FP32 master weights with moments m, v, gradients multiplied by
- * grad_scale; the BF16 working copy is refreshed afterwards by op_params_from_master (model.h).
+ * AdamW (optim.h's adamw_update) on n FP32 master weights with moments s (optim.h's formats), gradients
+ * multiplied by grad_scale; the BF16 working copy is refreshed afterwards by op_params_from_master (model.h).
  */
-static inline void op_adamw(float* master, float* m, float* v, const float* grads, size_t n, float lr, float wd, float bc1,
+static inline void op_adamw(float* master, AdamwMoments s, const float* grads, size_t n, float lr, float wd, float bc1,
                             float bc2_sqrt, float grad_scale) {
-    LAUNCH(adamw_kernel, grid_for(n, BLOCK_THREADS), BLOCK_THREADS)(master, m, v, grads, n, lr, wd, bc1, bc2_sqrt, grad_scale);
+    static_assert(ADAMW_CHUNK % BLOCK_THREADS == 0, "an fp8 chunk is whole threads' work");
+    if (s.format == OPTIM_STATE_FP8)
+        LAUNCH(adamw_chunk_kernel, (unsigned int)ceil_div(n, ADAMW_CHUNK), BLOCK_THREADS)(master, s, grads, n, lr, wd, bc1, bc2_sqrt,
+                                                                                        grad_scale);
+    else LAUNCH(adamw_kernel, grid_for(n, BLOCK_THREADS), BLOCK_THREADS)(master, s, grads, n, lr, wd, bc1, bc2_sqrt, grad_scale);
     launchCheck();
 }

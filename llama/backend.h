@@ -22,6 +22,7 @@
 #endif
 
 #include "config.h"
+#include "optim.h"
 #include "../core/buffers.h"
 #include "../fp8/fp8.h"
 #include "../fp8/gemm.h"
@@ -171,8 +172,10 @@ static inline double op_sum_f64(const double* x, size_t n);
 /* *sum (one FP64 in backend memory) = the sum of x (n) FP32 as FP64, added in index order: the bits of
    the host loop `for i: s += x[i]`. Asynchronous on the GPU. */
 static inline void op_sum_f32_in_order(double* sum, const float* x, size_t n);
-/* AdamW (optim.h's adamw_update) on n FP32 master weights with moments m, v and grads * grad_scale. */
-static inline void op_adamw(float* master, float* m, float* v, const float* grads, size_t n, float lr, float wd, float bc1,
+/* AdamW (optim.h's adamw_update) on n FP32 master weights with moments s and grads * grad_scale: each
+   moment is decoded to FP32, updated, and stored again in s.format; in fp8, each ADAMW_CHUNK-element chunk
+   (the last may be partial) gets new scales from its new values' amax (optim.h "the moments' storage"). */
+static inline void op_adamw(float* master, AdamwMoments s, const float* grads, size_t n, float lr, float wd, float bc1,
                             float bc2_sqrt, float grad_scale);
 
 /* ---------------------------------------------------------------- FP8 and GEMM */

@@ -156,6 +156,7 @@ typedef struct {
     int unfused_amax;          /* tests: every FP8 X amax by a separate op_amax read (see llama_fused_x_amax) */
     int B, T;                  /* the largest micro-batch the buffers hold */
     Sharding sharding;
+    OptimState optim_state;    /* --optim-state: how adam_m and adam_v are stored (optim.h) */
     int shard_index;           /* the shard this rank holds: its rank, or 0 under ZeRO-0 */
     size_t num_params;         /* P, in checkpoint order */
     ModelSegment* segs;        /* (num_segs) in checkpoint order */
@@ -170,8 +171,9 @@ typedef struct {
     act_t* weights;            /* (working_elems) working weights (BF16 on the GPU) of the segments that have them */
     uint8_t* fp8_weights;      /* (fp8_weight_bytes) E4M3 W and W^T of every FP8 linear layer */
     float* master;             /* (layout.shard) FP32 master weights of this rank's shard */
-    float* adam_m;             /* (layout.shard) AdamW first moment */
-    float* adam_v;             /* (layout.shard) AdamW second moment */
+    void* adam_m;              /* (layout.shard) AdamW first moment, in optim_state's format (optim.h) */
+    void* adam_v;              /* (layout.shard) AdamW second moment, likewise */
+    float* adam_scale_inv;     /* (adamw_scale_count(optim_state, layout.shard)) the moments' scale_inv (fp8) */
     float* grads;              /* (layout.full) FP32 gradients, accumulated over micro-steps (ZeRO-0/1) */
     float* grad_buffer[GRAD_BUFFERS]; /* ZeRO-2: the gradient buffers */
     float* grad_shard;         /* (layout.shard) reduced gradients of this rank's shard (ZeRO-1/2) */
@@ -308,7 +310,7 @@ static inline int llama_acts_table(Llama* m, BufferSpec* s) {
 }
 
 /* Weights, gradients and optimizer state (this rank's, as sharding lays them out): at most NUM_STATE_BUFFERS. */
-#define NUM_STATE_BUFFERS 11
+#define NUM_STATE_BUFFERS 12
 static inline int llama_state_table(Llama* m, BufferSpec* s) {
     size_t full = m->layout.full, shard = m->layout.shard;
     int z = m->sharding.zero_stage, n = 0;
@@ -316,8 +318,10 @@ static inline int llama_state_table(Llama* m, BufferSpec* s) {
     s[n++] = (BufferSpec){"weights", (void**)&m->weights, m->working_elems, sizeof(act_t), "working weights"};
     s[n++] = (BufferSpec){"fp8_weights", (void**)&m->fp8_weights, m->fp8_weight_bytes, 1, "FP8 weight copies"};
     s[n++] = (BufferSpec){"master", (void**)&m->master, shard, sizeof(float), "master weights"};
-    s[n++] = (BufferSpec){"adam_m", (void**)&m->adam_m, shard, sizeof(float), "AdamW moments"};
-    s[n++] = (BufferSpec){"adam_v", (void**)&m->adam_v, shard, sizeof(float), "AdamW moments"};
+    s[n++] = (BufferSpec){"adam_m", (void**)&m->adam_m, shard, adamw_moment_bytes(m->optim_state, 0), "AdamW moments"};
+    s[n++] = (BufferSpec){"adam_v", (void**)&m->adam_v, shard, adamw_moment_bytes(m->optim_state, 1), "AdamW moments"};
+    s[n++] = (BufferSpec){"adam_scale_inv", (void**)&m->adam_scale_inv, adamw_scale_count(m->optim_state, shard), sizeof(float),
+                          "AdamW moments"};
     s[n++] = (BufferSpec){"grads", (void**)&m->grads, z < 2 ? full : 0, sizeof(float), "gradients"};
     s[n++] = (BufferSpec){"grad_bucket_0", (void**)&m->grad_buffer[GRAD_BUFFER_EVEN], z == 2 ? gb[GRAD_BUFFER_EVEN] : 0, sizeof(float), "gradients"};
     s[n++] = (BufferSpec){"grad_bucket_1", (void**)&m->grad_buffer[GRAD_BUFFER_ODD], z == 2 ? gb[GRAD_BUFFER_ODD] : 0, sizeof(float), "gradients"};
@@ -491,7 +495,7 @@ static inline float* llama_reduced_grads(Llama* m) { return m->sharding.zero_sta
  * llama_small_table), which the memory plan sums. Free with llama_free.
  */
 static inline void llama_configure(Llama* m, const LlamaConfig* cfg, Precision precision, int B, int T, const Fp8Settings* fp8,
-                                   int recompute, Sharding sharding) {
+                                   int recompute, Sharding sharding, OptimState optim_state) {
     if (fp8 == NULL) fp8 = &FP8_DEFAULTS;
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
@@ -507,6 +511,8 @@ static inline void llama_configure(Llama* m, const LlamaConfig* cfg, Precision p
     m->B = B;
     m->T = T;
     m->sharding = sharding;
+    m->optim_state = optim_state;
+    if (ADAMW_CHUNK != ZERO_CHUNK) die("optim.h's ADAMW_CHUNK (%zu) must be dist/zero.h's ZERO_CHUNK (%zu)", ADAMW_CHUNK, ZERO_CHUNK);
     m->num_params = param_count(cfg);
     llama_layout(m);
 }
@@ -527,8 +533,8 @@ static inline void* llama_alloc_table(const char* title, BufferSpec* specs, int 
  * memory tables (per rank). The weights are undefined until llama_set_params or the trainer loads them.
  */
 static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision precision, int B, int T, const Fp8Settings* fp8,
-                               int recompute, Sharding sharding) {
-    llama_configure(m, cfg, precision, B, T, fp8, recompute, sharding);
+                               int recompute, Sharding sharding, OptimState optim_state) {
+    llama_configure(m, cfg, precision, B, T, fp8, recompute, sharding, optim_state);
     size_t P = m->num_params, L = (size_t)cfg->n_layers, full = m->layout.full, shard = m->layout.shard;
     printf("| parameters: %zu (%.2f M); %d rank(s), ZeRO-%d: this rank holds %zu of %zu elements (%.1f%%)\n", P, P / 1e6,
            sharding.world, sharding.zero_stage, shard, full, 100.0 * (double)shard / (double)full);
@@ -1192,6 +1198,12 @@ static inline void llama_segment_name(const Llama* m, int index, char* out, size
     param_segment_name(&m->segs[index].param, out, len);
 }
 
+/* This rank's AdamW moments (layout.shard elements, optim.h's AdamwMoments). */
+static inline AdamwMoments llama_moments(const Llama* m) {
+    AdamwMoments s = {m->optim_state, m->adam_m, m->adam_v, m->adam_scale_inv};
+    return s;
+}
+
 /*
  * One AdamW step (t = step + 1) on this rank's pieces of the master weights: gradients (the reduced
  * ones) multiplied by grad_scale (clipping), weight decay on 2-D weights only; then this rank's pieces
@@ -1209,7 +1221,7 @@ static inline void llama_update(Llama* m, float lr, float weight_decay, int step
         llama_own_piece(m, s, &b, &n);
         if (n == 0) continue;
         float wd = param_is_decayed(s->param.tensor) ? weight_decay : 0.0f;
-        op_adamw(m->master + o, m->adam_m + o, m->adam_v + o, g + o, n, lr, wd, bc1, bc2_sqrt, grad_scale);
+        op_adamw(m->master + o, adamw_moments_at(llama_moments(m), o), g + o, n, lr, wd, bc1, bc2_sqrt, grad_scale);
     }
     llama_refresh_working_weights(m);
 }

@@ -1,6 +1,7 @@
 /*
- * Optimizer pieces shared by both builds: the learning-rate schedule, the global-norm clipping factor
- * and the AdamW element update (the GPU's AdamW kernel calls the same function per element).
+ * Optimizer pieces shared by both builds: the learning-rate schedule, the global-norm clipping factor,
+ * the AdamW element update (the GPU's AdamW kernel calls the same function per element) and the
+ * storage formats of the AdamW moments (--optim-state), whose encode and decode both builds share.
  */
 #pragma once
 
@@ -8,6 +9,7 @@
 #include <string.h>
 
 #include "../core/common.h"
+#include "../fp8/fp8.h"
 
 #define ADAMW_BETA1 0.9f
 #define ADAMW_BETA2 0.95f
@@ -58,4 +60,105 @@ LLM8_HD static inline void adamw_update(float* p, float* m, float* v, float g, f
     *m = mt;
     *v = vt;
     *p = param - (lr / bc1) * mt / (sqrtf(vt) / bc2_sqrt + ADAMW_EPS);
+}
+
+/* ---------------------------------------------------------------- the moments' storage (--optim-state) */
+
+/*
+ * How the AdamW moments m and v are stored between steps (FP8-LM, Peng et al. 2023, section 2.3; MS-AMP's
+ * O2 level). The update itself always runs in FP32 (adamw_update); only what is kept changes:
+ *   fp32  m, v FP32 (8 bytes per parameter): torch.optim.AdamW.
+ *   bf16  m, v BF16, rounded to nearest even (4 bytes): no scale, BF16 has FP32's range.
+ *   fp8   m E4M3 and v FP16, each with one scale per ADAMW_CHUNK elements (3 bytes, plus 8 bytes per
+ *         chunk): MS-AMP O2's "FP8 + FP16". Per chunk, scale = 2^floor(log2(max / amax)) over the chunk's
+ *         new values (fp8_scale_for with pow2; amax 0 gives 1), max being 448 for m and 65504 for v, so
+ *         that no value overflows and the power of two leaves the mantissas untouched; the chunk stores
+ *         scale_inv = 1 / scale (exact). v is FP16, not FP8: v is a square, so its dynamic range is twice
+ *         m's in binades, and FP8-LM found an FP8 v loses accuracy.
+ * A chunk is ZERO_CHUNK elements, the granule of the ZeRO shard pieces, so every chunk lies in one piece
+ * of one segment, and its scales move with it when a run resumes on another rank count.
+ */
+typedef enum { OPTIM_STATE_FP32 = 0, OPTIM_STATE_BF16 = 1, OPTIM_STATE_FP8 = 2 } OptimState;
+static const char* const OPTIM_STATE_NAMES[] = {"fp32", "bf16", "fp8"};
+
+/* Elements per scale of the fp8 format: dist/zero.h's ZERO_CHUNK (llama/model.h checks that they agree). */
+#define ADAMW_CHUNK ((size_t)4096)
+#define FP16_MAX 65504.0f
+
+static inline const char* optim_state_name(int s) { return s >= 0 && s <= OPTIM_STATE_FP8 ? OPTIM_STATE_NAMES[s] : "?"; }
+/* --optim-state's value: its OptimState, or -1 when it is none of fp32, bf16, fp8. */
+static inline int optim_state_parse(const char* s) {
+    for (int i = 0; i <= OPTIM_STATE_FP8; i++)
+        if (strcmp(s, OPTIM_STATE_NAMES[i]) == 0) return i;
+    return -1;
+}
+
+/* Bytes per element of moment `which` (0: m, 1: v) in format f. */
+LLM8_HD static inline size_t adamw_moment_bytes(OptimState f, int which) {
+    if (f == OPTIM_STATE_FP32) return 4;
+    if (f == OPTIM_STATE_BF16) return 2;
+    return which == 0 ? 1 : 2;
+}
+
+/* scale_inv values (FP32) that n elements of moments need: 2 per chunk (m's, then v's) in fp8, else 0. */
+static inline size_t adamw_scale_count(OptimState f, size_t n) { return f == OPTIM_STATE_FP8 ? 2 * ceil_div(n, ADAMW_CHUNK) : 0; }
+
+/* The moments of some elements: m and v in format `format`; scale_inv (fp8 only) holds 2 values per chunk,
+   chunk k's m scale_inv at 2 k and v's at 2 k + 1. */
+typedef struct {
+    OptimState format;
+    void* m;
+    void* v;
+    float* scale_inv;
+} AdamwMoments;
+
+/* The moments from element `offset` on (a multiple of ADAMW_CHUNK when the format is fp8). */
+static inline AdamwMoments adamw_moments_at(AdamwMoments s, size_t offset) {
+    s.m = (char*)s.m + offset * adamw_moment_bytes(s.format, 0);
+    s.v = (char*)s.v + offset * adamw_moment_bytes(s.format, 1);
+    if (s.scale_inv != NULL) s.scale_inv += adamw_scale_count(s.format, offset);
+    return s;
+}
+
+/* IEEE binary16 bits of x, rounded to nearest even; overflow to +-Inf, NaN to a quiet NaN. */
+LLM8_HD static inline uint16_t half_bits_from_float(float x) {
+    uint32_t u = float_bits(x), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds past 65504 */
+    if (a >= 0x38800000u) {                                    /* normal: >= 2^-14 */
+        uint32_t r = a - 0x38000000u;                          /* exponent bias 127 -> 15 */
+        r += 0xfffu + ((r >> 13) & 1u);
+        return (uint16_t)(sign | (r >> 13));
+    }
+    uint32_t e = a >> 23;
+    if (e < 102) return (uint16_t)sign; /* below 2^-25: rounds to 0 */
+    /* subnormal: |x| / 2^-24 = mant * 2^(e - 126), rounded to nearest even */
+    uint32_t mant = (a & 0x7fffffu) | 0x800000u, shift = 126u - e;
+    uint32_t q = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u))) q++;
+    return (uint16_t)(sign | q);
+}
+
+/* Moment element i of s as FP32; sinv: its chunk's scale_inv (fp8; ignored otherwise). */
+LLM8_HD static inline float adamw_moment_load(const AdamwMoments* s, int which, size_t i, float sinv) {
+    const void* p = which == 0 ? s->m : s->v;
+    if (s->format == OPTIM_STATE_FP32) return ((const float*)p)[i];
+    if (s->format == OPTIM_STATE_BF16) return bits_float((uint32_t)((const uint16_t*)p)[i] << 16);
+    if (which == 0) return fp8_to_float(((const uint8_t*)p)[i], FP8_E4M3) * sinv;
+    return half_bits_to_float(((const uint16_t*)p)[i]) * sinv;
+}
+
+/* Stores x as moment element i of s; scale: its chunk's (fp8; ignored otherwise). */
+LLM8_HD static inline void adamw_moment_store(const AdamwMoments* s, int which, size_t i, float x, float scale) {
+    void* p = which == 0 ? s->m : s->v;
+    if (s->format == OPTIM_STATE_FP32) ((float*)p)[i] = x;
+    else if (s->format == OPTIM_STATE_BF16) ((uint16_t*)p)[i] = (uint16_t)(float_bits(bf16_round(x)) >> 16);
+    else if (which == 0) ((uint8_t*)p)[i] = fp8_from_float(x * scale, FP8_E4M3);
+    else ((uint16_t*)p)[i] = half_bits_from_float(x * scale);
+}
+
+/* The fp8 format's scale of moment `which` for a chunk whose new values have amax `amax` (see OptimState). */
+LLM8_HD static inline float adamw_moment_scale(int which, float amax) {
+    if (!(amax > 0.0f) || !fp8_amax_is_finite(amax)) return 1.0f;
+    return fp8_scale_for(which == 0 ? E4M3_MAX : FP16_MAX, amax, 1);
 }

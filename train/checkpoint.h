@@ -7,7 +7,8 @@
  * weights, the same in every file (step, data position between global batches, sampling RNG, skip
  * counters, the shadow policy's state, the run settings that must not change across a resume, compared
  * field by field so a mismatch names the setting, and a hash of them), then the shard's AdamW moments
- * and FP32 master weights. The layout is recorded (shard count and ZERO_CHUNK), so a run resumes on another rank count
+ * as they are stored (--optim-state: FP32, BF16, or E4M3/FP16 codes), the FP32 master weights and, for
+ * fp8 moments, their scale_inv per chunk, so resume is bit-exact. The layout is recorded (shard count and ZERO_CHUNK), so a run resumes on another rank count
  * or ZeRO stage by reading each of its new pieces from the files that hold them (train/shard_io.h).
  *
  * Every file is written to "<name>.tmp", fsynced and renamed; the step's DONE_<step> marker is written
@@ -23,9 +24,10 @@
 #include "../dataloader/dataloader.h"
 #include "../fp8/gemm.h"
 #include "../llama/model_file.h"
+#include "../llama/optim.h"
 
 #define STATE_MAGIC 20251130
-#define STATE_VERSION 4
+#define STATE_VERSION 5
 
 /* Blocks the run identity records for --bf16-layers (a bit mask of this many bits). */
 #define RUN_BF16_BLOCKS_MAX 256
@@ -46,7 +48,20 @@ typedef struct {
     uint64_t bf16_blocks[RUN_BF16_BLOCK_WORDS]; /* --bf16-layers: bit l set = block l runs BF16 in -p fp8 */
     /* --fp8-recipe (Fp8Recipe) and the delayed recipe's --amax-history, --amax-algo (Fp8AmaxAlgo), --fp8-margin */
     int32_t fp8_recipe, amax_history, amax_algo, fp8_margin;
+    /* --optim-state (llama/optim.h OptimState) and --grad-reduce (0 fp32, 1 bf16, 2 fp8: dist/comm.h CommWire) */
+    int32_t optim_state, grad_reduce;
 } RunIdentity;
+
+/* --grad-reduce's values, in the order of their numbers in the run identity. */
+static const char* const GRAD_REDUCE_NAMES[] = {"fp32", "bf16", "fp8"};
+#define GRAD_REDUCE_CHOICES ((int)(sizeof(GRAD_REDUCE_NAMES) / sizeof(GRAD_REDUCE_NAMES[0])))
+
+/* --grad-reduce's value as its number in the run identity, or -1 when it is no choice. */
+static inline int run_grad_reduce_parse(const char* s) {
+    for (int i = 0; i < GRAD_REDUCE_CHOICES; i++)
+        if (strcmp(s, GRAD_REDUCE_NAMES[i]) == 0) return i;
+    return -1;
+}
 
 /* One setting of RunIdentity besides the model config: the flag that sets it and where it is. */
 typedef struct {
@@ -71,6 +86,8 @@ static const RunSetting RUN_SETTINGS[] = {
     RUN_SETTING("--amax-history", amax_history),
     RUN_SETTING("--amax-algo", amax_algo),
     RUN_SETTING("--fp8-margin", fp8_margin),
+    RUN_SETTING("--optim-state", optim_state),
+    RUN_SETTING("--grad-reduce", grad_reduce),
 };
 #define NUM_RUN_SETTINGS (sizeof(RUN_SETTINGS) / sizeof(RUN_SETTINGS[0]))
 
@@ -99,6 +116,9 @@ static inline void run_setting_text(const RunIdentity* id, const RunSetting* s, 
     else if (s->offset == offsetof(RunIdentity, fp8_fprop_slow_accum)) snprintf(out, len, "%d", v ? 0 : 1);
     else if (s->offset == offsetof(RunIdentity, fp8_recipe)) snprintf(out, len, "%s", fp8_recipe_name((int)v));
     else if (s->offset == offsetof(RunIdentity, amax_algo)) snprintf(out, len, "%s", fp8_amax_algo_name((int)v));
+    else if (s->offset == offsetof(RunIdentity, optim_state)) snprintf(out, len, "%s", optim_state_name((int)v));
+    else if (s->offset == offsetof(RunIdentity, grad_reduce) && v >= 0 && v < GRAD_REDUCE_CHOICES)
+        snprintf(out, len, "%s", GRAD_REDUCE_NAMES[v]);
     else snprintf(out, len, "%lld", v);
 }
 
@@ -208,8 +228,8 @@ static inline void model_path(char* out, size_t len, const char* dir, int step) 
 
 /*
  * Starts a state file: opens "<path>.tmp" (name in tmp) and writes the header and *s; the caller writes
- * the shard's m, v and master weights (float32, s->shard_elems each, in that order) and finishes with
- * atomic_commit(f, tmp, path).
+ * the shard's arrays (STATE_M, STATE_V, STATE_MASTER, STATE_SCALE_INV: state_array_offset) and finishes
+ * with atomic_commit(f, tmp, path).
  */
 static inline FILE* state_write_begin(const char* path, char* tmp, size_t tmp_len, const TrainState* s) {
     int32_t h[HEADER_INTS];
@@ -232,10 +252,24 @@ static inline size_t state_fp8_bytes(const RunIdentity* id) {
     return fp8_delayed_state_bytes(2 * (size_t)id->cfg.n_layers * 4, id->amax_history);
 }
 
-/* Byte offset of element i of array a (0: m, 1: v, 2: master) in a state file of shard_elems per array;
-   a = 3, i = 0 is where the delayed recipe's state begins (state_fp8_bytes). */
-static inline long state_array_offset(uint64_t shard_elems, int a, uint64_t i) {
-    return (long)(HEADER_INTS * sizeof(int32_t) + sizeof(TrainState) + ((uint64_t)a * shard_elems + i) * sizeof(float));
+/* The arrays of a state file, in file order; STATE_ARRAYS, element 0, is where the delayed recipe's state
+   begins (state_fp8_bytes). */
+enum { STATE_M, STATE_V, STATE_MASTER, STATE_SCALE_INV, STATE_ARRAYS };
+
+/* Bytes per element of array a in a state file of a run whose moments are stored in format f. */
+static inline size_t state_elem_bytes(OptimState f, int a) { return a <= STATE_V ? adamw_moment_bytes(f, a) : sizeof(float); }
+
+/* Elements of array a in a state file of shard_elems elements per shard (scale_inv: 2 per chunk, fp8 only). */
+static inline uint64_t state_array_elems(OptimState f, uint64_t shard_elems, int a) {
+    return a == STATE_SCALE_INV ? adamw_scale_count(f, shard_elems) : shard_elems;
+}
+
+/* Byte offset of element i of array a (STATE_*) in a state file of run `id` with shard_elems per shard. */
+static inline long state_array_offset(const RunIdentity* id, uint64_t shard_elems, int a, uint64_t i) {
+    OptimState f = (OptimState)id->optim_state;
+    uint64_t at = HEADER_INTS * sizeof(int32_t) + sizeof(TrainState);
+    for (int k = 0; k < a; k++) at += state_array_elems(f, shard_elems, k) * state_elem_bytes(f, k);
+    return (long)(at + i * (a < STATE_ARRAYS ? state_elem_bytes(f, a) : 1));
 }
 
 /*
@@ -260,7 +294,10 @@ static inline FILE* state_open(const char* path, TrainState* s, const RunIdentit
             (unsigned long long)s->shard_elems);
     if (s->id.amax_history < 0 || s->id.amax_history > AMAX_HISTORY_MAX || s->id.cfg.n_layers < 0)
         die("%s: bad FP8 recipe settings in training state (corrupt file)", path);
-    size_t expected = head + 3 * s->shard_elems * sizeof(float) + state_fp8_bytes(&s->id);
+    if (s->id.optim_state < 0 || s->id.optim_state > OPTIM_STATE_FP8 || s->id.grad_reduce < 0 || s->id.grad_reduce >= GRAD_REDUCE_CHOICES)
+        die("%s: bad --optim-state %d or --grad-reduce %d in training state (corrupt file)", path, s->id.optim_state,
+            s->id.grad_reduce);
+    size_t expected = (size_t)state_array_offset(&s->id, s->shard_elems, STATE_ARRAYS, 0) + state_fp8_bytes(&s->id);
     if (bytes != expected) die("%s: truncated or oversized training state: expected %zu bytes, found %zu", path, expected, bytes);
     /* skipped steps count as steps (AdamW's step count is their difference) */
     if (s->step < 0 || s->consecutive_skips < 0 || s->consecutive_skips > s->total_skips || s->total_skips > s->step)

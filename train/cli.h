@@ -14,6 +14,7 @@
 #include "../fp8/gemm.h"
 #include "../llama/config.h"
 #include "../llama/model_file.h"
+#include "../llama/optim.h"
 
 typedef struct {
     const char* train_pattern;  /* -i */
@@ -46,6 +47,7 @@ typedef struct {
     int resume;                 /* -y */
     int zero_stage;             /* -z */
     const char* grad_reduce;    /* --grad-reduce fp32 | bf16 */
+    const char* optim_state;    /* --optim-state fp32 | bf16 | fp8 (llama/optim.h OptimState) */
     float comm_timeout;         /* --comm-timeout seconds; 0: no watchdog */
     int recompute;              /* -r */
     int precision;              /* -p (Precision) */
@@ -123,6 +125,7 @@ static const ArgSpec TRAIN_ARG_SPECS[] = {
     ARG("-y", ARG_INT, resume, "1: resume from the latest checkpoint in -o"),
     ARG("-z", ARG_INT, zero_stage, "ZeRO stage: 0 all-reduce, 1 optimizer state sharded, 2 gradients sharded too"),
     ARG("--grad-reduce", ARG_STR, grad_reduce, "gradient reduction on the wire: fp32 | bf16"),
+    ARG("--optim-state", ARG_STR, optim_state, "AdamW moments stored as fp32 (8 B/param) | bf16 (4 B) | fp8 (E4M3 m + FP16 v, a scale per 4096: 3 B; MS-AMP O2)"),
     ARG("--comm-timeout", ARG_FLOAT, comm_timeout, "seconds without progress before a rank aborts the job (0: off)"),
     ARG("-r", ARG_INT, recompute, "recompute in backward: 0 none, 1 norm and SwiGLU outputs, 2 whole blocks"),
     ARG("-p", ARG_PRECISION, precision, "precision recipe: fp8 | bf16 | fp32"),
@@ -190,6 +193,7 @@ static inline TrainArgs train_args_default(void) {
     a.resume = 0;
     a.zero_stage = 0;
     a.grad_reduce = "fp32";
+    a.optim_state = optim_state_name(OPTIM_STATE_FP32);
     a.comm_timeout = 900.0f;
     a.recompute = 0;
     a.precision = PRECISION_FP8;
@@ -360,6 +364,7 @@ static inline void train_args_check(const TrainArgs* a) {
     if (a->zero_stage < 0 || a->zero_stage > 2) die("flag -z: ZeRO stage must be 0, 1 or 2, got %d", a->zero_stage);
     if (strcmp(a->grad_reduce, "fp32") != 0 && strcmp(a->grad_reduce, "bf16") != 0)
         die("flag --grad-reduce: '%s' is not fp32 or bf16", a->grad_reduce);
+    if (optim_state_parse(a->optim_state) < 0) die("flag --optim-state: '%s' is not fp32, bf16 or fp8", a->optim_state);
     if (a->comm_timeout < 0.0f) die("flag --comm-timeout: must be >= 0 seconds");
     if (a->recompute < 0 || a->recompute >= RECOMPUTE_LEVELS)
         die("flag -r: recompute level must be 0 (none), 1 (norm and SwiGLU outputs) or 2 (whole blocks), got %d", a->recompute);

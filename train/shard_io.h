@@ -3,11 +3,13 @@
  *   - the model file (llama/model_file.h) holds every parameter in checkpoint order; rank 0 writes it,
  *     the other ranks' pieces of the master weights reaching it by all-gather, a bounded chunk at a time;
  *   - every rank that holds a shard of the ZeRO layout writes its state file (train/checkpoint.h): the
- *     global fields and its shard's AdamW moments and master weights, as laid out in memory;
+ *     global fields and its shard's AdamW moments (in their --optim-state format), master weights and
+ *     the moments' scale_inv per chunk (fp8), as laid out in memory;
  *   - after a barrier rank 0 writes DONE_<step>, so a checkpoint is either complete or ignored.
  * Loading reads, for each of this rank's pieces, the parts of the saved files that hold it: the saved
  * layout (its shard count, recorded in the files) need not be this run's, so a run saved on N ranks
- * resumes on M ranks or another ZeRO stage. Weights and state stream between files and backend memory
+ * resumes on M ranks or another ZeRO stage. Shard pieces are whole ZERO_CHUNK chunks, which is the moments'
+ * scale granule (llama/optim.h ADAMW_CHUNK), so each chunk's scales travel with it. Weights and state stream between files and backend memory
  * through STREAM_CHUNK_FLOATS-float host buffers: no host copy of the model is ever made.
  * Included after a backend, a communication implementation and llama/model.h.
  */
@@ -145,12 +147,13 @@ static inline void checkpoint_save(const char* dir, Llama* m, TrainState* s) {
         state_path(path, sizeof(path), dir, s->step, m->shard_index);
         FILE* f = state_write_begin(path, tmp, sizeof(tmp), s);
         float* host = (float*)mallocCheck(STREAM_CHUNK_FLOATS * sizeof(float));
-        const float* arrays[3] = {m->adam_m, m->adam_v, m->master};
-        for (int a = 0; a < 3; a++) {
-            for (size_t k = 0; k < m->layout.shard; k += STREAM_CHUNK_FLOATS) {
-                size_t n = m->layout.shard - k < STREAM_CHUNK_FLOATS ? m->layout.shard - k : STREAM_CHUNK_FLOATS;
-                dev_download(host, arrays[a] + k, n * sizeof(float));
-                fwriteCheck(host, sizeof(float), n, f, tmp);
+        const void* arrays[STATE_ARRAYS] = {m->adam_m, m->adam_v, m->master, m->adam_scale_inv};
+        for (int a = 0; a < STATE_ARRAYS; a++) {
+            size_t elems = state_array_elems(m->optim_state, m->layout.shard, a), eb = state_elem_bytes(m->optim_state, a);
+            for (size_t k = 0; k < elems; k += STREAM_CHUNK_FLOATS) {
+                size_t n = elems - k < STREAM_CHUNK_FLOATS ? elems - k : STREAM_CHUNK_FLOATS;
+                dev_download(host, (const char*)arrays[a] + k * eb, n * eb);
+                fwriteCheck(host, eb, n, f, tmp);
             }
         }
         free(host);
@@ -184,7 +187,7 @@ static inline void checkpoint_load(const char* dir, int step, Llama* m, const Ru
                                                    llama_fp8_state_bytes(m));
     if (fp8_bytes) {
         void* fp8 = mallocCheck(fp8_bytes);
-        fseekCheck(first, state_array_offset(s->shard_elems, 3, 0), SEEK_SET, path);
+        fseekCheck(first, state_array_offset(&s->id, s->shard_elems, STATE_ARRAYS, 0), SEEK_SET, path);
         freadCheck(fp8, 1, fp8_bytes, first, path);
         llama_fp8_state_upload(m, fp8);
         free(fp8);
@@ -201,7 +204,8 @@ static inline void checkpoint_load(const char* dir, int step, Llama* m, const Ru
                                          (unsigned long long)s->shard_elems, s->shards, lay.shard);
     FILE** files = (FILE**)callocCheck((size_t)s->shards, sizeof(FILE*));
     float* host = (float*)mallocCheck(STREAM_CHUNK_FLOATS * sizeof(float));
-    float* arrays[3] = {m->adam_m, m->adam_v, m->master};
+    void* arrays[STATE_ARRAYS] = {m->adam_m, m->adam_v, m->master, m->adam_scale_inv};
+    OptimState f = m->optim_state;
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* seg = &m->segs[i];
         size_t b, n;
@@ -219,11 +223,16 @@ static inline void checkpoint_load(const char* dir, int step, Llama* m, const Ru
                     die("%s: holds shard %d of %d at step %d, expected shard %d of %d at step %d", path, other.shard,
                         other.shards, other.step, r, s->shards, step);
             }
-            for (int a = 0; a < 3; a++) {
-                uint64_t at = saved[i].shard_offset + (x - (size_t)r * saved[i].piece);
-                fseekCheck(files[r], state_array_offset(s->shard_elems, a, at), SEEK_SET, path);
-                freadCheck(host, sizeof(float), len, files[r], path);
-                dev_upload(arrays[a] + seg->shard.shard_offset + (x - b), host, len * sizeof(float));
+            /* saved-shard and this shard's element positions: both multiples of ZERO_CHUNK (chunk-aligned runs) */
+            uint64_t at = saved[i].shard_offset + (x - (size_t)r * saved[i].piece), to = seg->shard.shard_offset + (x - b);
+            for (int a = 0; a < STATE_ARRAYS; a++) {
+                size_t eb = state_elem_bytes(f, a);
+                uint64_t from = a == STATE_SCALE_INV ? adamw_scale_count(f, at) : at, into = a == STATE_SCALE_INV ? adamw_scale_count(f, to) : to;
+                size_t count = a == STATE_SCALE_INV ? adamw_scale_count(f, len) : len;
+                if (count == 0) continue;
+                fseekCheck(files[r], state_array_offset(&s->id, s->shard_elems, a, from), SEEK_SET, path);
+                freadCheck(host, eb, count, files[r], path);
+                dev_upload((char*)arrays[a] + into * eb, host, count * eb);
             }
             x += len;
         }

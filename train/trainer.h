@@ -110,6 +110,8 @@ static inline RunIdentity trainer_identity(const Trainer* tr) {
     id.amax_history = f.amax_history;
     id.amax_algo = f.amax_algo;
     id.fp8_margin = f.margin;
+    id.optim_state = optim_state_parse(tr->args.optim_state);
+    id.grad_reduce = run_grad_reduce_parse(tr->args.grad_reduce);
     return id;
 }
 
@@ -450,7 +452,8 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaC
     trainer_print_evals(tr);
     Sharding sharding = {tr->world, tr->rank, a->zero_stage};
     Fp8Settings fp8 = train_args_fp8(a);
-    llama_build(&tr->model, &tr->cfg, (Precision)a->precision, a->B, a->T, &fp8, a->recompute, sharding);
+    llama_build(&tr->model, &tr->cfg, (Precision)a->precision, a->B, a->T, &fp8, a->recompute, sharding,
+                (OptimState)optim_state_parse(a->optim_state));
     llama_set_bf16_blocks(&tr->model, tr->bf16_blocks);
     tr->model.fp8_fprop_fast_accum = a->fp8_fast_accum;
     tr->model.fp8_accum = fp8_accum_parse(a->fp8_accum);

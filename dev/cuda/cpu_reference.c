@@ -80,9 +80,9 @@ double cpu_ref_sum_f64(const double* x, size_t n) { return op_sum_f64(x, n); }
 
 void cpu_ref_sum_f32_in_order(double* sum, const float* x, size_t n) { op_sum_f32_in_order(sum, x, n); }
 
-void cpu_ref_adamw(float* master, float* m, float* v, const float* grads, size_t n, float lr, float wd, float bc1,
-                   float bc2_sqrt, float grad_scale) {
-    op_adamw(master, m, v, grads, n, lr, wd, bc1, bc2_sqrt, grad_scale);
+void cpu_ref_adamw(float* master, AdamwMoments s, const float* grads, size_t n, float lr, float wd, float bc1, float bc2_sqrt,
+                   float grad_scale) {
+    op_adamw(master, s, grads, n, lr, wd, bc1, bc2_sqrt, grad_scale);
 }
 
 void cpu_ref_amax(Fp8Scale* s, const float* x, size_t n) { op_amax(s, x, n); }

@@ -9,6 +9,7 @@
 
 #include "../../fp8/gemm.h"
 #include "../../llama/config.h"
+#include "../../llama/optim.h"
 
 /*
  * The CPU work one GPU-vs-CPU comparison of dev/cuda/kernel_cases.cuh may take (dev/cuda/time_cpu_reference.c
@@ -49,8 +50,8 @@ void cpu_ref_classifier(float* logits, float* losses, const int* targets, size_t
 void cpu_ref_sum_squares_chunks(double* partials, const float* x, size_t n, size_t chunk);
 double cpu_ref_sum_f64(const double* x, size_t n);
 void cpu_ref_sum_f32_in_order(double* sum, const float* x, size_t n);
-void cpu_ref_adamw(float* master, float* m, float* v, const float* grads, size_t n, float lr, float wd, float bc1,
-                   float bc2_sqrt, float grad_scale);
+void cpu_ref_adamw(float* master, AdamwMoments s, const float* grads, size_t n, float lr, float wd, float bc1, float bc2_sqrt,
+                   float grad_scale);
 void cpu_ref_amax(Fp8Scale* s, const float* x, size_t n);
 void cpu_ref_cast_transpose(uint8_t* out, uint8_t* out_t, const float* x, size_t rows, size_t cols, Fp8Format f,
                             Fp8Scale* s, int pow2, Fp8Counts* counts);

@@ -330,6 +330,86 @@ static inline double kc_time(const char* op, int iters, double bytes, double flo
  * (baseline x86-64) does not: a few FP32 ulps, plus an atol of 1e-9 (~10 ulps of the ~1e-3 moments and
  * ~3e-4 updates) for values that cancel to near zero.
  */
+/* The moments of s (n elements, host) decoded to FP32 (moment `which`). */
+static inline float* kc_moments_decoded(const AdamwMoments* s, int which, size_t n) {
+    float* x = kc_host(n);
+    for (size_t i = 0; i < n; i++)
+        x[i] = adamw_moment_load(s, which, i, s->scale_inv ? s->scale_inv[2 * (i / ADAMW_CHUNK) + which] : 1.0f);
+    return x;
+}
+
+/*
+ * AdamW with moments stored in `format` (bf16 or fp8, --optim-state), two steps from zero moments on both
+ * sides (the second decodes the first's codes and scales), over a partial last chunk. Tolerances: the
+ * master weights as the FP32 case; a decoded moment within one ulp of its format (E4M3 m: 3 mantissa
+ * bits, FP16 v: 10, BF16: 7), since an FMA's last-bit difference may round a code the other way, plus the
+ * format's subnormal floor; the fp8 scale_inv bit-identical (powers of two from the chunk's amax, which
+ * moves by an ulp only at a power-of-two boundary).
+ */
+static int kc_adamw_lowp(const KernelShape* s, int iters, uint64_t seed, OptimState format) {
+    uint64_t stream = seed;
+    int failed = 0;
+    size_t n = (size_t)2 * s->C * s->F - ADAMW_CHUNK / 3; /* a partial last chunk */
+    size_t mb = n * adamw_moment_bytes(format, 0), vb = n * adamw_moment_bytes(format, 1), sc = adamw_scale_count(format, n);
+    float* master = kc_host(n);
+    float* grads = kc_host(n);
+    kc_fill_normal(master, n, splitmix64(&stream), 0.0f, 0.02f, 0);
+    kc_fill_normal(grads, n, splitmix64(&stream), 0.0f, 1e-2f, 0);
+    void* hm = callocCheck(mb, 1);
+    void* hv = callocCheck(vb, 1);
+    float* hsinv = sc ? kc_host(sc) : NULL;
+    for (size_t k = 0; k < sc; k++) hsinv[k] = 1.0f;
+    float* d_master = kc_dev_f32(master, n);
+    float* d_grads = kc_dev_f32(grads, n);
+    AdamwMoments hs = {format, hm, hv, hsinv};
+    AdamwMoments ds = {format, kc_dev_bytes(hm, mb), kc_dev_bytes(hv, vb), sc ? kc_dev_f32(hsinv, sc) : NULL};
+    float lr = 3e-4f, wd = 0.1f, grad_scale = 0.5f;
+    for (int step = 1; step <= 2; step++) {
+        float bc1 = 1.0f - powf(ADAMW_BETA1, (float)step), bc2_sqrt = sqrtf(1.0f - powf(ADAMW_BETA2, (float)step));
+        cpu_ref_adamw(master, hs, grads, n, lr, wd, bc1, bc2_sqrt, grad_scale);
+        op_adamw(d_master, ds, d_grads, n, lr, wd, bc1, bc2_sqrt, grad_scale);
+    }
+    printf("    --optim-state %s:\n", optim_state_name(format));
+    float* got_master = kc_get_f32(d_master, n);
+    failed += kc_compare_ulps("adamw master", got_master, master, n, KC_F32_MANT, 4.0, 1e-9);
+    void* gm = mallocCheck(mb);
+    void* gv = mallocCheck(vb);
+    dev_download(gm, ds.m, mb);
+    dev_download(gv, ds.v, vb);
+    float* gsinv = sc ? kc_get_f32(ds.scale_inv, sc) : NULL;
+    AdamwMoments gs = {format, gm, gv, gsinv};
+    for (int which = 0; which < 2; which++) {
+        float* ref = kc_moments_decoded(&hs, which, n);
+        float* got = kc_moments_decoded(&gs, which, n);
+        int mant = format == OPTIM_STATE_BF16 ? KC_BF16_MANT : which == 0 ? 3 : 10;
+        double amax = 0.0;
+        for (size_t i = 0; i < n; i++) amax = fmax(amax, fabs(ref[i]));
+        double floor = format == OPTIM_STATE_BF16 ? 0.0 : amax * (which == 0 ? 0x1p-9 / E4M3_MAX * 2 : 0x1p-24 / FP16_MAX * 2);
+        failed += kc_compare_ulps(which == 0 ? "adamw m (decoded)" : "adamw v (decoded)", got, ref, n, mant, 1.0, floor);
+        free(ref);
+        free(got);
+    }
+    if (sc) failed += kc_compare_ulps("adamw scale_inv", gsinv, hsinv, sc, KC_F32_MANT, 0.0, 0.0);
+    kc_time(format == OPTIM_STATE_FP8 ? "adamw fp8 state" : "adamw bf16 state", iters,
+            (12.0 + 2.0 * (double)(adamw_moment_bytes(format, 0) + adamw_moment_bytes(format, 1))) * n, 0.0,
+            [&] { op_adamw(d_master, ds, d_grads, n, lr, wd, 0.5f, 0.5f, grad_scale); });
+    free(got_master);
+    free(gm);
+    free(gv);
+    free(gsinv);
+    free(master);
+    free(grads);
+    free(hm);
+    free(hv);
+    free(hsinv);
+    dev_free(d_master);
+    dev_free(d_grads);
+    dev_free(ds.m);
+    dev_free(ds.v);
+    if (ds.scale_inv) dev_free(ds.scale_inv);
+    return failed;
+}
+
 static int kc_case_params(const KernelShape* s, int iters, uint64_t seed) {
     uint64_t stream = seed;
     int failed = 0;
@@ -367,8 +447,9 @@ static int kc_case_params(const KernelShape* s, int iters, uint64_t seed) {
     const int step = 10;
     float lr = 3e-4f, wd = 0.1f, grad_scale = 0.5f;
     float bc1 = 1.0f - powf(ADAMW_BETA1, (float)step), bc2_sqrt = sqrtf(1.0f - powf(ADAMW_BETA2, (float)step));
-    cpu_ref_adamw(master, m, v, grads, n, lr, wd, bc1, bc2_sqrt, grad_scale);
-    op_adamw(d_master, d_m, d_v, d_grads, n, lr, wd, bc1, bc2_sqrt, grad_scale);
+    AdamwMoments host_s = {OPTIM_STATE_FP32, m, v, NULL}, dev_s = {OPTIM_STATE_FP32, d_m, d_v, NULL};
+    cpu_ref_adamw(master, host_s, grads, n, lr, wd, bc1, bc2_sqrt, grad_scale);
+    op_adamw(d_master, dev_s, d_grads, n, lr, wd, bc1, bc2_sqrt, grad_scale);
     float* got_master = kc_get_f32(d_master, n);
     float* got_m = kc_get_f32(d_m, n);
     float* got_v = kc_get_f32(d_v, n);
@@ -376,7 +457,7 @@ static int kc_case_params(const KernelShape* s, int iters, uint64_t seed) {
     failed += kc_compare_ulps("adamw m", got_m, m, n, KC_F32_MANT, 4.0, 1e-9);
     failed += kc_compare_ulps("adamw v", got_v, v, n, KC_F32_MANT, 4.0, 1e-12);
     kc_time("adamw", iters, 28.0 * n, 0.0,
-            [&] { op_adamw(d_master, d_m, d_v, d_grads, n, lr, wd, bc1, bc2_sqrt, grad_scale); });
+            [&] { op_adamw(d_master, dev_s, d_grads, n, lr, wd, bc1, bc2_sqrt, grad_scale); });
     free(got_master);
     free(got_m);
     free(got_v);
@@ -388,6 +469,8 @@ static int kc_case_params(const KernelShape* s, int iters, uint64_t seed) {
     dev_free(d_m);
     dev_free(d_v);
     dev_free(d_grads);
+    failed += kc_adamw_lowp(s, iters, splitmix64(&stream), OPTIM_STATE_BF16);
+    failed += kc_adamw_lowp(s, iters, splitmix64(&stream), OPTIM_STATE_FP8);
     return failed;
 }
 

@@ -62,14 +62,21 @@ static inline RefTolerance gpu_ref_tolerance(RefTolerance cpu_vs_ref, RefToleran
     return t;
 }
 
-/* Loads the reference model into a fresh model of precision p sized for the batch of r. */
-static inline void reference_model(Llama* m, Precision p, const LlamaConfig* cfg, const RefState* r, int B, int recompute) {
+/* Loads the reference model into a fresh model of precision p sized for the batch of r, its AdamW moments
+   stored as `optim` (--optim-state). */
+static inline void reference_model_with(Llama* m, Precision p, const LlamaConfig* cfg, const RefState* r, int B, int recompute,
+                                        OptimState optim) {
     backend_init(p);
-    llama_build(m, cfg, p, B, r->T, NULL, recompute, SINGLE_PROCESS);
+    llama_build(m, cfg, p, B, r->T, NULL, recompute, SINGLE_PROCESS, optim);
     float* params = (float*)mallocCheck(m->num_params * sizeof(float));
     checkpoint_read_params(REF_MODEL_PATH, cfg, params);
     llama_set_params(m, params);
     free(params);
+}
+
+/* reference_model_with FP32 moments, the default. */
+static inline void reference_model(Llama* m, Precision p, const LlamaConfig* cfg, const RefState* r, int B, int recompute) {
+    reference_model_with(m, p, cfg, r, B, recompute, OPTIM_STATE_FP32);
 }
 
 /*
@@ -493,9 +500,9 @@ static inline int check_fused_amax_in(Precision p) {
  * Save -> load -> continue in precision p: 3 AdamW steps, a checkpoint written with the trainer's
  * functions (train/shard_io.h), 3 more steps; then a fresh model restored from the checkpoint runs the
  * same 3 steps. Losses and final weights must be bit-identical (in fp8 the FP8 copies and scales are
- * rebuilt from the master weights: current scaling has no history).
+ * rebuilt from the master weights: current scaling has no history), with AdamW moments stored as `optim`.
  */
-static inline int check_resume_in(Precision p) {
+static inline int check_resume_with(Precision p, OptimState optim) {
     LlamaConfig cfg;
     checkpoint_read_config(REF_MODEL_PATH, &cfg);
     RefState r;
@@ -509,11 +516,13 @@ static inline int check_resume_in(Precision p) {
     id.B = r.B;
     id.T = r.T;
     id.precision = p;
+    id.optim_state = optim;
+    printf("  --optim-state %s:\n", optim_state_name(optim));
     float losses[2][3];
     float* final_weights[2];
     for (int run = 0; run < 2; run++) {
         Llama m;
-        reference_model(&m, p, &cfg, &r, r.B, 0);
+        reference_model_with(&m, p, &cfg, &r, r.B, 0, optim);
         int start = 0;
         if (run == 1) {
             TrainState s;
@@ -561,6 +570,13 @@ static inline int check_resume_in(Precision p) {
     return failures != 0;
 }
 
+/* check_resume_with every --optim-state: the moments' codes and scales must come back exactly. */
+static inline int check_resume_in(Precision p) {
+    int failures = 0;
+    for (int f = OPTIM_STATE_FP32; f <= OPTIM_STATE_FP8; f++) failures += check_resume_with(p, (OptimState)f);
+    return failures;
+}
+
 /*
  * The data-parallel driver on one rank (train/data_parallel.h): ZeRO-1 and ZeRO-2 (a reduce-scatter
  * into a shard, the ZeRO-2 bucket buffers, the communication library's one-rank collectives) give the
@@ -580,7 +596,7 @@ static inline int check_zero_stages_in(Precision p) {
         Llama m;
         backend_init(p);
         Sharding sh = {1, 0, z};
-        llama_build(&m, &cfg, p, Bm, r.T, NULL, 0, sh);
+        llama_build(&m, &cfg, p, Bm, r.T, NULL, 0, sh, OPTIM_STATE_FP32);
         float* params = (float*)mallocCheck(P * sizeof(float));
         checkpoint_read_params(REF_MODEL_PATH, &cfg, params);
         llama_set_params(&m, params);
