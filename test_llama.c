@@ -946,7 +946,11 @@ static Fp8Format parse_format(const char* s) {
 
 /*
  * --fp8-decode FMT OUT: the 256 codes' values (float32); --fp8-encode FMT SCALE IN OUT: fp8_quantize
- * of each float32 of IN; --bf16-round IN OUT; --fp8-scale FMT POW2 IN OUT: for each amax in IN, the
+ * of each float32 of IN; --bf16-round IN OUT; --half-encode IN OUT: the binary16 bits (uint16) of each
+ * float32 (optim.h half_bits_from_float); --adamw STATE STEPS LR WD GRAD_SCALE IN OUT: IN is n master
+ * weights then STEPS x n gradients (float32), OUT the master weights after STEPS AdamW steps (op_adamw,
+ * t = 1..STEPS) from zero moments stored as STATE (--optim-state), then the moments' bytes (m, v) and
+ * their scale_inv (float32, 2 per chunk, fp8 only); --fp8-scale FMT POW2 IN OUT: for each amax in IN, the
  * (scale, scale_inv, finite flag) the policy gives; --fp8-delayed FMT ALGO MARGIN POW2 H IN OUT: IN is an
  * initial scale then T step amaxes (float32), OUT the T (scale, scale_inv) pairs one record of the delayed
  * recipe holds after each step's update (fp8_delayed_update_cpu, history H); --dump-run PREC OUT: this build's run of the HF
@@ -984,6 +988,33 @@ static int tool_main(int argc, char** argv) {
         float* x = read_floats(argv[2], &n);
         for (size_t i = 0; i < n; i++) x[i] = bf16_round(x[i]);
         write_bytes(argv[3], x, n * sizeof(float));
+        return 0;
+    }
+    if (strcmp(argv[1], "--half-encode") == 0 && argc == 4) {
+        float* x = read_floats(argv[2], &n);
+        uint16_t* h = (uint16_t*)mallocCheck(n * sizeof(uint16_t) + 1);
+        for (size_t i = 0; i < n; i++) h[i] = half_bits_from_float(x[i]);
+        write_bytes(argv[3], h, n * sizeof(uint16_t));
+        return 0;
+    }
+    if (strcmp(argv[1], "--adamw") == 0 && argc == 9) {
+        int f = optim_state_parse(argv[2]), steps = atoi(argv[3]);
+        if (f < 0 || steps < 1) die("--adamw: '%s' is not fp32, bf16 or fp8, or steps %s < 1", argv[2], argv[3]);
+        float lr = strtof(argv[4], NULL), wd = strtof(argv[5], NULL), grad_scale = strtof(argv[6], NULL);
+        float* x = read_floats(argv[7], &n);
+        size_t P = n / (size_t)(steps + 1);
+        if (P * (size_t)(steps + 1) != n) die("--adamw: %s holds %zu floats, not a multiple of %d", argv[7], n, steps + 1);
+        size_t mb = P * adamw_moment_bytes((OptimState)f, 0), vb = P * adamw_moment_bytes((OptimState)f, 1);
+        size_t sc = adamw_scale_count((OptimState)f, P), out_bytes = P * sizeof(float) + mb + vb + sc * sizeof(float);
+        char* out = (char*)callocCheck(out_bytes + 1, 1);
+        AdamwMoments st = {(OptimState)f, out + P * sizeof(float), out + P * sizeof(float) + mb, (float*)(out + P * sizeof(float) + mb + vb)};
+        for (size_t k = 0; k < sc; k++) st.scale_inv[k] = 1.0f;
+        for (int t = 1; t <= steps; t++) {
+            float bc1 = 1.0f - powf(ADAMW_BETA1, (float)t), bc2_sqrt = sqrtf(1.0f - powf(ADAMW_BETA2, (float)t));
+            op_adamw(x, st, x + (size_t)t * P, P, lr, wd, bc1, bc2_sqrt, grad_scale);
+        }
+        memcpy(out, x, P * sizeof(float));
+        write_bytes(argv[8], out, out_bytes);
         return 0;
     }
     if (strcmp(argv[1], "--fp8-gemm") == 0 && argc == 15) {
