@@ -172,12 +172,13 @@ def copy_checkpoint(src, dst, step):
             shutil.copy2(f, dst / f.name)
 
 
-@pytest.mark.parametrize("recipe, threads", [("current", "default"), ("delayed", "default")])
+@pytest.mark.parametrize("recipe, threads", [("current", "default"), ("delayed", "default"), ("fp8-state", "default")])
 def test_resume_across_rank_counts(tmp_path, recipe, threads):
     """Saved on 2 ranks: resumed on 2 ranks bit-exact; on 1 and 3 ranks (same global batch) it continues
     exactly as the uninterrupted run (ZeRO-2, whose sums do not depend on how the batch is split). With
-    delayed scaling the amax history and scales come back on any rank count."""
-    flags = DELAYED if recipe == "delayed" else []
+    delayed scaling the amax history and scales come back on any rank count; with --optim-state fp8 the
+    moments' codes and their per-chunk scales do, each chunk read from the shard that saved it."""
+    flags = DELAYED if recipe == "delayed" else ["--optim-state", "fp8"] if recipe == "fp8-state" else []
     full = tmp_path / "full"
     train(2, full, "-z", 2, "-n", 2, *flags, steps=4, global_micro=6, env=mpi_env(threads))
     for ranks, z in [(2, 2), (1, 2), (3, 1)]:
@@ -202,6 +203,7 @@ def test_resume_across_rank_counts(tmp_path, recipe, threads):
     ("--bf16-layers", "first", "1-2", "0", "1-2"),
     ("--fp8-accum", "exact", "hopper", "exact", "hopper"),
     ("--fp8-fast-accum", "1", "0", "1", "0"),
+    ("--optim-state", "fp32", "fp8", "fp32", "fp8"),
 ])
 def test_mismatched_flags_stop_every_rank(tmp_path, flag, value0, value1, shown0, shown1):
     """MPMD launch with another value of a flag on each rank: one message naming it, non-zero, fast."""
