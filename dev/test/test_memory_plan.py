@@ -62,7 +62,8 @@ def shards(tmp_path, rng):
     return ["-i", paths[0], "-j", paths[1]]
 
 
-@pytest.mark.parametrize("flags", [["-p", "fp8"], ["-p", "bf16", "-r", "1"], ["-p", "fp8", "-r", "2"], ["-p", "fp32", "-z", "1"]])
+@pytest.mark.parametrize("flags", [["-p", "fp8"], ["-p", "bf16", "-r", "1"], ["-p", "fp8", "-r", "2"], ["-p", "fp32", "-z", "1"],
+                                   ["-p", "fp8", "--optim-state", "fp8"], ["-p", "bf16", "--optim-state", "bf16"]])
 def test_plan_is_what_a_run_allocates(trainer, tmp_path, shards, flags):
     real = run([trainer, *BASE, *shards, *flags, "-x", "1"])
     assert real.returncode == 0, real.stderr
@@ -83,6 +84,28 @@ def test_plan_of_ranks_is_what_rank_0_allocates(trainer, tmp_path, shards, ranks
     text, summary = plan(trainer, *flags, "--ranks", ranks)
     assert tables(text) == tables(real.stdout)
     assert summary["ranks"] == ranks and summary["zero"] == zero
+
+
+@pytest.mark.parametrize("binary", ["train_llama_cpu", "train_llama"])
+def test_optim_state_bytes(binary):
+    """--optim-state: the AdamW moments of Llama-2 7B (ZeRO-1 over 8 ranks: one shard) take 8 bytes per
+    element of the shard in fp32, 4 in bf16, and 3 in fp8 plus two FP32 scale_inv per 4096 elements; the
+    plan's other categories do not move."""
+    path = REPO / binary
+    if not path.exists():
+        pytest.skip(f"{binary} is not built (the CUDA build needs nvcc)")
+    args = ["-e", "llama2-7b", "-b", 1, "-t", 4096, "--ranks", 8, "-z", 1, "-d", 8 * 4096, "--gpu-mem", 80]
+    found = {f: plan(path, *args, "--optim-state", f)[1] for f in ("fp32", "bf16", "fp8")}
+    moments = {f: p["bytes"]["AdamW moments"] for f, p in found.items()}
+    shard = moments["fp32"] / 8
+    assert shard == int(shard) and int(shard) % 4096 == 0, moments
+    align = 3 * 256  # each of the (up to) 3 buffers is padded to core/buffers.h's BUFFER_ALIGN
+    assert abs(moments["bf16"] - 4 * shard) < align, moments
+    assert abs(moments["fp8"] - (3 * shard + 8 * shard / 4096)) < align, moments
+    for f in ("bf16", "fp8"):
+        assert found[f]["optim_state"] == f
+        rest = {k: v for k, v in found[f]["bytes"].items() if k != "AdamW moments"}
+        assert rest == {k: v for k, v in found["fp32"]["bytes"].items() if k != "AdamW moments"}, f
 
 
 def test_plan_needs_no_data(trainer, tmp_path):
