@@ -88,9 +88,13 @@ static inline void op_sum_f32_in_order(double* sum, const float* x, size_t n) {
     launchCheck();
 }
 
+/* The moments' pointers are parameters of their own, not fields of an AdamwMoments argument, so that tools
+   that follow a kernel's pointer parameters (the emulator's race mode) see every buffer it writes. */
+
 /* AdamW on the moments of fp32 and bf16, which have no scales: one element per thread. */
-__global__ void adamw_kernel(float* master, AdamwMoments s, const float* grads, size_t n, float lr, float wd, float bc1,
-                             float bc2_sqrt, float grad_scale) {
+__global__ void adamw_kernel(float* master, void* m, void* v, OptimState format, const float* grads, size_t n, float lr, float wd,
+                             float bc1, float bc2_sqrt, float grad_scale) {
+    AdamwMoments s = {format, m, v, NULL};
     for (size_t i = grid_index(); i < n; i += grid_stride()) {
         float mt = adamw_moment_load(&s, 0, i, 1.0f), vt = adamw_moment_load(&s, 1, i, 1.0f);
         adamw_update(&master[i], &mt, &vt, grads[i] * grad_scale, lr, wd, bc1, bc2_sqrt);
@@ -104,8 +108,10 @@ __global__ void adamw_kernel(float* master, AdamwMoments s, const float* grads, 
 
 /* AdamW on fp8 moments: one block per ADAMW_CHUNK-element chunk, which decodes, updates, reduces the new
    values' amax, then encodes with the chunk's new scales (as cpu/backend.h's loop). */
-__global__ void __launch_bounds__(BLOCK_THREADS) adamw_chunk_kernel(float* master, AdamwMoments s, const float* grads, size_t n,
-                                                                     float lr, float wd, float bc1, float bc2_sqrt, float grad_scale) {
+__global__ void __launch_bounds__(BLOCK_THREADS) adamw_chunk_kernel(float* master, void* m, void* v, float* scale_inv,
+                                                                     const float* grads, size_t n, float lr, float wd, float bc1,
+                                                                     float bc2_sqrt, float grad_scale) {
+    AdamwMoments s = {OPTIM_STATE_FP8, m, v, scale_inv};
     size_t k = blockIdx.x, begin = k * ADAMW_CHUNK;
     float sinv_m = s.scale_inv[2 * k], sinv_v = s.scale_inv[2 * k + 1];
     float mt[ADAMW_PER_THREAD], vt[ADAMW_PER_THREAD];
@@ -145,8 +151,9 @@ static inline void op_adamw(float* master, AdamwMoments s, const float* grads, s
                             float bc2_sqrt, float grad_scale) {
     static_assert(ADAMW_CHUNK % BLOCK_THREADS == 0, "an fp8 chunk is whole threads' work");
     if (s.format == OPTIM_STATE_FP8)
-        LAUNCH(adamw_chunk_kernel, (unsigned int)ceil_div(n, ADAMW_CHUNK), BLOCK_THREADS)(master, s, grads, n, lr, wd, bc1, bc2_sqrt,
-                                                                                        grad_scale);
-    else LAUNCH(adamw_kernel, grid_for(n, BLOCK_THREADS), BLOCK_THREADS)(master, s, grads, n, lr, wd, bc1, bc2_sqrt, grad_scale);
+        LAUNCH(adamw_chunk_kernel, (unsigned int)ceil_div(n, ADAMW_CHUNK), BLOCK_THREADS)(master, s.m, s.v, s.scale_inv, grads, n, lr,
+                                                                                        wd, bc1, bc2_sqrt, grad_scale);
+    else LAUNCH(adamw_kernel, grid_for(n, BLOCK_THREADS), BLOCK_THREADS)(master, s.m, s.v, s.format, grads, n, lr, wd, bc1,
+                                                                        bc2_sqrt, grad_scale);
     launchCheck();
 }
