@@ -269,6 +269,7 @@ class Plan:
     nic_bytes_s: float
     fused_amax: bool = False  # amax computed by the producing kernels (a lever, not llm8 today)
     fp8_recipe: str = "current"  # "delayed" (--fp8-recipe): X and dY cast with the history's scale, no amax pass
+    optim_state: str = "fp32"    # --optim-state: how the AdamW moments are stored (MOMENT_BYTES)
 
     @property
     def world(self):
@@ -363,6 +364,8 @@ def linear_backward_ops(plan, lin, OC, Cin, N):
 BYTES_PER_ELEMENT = {
     "params_from_master": 6,     # FP32 master read, BF16 weight written
     "adamw": 28,                 # FP32 gradient read; master, adam_m, adam_v read and written
+    "adamw bf16 state": 20,      # --optim-state bf16: FP32 gradient read, FP32 master and BF16 m, v read and written
+    "adamw fp8 state": 18,       # --optim-state fp8: E4M3 m and FP16 v (their scales: 8 bytes per 4096, aside)
     "sum_squares": 4,            # FP32 gradient read
     "amax": 2,                   # BF16 read
     "cast_transpose E4M3": 4,    # BF16 read, FP8 copy and FP8 transposed copy written
@@ -477,6 +480,15 @@ def weight_cast_ops(plan):
     return [stream_op("amax", p, "fp8_cast"), stream_op("cast_transpose E4M3", p, "fp8_cast")]
 
 
+# Bytes per parameter of the AdamW moments m + v (--optim-state; llama/optim.h), per-chunk scales aside
+# (fp8: 8 bytes per 4096 elements).
+MOMENT_BYTES = {"fp32": 8, "bf16": 4, "fp8": 3}
+ADAMW_OP = {"fp32": "adamw", "bf16": "adamw bf16 state", "fp8": "adamw fp8 state"}
+# The fp8 and bf16 state kernel checks run on a w1|w3 weight less a third of a 4096-element chunk (a
+# partial last chunk: kc_adamw_lowp).
+KERNEL_ADAMW_LOWP_SHORT = 4096 // 3
+
+
 def optimizer_ops(plan):
     """Per optimizer step: gradients zeroed, the gradient norm, AdamW and the working-weight refresh on
     the rank's shard (trainer_step, llama_update)."""
@@ -484,7 +496,7 @@ def optimizer_ops(plan):
     shard = P / plan.world if plan.zero >= 1 else P
     grads = P / plan.world if plan.zero >= 2 else P
     return [mem_op("memset", BYTES["fp32"] * grads, "optimizer"), stream_op("sum_squares", shard, "optimizer"),
-            stream_op("adamw", shard, "optimizer"), stream_op("params_from_master", shard, "optimizer")]
+            stream_op(ADAMW_OP[plan.optim_state], shard, "optimizer"), stream_op("params_from_master", shard, "optimizer")]
 
 
 def grad_segments(shape):
@@ -738,7 +750,8 @@ def memory_gib(plan):
     grads = P
     if plan.zero >= 2:
         grads = P / n + ZERO2_GRAD_BUCKETS * max(s.layer_params(), s.V * s.C)
-    total = (a * working + f * grads + 3 * f * shard  # working weights, gradients, master + adam_m + adam_v
+    moments = MOMENT_BYTES[plan.optim_state] * shard + (8 * shard / 4096 if plan.optim_state == "fp8" else 0)
+    total = (a * working + f * grads + f * shard + moments  # working weights, gradients, master, adam_m + adam_v
              + (2 * BYTES["fp8"] * P_lin if plan.fp8 else 0)  # E4M3 W and W^T
              + activation_bytes(plan))
     return total / 2**30 + MEMORY_OVERHEAD_GIB
@@ -900,7 +913,8 @@ def make_plan(args, shape, precision, gpu, nodes, gpus_per_node):
                 B=args.micro_batch, T=args.seq_len, grad_accum=args.global_batch // per_step, zero=zero,
                 recompute="none" if recompute == "auto" else recompute, recompute_layers=layers,
                 grad_reduce=args.grad_reduce, weight_gather=gather,
-                overlap=not args.no_overlap, nics_per_node=args.nics_per_node, nic_bytes_s=args.nic_gbits * 1e9 / 8)
+                overlap=not args.no_overlap, nics_per_node=args.nics_per_node, nic_bytes_s=args.nic_gbits * 1e9 / 8,
+                optim_state=args.optim_state)
     return fit_recompute(plan) if args.recompute == "auto" else plan
 
 
@@ -1170,7 +1184,8 @@ def kernel_op(name, shape):
     B, T, C, NH, NKV, F, V = shape
     s = Shape("bench_kernels", C, 1, NH, NKV, F, V)
     weight = 2 * C * F  # kc_case_params, kc_case_sum_squares: one w1|w3 weight
-    elements = {"params_from_master": weight, "adamw": weight, "sum_squares": weight + KERNEL_SUM_SQUARES_TAIL}
+    elements = {"params_from_master": weight, "adamw": weight, "sum_squares": weight + KERNEL_SUM_SQUARES_TAIL,
+                "adamw bf16 state": weight - KERNEL_ADAMW_LOWP_SHORT, "adamw fp8 state": weight - KERNEL_ADAMW_LOWP_SHORT}
     if name in ACTIVATION_OPS:
         return mem_op(name, activation_op_bytes(name, B, T, s))
     if name in BYTES_PER_ELEMENT:
@@ -1465,6 +1480,9 @@ def parse_args(argv):
     p.add_argument("--weight-gather", default="e4m3", choices=["bf16", "e4m3"],
                    help="all-gather of the updated weights in fp8 rows: linear weights as E4M3, or all as BF16 "
                         "(bf16 rows gather BF16)")
+    p.add_argument("--optim-state", default="fp32", choices=list(MOMENT_BYTES),
+                   help="AdamW moments as the trainer's --optim-state stores them: fp32 (8 bytes per parameter), "
+                        "bf16 (4), fp8 (E4M3 m and FP16 v with per-chunk scales: 3)")
     p.add_argument("--no-overlap", action="store_true", help="collectives do not overlap compute")
     p.add_argument("--nics-per-node", type=int, default=DEFAULT_NICS_PER_NODE)
     p.add_argument("--nic-gbits", type=float, default=DEFAULT_NIC_GBITS, help="Gb/s per NIC")

@@ -473,6 +473,25 @@ def test_recompute_trades_time_for_memory():
     assert fitted.recompute == "none" or pm.memory_gib(fitted) <= pm.GPUS["H100"].memory_gib
 
 
+def test_optim_state_memory_and_adamw_bytes():
+    """--optim-state: the moments take 8, 4 or 3 bytes per parameter of the shard (fp8: plus two FP32 scales
+    per 4096), AdamW moves 28, 20 or 18 bytes per element, and nothing else in the plan changes."""
+    p = plan(shape=pm.PRESETS["llama2-7b"], precision="fp8", per_node=8, T=4096, accum=16, zero=1)
+    shard = p.shape.params() / 8
+    gib = {f: pm.memory_gib(replace(p, optim_state=f)) for f in ("fp32", "bf16", "fp8")}
+    assert (gib["fp32"] - gib["bf16"]) * 2**30 == pytest.approx(4 * shard)
+    assert (gib["fp32"] - gib["fp8"]) * 2**30 == pytest.approx((8 - 3 - 8 / 4096) * shard)
+    for f, per_element in (("fp32", 28), ("bf16", 20), ("fp8", 18)):
+        adamw = [op for op in pm.optimizer_ops(replace(p, optim_state=f)) if op.name.startswith("adamw")]
+        assert len(adamw) == 1 and adamw[0].bytes == pytest.approx(per_element * shard), f
+    out = run("--optim-state", "fp8", "--models", "llama2-7b", "--json")
+    assert out.returncode == 0, out.stderr
+    fp8_state = json.loads(out.stdout)["predictions"]
+    base = json.loads(run("--models", "llama2-7b", "--json").stdout)["predictions"]
+    for a, b in zip(base, fp8_state):
+        assert b["memory_gib"] < a["memory_gib"] and b["tokens_per_s_per_gpu"] >= a["tokens_per_s_per_gpu"], (a, b)
+
+
 # --- the command line ---------------------------------------------------------------------------------
 
 def test_default_report():
