@@ -32,5 +32,6 @@ static inline RunIdentity fuzz_run_identity(void) {
     id.shuffle = 1;
     id.total_batch = FUZZ_B * FUZZ_T * FUZZ_ACCUM;
     id.seed = FUZZ_SEED;
+    id.optim_state = OPTIM_STATE_FP8; /* the state file's every array: E4M3 m, FP16 v, master, scale_inv */
     return id;
 }

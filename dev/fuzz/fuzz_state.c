@@ -1,7 +1,8 @@
 /*
  * Fuzzes the training-state reader (train/checkpoint.h) as resume uses it: state_open with the settings
  * of the run in fuzz_inputs.h (magic, version, build, config hash, layout, size, step counters, every
- * run setting), then the moments and master weights of the shard, as many as the header says.
+ * run setting), then the arrays of the shard (fp8 moments, master weights, scale_inv), as many bytes as
+ * the header says.
  */
 #include "fuzz.h"
 #include "fuzz_inputs.h"
@@ -12,8 +13,10 @@ static void fuzz_target(const uint8_t* data, size_t size) {
     RunIdentity expect = fuzz_run_identity();
     TrainState s;
     FILE* f = state_open(path, &s, &expect);
-    float* arrays = (float*)mallocCheck(3 * s.shard_elems * sizeof(float)); /* m, v, master: the size was checked */
-    freadCheck(arrays, sizeof(float), 3 * s.shard_elems, f, path);
+    /* the arrays: the file's size was checked against them */
+    size_t bytes = (size_t)(state_array_offset(&s.id, s.shard_elems, STATE_ARRAYS, 0) - state_array_offset(&s.id, s.shard_elems, 0, 0));
+    char* arrays = (char*)mallocCheck(bytes + 1);
+    freadCheck(arrays, 1, bytes, f, path);
     fcloseCheck(f, path);
     free(arrays);
     fuzz_require(run_identity_hash(&s.id) == run_identity_hash(&expect), "an accepted state holds other run settings");

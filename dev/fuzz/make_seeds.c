@@ -85,11 +85,15 @@ static void seed_state(const char* dir) {
     rng_seed(&s.sample_rng, FUZZ_SEED);
     s.id = fuzz_run_identity();
     s.shard_elems = SEED_STATE_FLOATS;
-    float arrays[3 * SEED_STATE_FLOATS]; /* m, v, master */
-    for (int i = 0; i < 3 * SEED_STATE_FLOATS; i++) arrays[i] = 0.01f * (float)i;
+    /* E4M3 m, FP16 v, FP32 master, then 2 scale_inv for the one chunk (fuzz_run_identity: --optim-state fp8) */
+    unsigned char arrays[(1 + 2 + 4) * SEED_STATE_FLOATS + 2 * sizeof(float)];
+    for (size_t i = 0; i < sizeof(arrays); i++) arrays[i] = (unsigned char)(i * 7);
+    float one = 1.0f;
+    memcpy(arrays + 7 * SEED_STATE_FLOATS, &one, sizeof(one));
+    memcpy(arrays + 7 * SEED_STATE_FLOATS + sizeof(one), &one, sizeof(one));
     seed_path(path, sizeof(path), dir, "state", "step3.bin");
     FILE* f = state_write_begin(path, tmp, sizeof(tmp), &s);
-    fwriteCheck(arrays, sizeof(float), 3 * SEED_STATE_FLOATS, f, tmp);
+    fwriteCheck(arrays, 1, sizeof(arrays), f, tmp);
     atomic_commit(f, tmp, path);
 }
 
