@@ -953,7 +953,12 @@ static Fp8Format parse_format(const char* s) {
  * reference batch, in the reference-state format (test_llama compares the GPU with it);
  * --fp8-gemm ACCUM FMT_X FMT_W M N K FAST SPLITS SCALE_X SCALE_W X W OUT: Y (M, N) float32 =
  * scale_x scale_w X W^T for FP8 codes X (M, K) and W (N, K), row-major, run as an fprop GemmCall with
- * fast accumulation FAST and --fp8-accum ACCUM (hopper with SPLITS > 1: contiguous split-K parts).
+ * fast accumulation FAST and --fp8-accum ACCUM (hopper with SPLITS > 1: contiguous split-K parts);
+ * --grad-fp8-pack IN OUT: the FP8 gradient wire's block of IN's float32s (dist/grad_fp8.h: codes, then
+ * one scale_inv per chunk); --grad-reduce-fp8 KIND N IN OUT, under mpirun with W ranks: this rank's
+ * input from IN.<rank> (float32), the collective on the FP8 wire, its output to OUT.<rank>: KIND
+ * reduce_scatter (IN: W * N, OUT: N), reduce_scatter_acc (IN: N initial recv then W * N; OUT: N, the
+ * accumulating form) or all_reduce (IN and OUT: N).
  * Returns -1 when argv is not a tool call.
  */
 static int tool_main(int argc, char** argv) {
@@ -1029,6 +1034,42 @@ static int tool_main(int argc, char** argv) {
         free(history);
         free(out);
         free(x);
+        return 0;
+    }
+    if (strcmp(argv[1], "--grad-fp8-pack") == 0 && argc == 4) {
+        float* x = read_floats(argv[2], &n);
+        uint8_t* block = (uint8_t*)mallocCheck(grad_fp8_block_bytes(n) + 1);
+        grad_fp8_pack(block, x, n);
+        write_bytes(argv[3], block, grad_fp8_block_bytes(n));
+        free(block);
+        free(x);
+        return 0;
+    }
+    if (strcmp(argv[1], "--grad-reduce-fp8") == 0 && argc == 6) {
+        const char* kind = argv[2];
+        size_t N = strtoull(argv[3], NULL, 10);
+        int rs = strcmp(kind, "reduce_scatter") == 0, acc = strcmp(kind, "reduce_scatter_acc") == 0;
+        if (!rs && !acc && strcmp(kind, "all_reduce") != 0) die("--grad-reduce-fp8: '%s' is not reduce_scatter, reduce_scatter_acc or all_reduce", kind);
+        comm_init(&argc, &argv);
+        char path[4096];
+        snprintf(path, sizeof(path), "%s.%d", argv[4], g_dist.rank);
+        float* x = read_floats(path, &n);
+        size_t W = (size_t)g_dist.world, want = rs ? W * N : acc ? (W + 1) * N : N;
+        if (n != want) die("--grad-reduce-fp8: %s holds %zu floats, expected %zu", path, n, want);
+        float* out = x;
+        if (rs || acc) {
+            out = (float*)mallocCheck(N * sizeof(float) + 1);
+            if (acc) memcpy(out, x, N * sizeof(float));
+            comm_reduce_scatter(acc ? x + N : x, out, N, acc, WIRE_FP8);
+        } else {
+            comm_all_reduce(x, N, WIRE_FP8);
+        }
+        comm_wait_all();
+        snprintf(path, sizeof(path), "%s.%d", argv[5], g_dist.rank);
+        write_bytes(path, out, N * sizeof(float));
+        if (out != x) free(out);
+        free(x);
+        comm_finalize();
         return 0;
     }
     if (strcmp(argv[1], "--fp8-scale") == 0 && argc == 6) {
