@@ -18,8 +18,9 @@ struct AmaxCombineOp {
 };
 
 /* pieces pieces of n elements each, piece p at x + p * n, into blocks of grad_fp8_block_bytes(n) at
-   blocks + p * bytes; one thread block per chunk (grid-stride over the pieces * chunks). */
-__global__ void grad_fp8_pack_kernel(uint8_t* blocks, const float* x, size_t n, size_t pieces) {
+   blocks + p * bytes; one thread block of BLOCK_THREADS (block_reduce's size) per chunk, grid-stride over
+   the pieces * chunks. */
+__global__ void __launch_bounds__(BLOCK_THREADS) grad_fp8_pack_kernel(uint8_t* blocks, const float* x, size_t n, size_t pieces) {
     size_t chunks = grad_fp8_chunks(n), bytes = grad_fp8_block_bytes(n);
     for (size_t b = blockIdx.x; b < pieces * chunks; b += gridDim.x) {
         size_t p = b / chunks, c = b % chunks;
@@ -50,7 +51,8 @@ __global__ void grad_fp8_sum_kernel(float* out, const uint8_t* blocks, int W, si
 static inline void grad_fp8_pack_cuda(uint8_t* blocks, const float* x, size_t n, size_t pieces, cudaStream_t stream) {
     size_t work = pieces * grad_fp8_chunks(n);
     if (work == 0) return;
-    LAUNCH(grad_fp8_pack_kernel, (unsigned int)(work < MAX_GRID_BLOCKS ? work : MAX_GRID_BLOCKS), BLOCK_THREADS, 0, stream)(blocks, x, n, pieces);
+    unsigned int grid = (unsigned int)(work < MAX_GRID_BLOCKS ? work : MAX_GRID_BLOCKS);
+    LAUNCH(grad_fp8_pack_kernel, grid, BLOCK_THREADS, 0, stream)(blocks, x, n, pieces);
     launchCheck();
 }
 
