@@ -5,10 +5,13 @@
  * written out from the OCP FP8 spec. `./test_llama_cpu --list` names the checks, `--only NAME` runs one.
  * Tool modes (--fp8-decode, --fp8-encode, --bf16-round, --fp8-scale) expose the codec and the scaling
  * policy to dev/test/test_fp8_codec.py, which compares them with ml_dtypes; --dump-run writes the CPU
- * run of the reference batch that test_llama (GPU) is compared with.
+ * run of the reference batch that test_llama (GPU) is compared with; --grad-fp8-pack and, under mpirun,
+ * --grad-reduce-fp8 expose the FP8 gradient wire to dev/test/test_grad_reduce_fp8.py.
  * Random inputs are drawn from a fresh seed each run (printed; set LLM8_TEST_SEED to replay one).
  */
 #define TESTING
+/* Elements per MPI call, small: --grad-reduce-fp8 then splits its exchanges (dist/comm_mpi.h). */
+#define MPI_MAX_COUNT ((size_t)1 << 14)
 #include "train_llama.c"              // the CPU trainer: backend, model, training program
 #include "dev/test/reference_check.h" // defines: reference_check, check_*_in (model-level checks, both builds)
 #include "dev/test/testing.h"         // defines: run_checks, fail, error_stats, RefState

@@ -17,8 +17,11 @@
 #include "mpi_bootstrap.h"
 #include "../fp8/fp8.h"
 
-/* Elements per MPI call: MPI counts are ints. */
+/* Elements per MPI call: MPI counts are ints. (test_llama_cpu defines a small one, so that its tool modes
+   under mpirun cross the split with small inputs.) */
+#ifndef MPI_MAX_COUNT
 #define MPI_MAX_COUNT ((size_t)1 << 28)
+#endif
 
 static double g_comm_seconds = 0.0; /* time spent in collectives since comm_exposed_ms last read it */
 
