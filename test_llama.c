@@ -5,10 +5,13 @@
  * written out from the OCP FP8 spec. `./test_llama_cpu --list` names the checks, `--only NAME` runs one.
  * Tool modes (--fp8-decode, --fp8-encode, --bf16-round, --fp8-scale) expose the codec and the scaling
  * policy to dev/test/test_fp8_codec.py, which compares them with ml_dtypes; --dump-run writes the CPU
- * run of the reference batch that test_llama (GPU) is compared with.
+ * run of the reference batch that test_llama (GPU) is compared with; --grad-fp8-pack and, under mpirun,
+ * --grad-reduce-fp8 expose the FP8 gradient wire to dev/test/test_grad_reduce_fp8.py.
  * Random inputs are drawn from a fresh seed each run (printed; set LLM8_TEST_SEED to replay one).
  */
 #define TESTING
+/* Elements per MPI call, small: --grad-reduce-fp8 then splits its exchanges (dist/comm_mpi.h). */
+#define MPI_MAX_COUNT ((size_t)1 << 14)
 #include "train_llama.c"              // the CPU trainer: backend, model, training program
 #include "dev/test/reference_check.h" // defines: reference_check, check_*_in (model-level checks, both builds)
 #include "dev/test/testing.h"         // defines: run_checks, fail, error_stats, RefState
@@ -957,7 +960,12 @@ static Fp8Format parse_format(const char* s) {
  * reference batch, in the reference-state format (test_llama compares the GPU with it);
  * --fp8-gemm ACCUM FMT_X FMT_W M N K FAST SPLITS SCALE_X SCALE_W X W OUT: Y (M, N) float32 =
  * scale_x scale_w X W^T for FP8 codes X (M, K) and W (N, K), row-major, run as an fprop GemmCall with
- * fast accumulation FAST and --fp8-accum ACCUM (hopper with SPLITS > 1: contiguous split-K parts).
+ * fast accumulation FAST and --fp8-accum ACCUM (hopper with SPLITS > 1: contiguous split-K parts);
+ * --grad-fp8-pack IN OUT: the FP8 gradient wire's block of IN's float32s (dist/grad_fp8.h: codes, then
+ * one scale_inv per chunk); --grad-reduce-fp8 KIND N IN OUT, under mpirun with W ranks: this rank's
+ * input from IN.<rank> (float32), the collective on the FP8 wire, its output to OUT.<rank>: KIND
+ * reduce_scatter (IN: W * N, OUT: N), reduce_scatter_acc (IN: N initial recv then W * N; OUT: N, the
+ * accumulating form) or all_reduce (IN and OUT: N).
  * Returns -1 when argv is not a tool call.
  */
 static int tool_main(int argc, char** argv) {
@@ -1060,6 +1068,42 @@ static int tool_main(int argc, char** argv) {
         free(history);
         free(out);
         free(x);
+        return 0;
+    }
+    if (strcmp(argv[1], "--grad-fp8-pack") == 0 && argc == 4) {
+        float* x = read_floats(argv[2], &n);
+        uint8_t* block = (uint8_t*)mallocCheck(grad_fp8_block_bytes(n) + 1);
+        grad_fp8_pack(block, x, n);
+        write_bytes(argv[3], block, grad_fp8_block_bytes(n));
+        free(block);
+        free(x);
+        return 0;
+    }
+    if (strcmp(argv[1], "--grad-reduce-fp8") == 0 && argc == 6) {
+        const char* kind = argv[2];
+        size_t N = strtoull(argv[3], NULL, 10);
+        int rs = strcmp(kind, "reduce_scatter") == 0, acc = strcmp(kind, "reduce_scatter_acc") == 0;
+        if (!rs && !acc && strcmp(kind, "all_reduce") != 0) die("--grad-reduce-fp8: '%s' is not reduce_scatter, reduce_scatter_acc or all_reduce", kind);
+        comm_init(&argc, &argv);
+        char path[4096];
+        snprintf(path, sizeof(path), "%s.%d", argv[4], g_dist.rank);
+        float* x = read_floats(path, &n);
+        size_t W = (size_t)g_dist.world, want = rs ? W * N : acc ? (W + 1) * N : N;
+        if (n != want) die("--grad-reduce-fp8: %s holds %zu floats, expected %zu", path, n, want);
+        float* out = x;
+        if (rs || acc) {
+            out = (float*)mallocCheck(N * sizeof(float) + 1);
+            if (acc) memcpy(out, x, N * sizeof(float));
+            comm_reduce_scatter(acc ? x + N : x, out, N, acc, WIRE_FP8);
+        } else {
+            comm_all_reduce(x, N, WIRE_FP8);
+        }
+        comm_wait_all();
+        snprintf(path, sizeof(path), "%s.%d", argv[5], g_dist.rank);
+        write_bytes(path, out, N * sizeof(float));
+        if (out != x) free(out);
+        free(x);
+        comm_finalize();
         return 0;
     }
     if (strcmp(argv[1], "--fp8-scale") == 0 && argc == 6) {

@@ -117,6 +117,7 @@ KERNEL_CHECK(fp8_cast)
 KERNEL_CHECK(fp8_cast_vec)
 KERNEL_CHECK(fp8_weight)
 KERNEL_CHECK(gemm)
+KERNEL_CHECK(grad_fp8)
 
 /* ------------------------------------------------------------ production shapes */
 
@@ -516,6 +517,7 @@ static Check CHECKS[] = {
     {"kernel_fp8_cast_vec", check_kernel_fp8_cast_vec, "element-wise and vectorized cast-transpose kernels bit-identical to CPU"},
     {"kernel_fp8_weight", check_kernel_fp8_weight, "FP8 weights from master weights (amax, cast, transpose) bit-identical to CPU"},
     {"kernel_gemm", check_kernel_gemm, "cuBLASLt BF16/FP8 GEMMs vs the CPU emulation"},
+    {"kernel_grad_fp8", check_kernel_grad_fp8, "--grad-reduce fp8 pack and sum kernels bit-identical to CPU"},
     {"resume_bit_identical", check_resume_bit_identical, "GPU save -> load -> continue reproduces losses and weights"},
     {"fp8_weights", check_fp8_weights, "GPU: E4M3 W, W^T cast from bf16(master weights); llama_bf16_weight"},
     {"recompute_bf16", check_recompute_bf16, "GPU bf16 -r 1 and -r 2: bit-identical losses, gradients, weights"},

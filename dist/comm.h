@@ -23,9 +23,7 @@
 
 #include "../core/buffers.h"
 #include "../core/common.h"
-
-/* What goes over the wire for gradient reductions (--grad-reduce): FP32 by default, or BF16. */
-typedef enum { WIRE_F32 = 0, WIRE_BF16 = 1 } CommWire;
+#include "wire.h" /* CommWire: what gradient reductions send (--grad-reduce) */
 
 /* This process's place in the job, filled by comm_init. */
 typedef struct {
@@ -55,10 +53,16 @@ static inline int comm_async_error(char* why, size_t len);
 
 /*
  * recv (n) = sum over ranks of rank r's send[rank * n .. (rank + 1) * n), added to recv when accumulate
- * (send: world * n FP32 on every rank). With WIRE_BF16 every rank's contribution travels as BF16.
+ * (send: world * n FP32 on every rank). With WIRE_BF16 every rank's contribution travels as BF16; with
+ * WIRE_FP8 as dist/grad_fp8.h's blocks (E4M3 codes, one scale_inv per ZERO_CHUNK chunk of the piece),
+ * dequantized and summed in FP32 in rank order, so the result is deterministic for a fixed rank count
+ * and bit-identical between the two builds. One rank sends nothing and quantizes nothing (FP8 and BF16
+ * wires then give the FP32 result).
  */
 static inline void comm_reduce_scatter(const float* send, float* recv, size_t n, int accumulate, CommWire wire);
-/* buf (n) FP32 = sum over ranks of buf, in place. */
+/* buf (n) FP32 = sum over ranks of buf, in place. WIRE_FP8 (ZeRO-0): buf, zero-padded, is cut into world
+   pieces of whole ZERO_CHUNK chunks, reduce-scattered as above and the FP32 sums all-gathered, so every
+   rank holds the same bits. */
 static inline void comm_all_reduce(float* buf, size_t n, CommWire wire);
 /* buf (n) doubles = sum over ranks; exact when each element has one non-zero contributor (norm partials). */
 static inline void comm_all_reduce_f64(double* buf, size_t n);

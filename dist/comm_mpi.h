@@ -3,6 +3,9 @@
  * Sums over ranks are computed here, in rank order, rather than by MPI_Allreduce / MPI_Reduce_scatter
  * (whose order MPI leaves open): the pieces are exchanged with MPI_Alltoall / MPI_Allgather and added
  * one rank after the other, so results do not depend on the rank count (dist/comm.h, Determinism).
+ * --grad-reduce fp8 exchanges dist/grad_fp8.h's blocks (E4M3 codes and per-chunk scale_inv) with
+ * MPI_Alltoall and sums them dequantized, in rank order, in FP32 (deterministic for a fixed rank count;
+ * the quantization itself depends on how the ranks split the gradient).
  * Built without MPI (make USE_MPI=0) the job is one rank; a launcher announcing more is an error.
  */
 #pragma once
@@ -10,11 +13,15 @@
 #include <limits.h>
 
 #include "comm.h"
+#include "grad_fp8.h"
 #include "mpi_bootstrap.h"
 #include "../fp8/fp8.h"
 
-/* Elements per MPI call: MPI counts are ints. */
+/* Elements per MPI call: MPI counts are ints. (test_llama_cpu defines a small one, so that its tool modes
+   under mpirun cross the split with small inputs.) */
+#ifndef MPI_MAX_COUNT
 #define MPI_MAX_COUNT ((size_t)1 << 28)
+#endif
 
 static double g_comm_seconds = 0.0; /* time spent in collectives since comm_exposed_ms last read it */
 
@@ -49,9 +56,85 @@ static inline void comm_exchange(const float* x, float* all, size_t begin, size_
     memcpy(all, x + begin, len * sizeof(float));
 }
 
+/* Elements per FP8 exchange: whole chunks (a chunk's scale must not depend on the split), few enough that
+   a rank's block stays within MPI's int count. */
+static inline size_t comm_fp8_step(int W) {
+    size_t step = MPI_MAX_COUNT / (size_t)W / ZERO_CHUNK * ZERO_CHUNK;
+    return step > 0 ? step : ZERO_CHUNK;
+}
+
+/* Elements of each of the W pieces an FP8 all-reduce of n elements cuts (whole chunks, zero-padded). */
+static inline size_t comm_fp8_piece(size_t n, int W) { return ceil_div(zero_chunks(n), (size_t)W) * ZERO_CHUNK; }
+
+/*
+ * comm_reduce_scatter on the FP8 wire, world > 1: each rank packs its W destination pieces
+ * (grad_fp8_pack), MPI_Alltoall swaps the blocks, and each rank sums the W blocks it received
+ * (grad_fp8_sum, rank order, FP32), in exchanges of comm_fp8_step elements. recv may be send's own
+ * piece (rank * n): each exchange packs its elements before writing them.
+ */
+static inline void comm_reduce_scatter_fp8(const float* send, float* recv, size_t n, int accumulate) {
+#ifdef LLM8_MPI
+    int W = g_dist.world;
+    size_t step = comm_fp8_step(W);
+    size_t cap = grad_fp8_block_bytes(n < step ? n : step);
+    uint8_t* out = (uint8_t*)mallocCheck((size_t)W * cap + 1);
+    uint8_t* in = (uint8_t*)mallocCheck((size_t)W * cap + 1);
+    for (size_t begin = 0; begin < n; begin += step) {
+        size_t len = n - begin < step ? n - begin : step, bytes = grad_fp8_block_bytes(len);
+        for (int r = 0; r < W; r++) grad_fp8_pack(out + (size_t)r * bytes, send + (size_t)r * n + begin, len);
+        mpiCheck(MPI_Alltoall(out, (int)bytes, MPI_BYTE, in, (int)bytes, MPI_BYTE, MPI_COMM_WORLD));
+        grad_fp8_sum(recv + begin, in, W, len, accumulate);
+    }
+    free(out);
+    free(in);
+#else
+    (void)send;
+    (void)recv;
+    (void)n;
+    (void)accumulate;
+    die("--grad-reduce fp8 on %d ranks needs the MPI build", g_dist.world);
+#endif
+}
+
+/*
+ * comm_all_reduce on the FP8 wire, world > 1: buf zero-padded to W pieces of comm_fp8_piece(n, W)
+ * elements, reduce-scattered (comm_reduce_scatter_fp8), then the FP32 sums all-gathered, so every rank
+ * holds the same bits.
+ */
+static inline void comm_all_reduce_fp8(float* buf, size_t n) {
+#ifdef LLM8_MPI
+    int W = g_dist.world;
+    size_t piece = comm_fp8_piece(n, W), step = MPI_MAX_COUNT / (size_t)W;
+    float* padded = (float*)callocCheck((size_t)W * piece + 1, sizeof(float));
+    memcpy(padded, buf, n * sizeof(float));
+    float* mine = padded + (size_t)g_dist.rank * piece;
+    comm_reduce_scatter_fp8(padded, mine, piece, 0);
+    float* all = (float*)mallocCheck((size_t)W * (piece < step ? piece : step) * sizeof(float) + 1);
+    for (size_t begin = 0; begin < piece; begin += step) {
+        size_t len = piece - begin < step ? piece - begin : step;
+        mpiCheck(MPI_Allgather(mine + begin, (int)len, MPI_FLOAT, all, (int)len, MPI_FLOAT, MPI_COMM_WORLD));
+        for (int r = 0; r < W; r++) {
+            size_t at = (size_t)r * piece + begin; /* where rank r's part lands in buf */
+            if (at < n) memcpy(buf + at, all + (size_t)r * len, (n - at < len ? n - at : len) * sizeof(float));
+        }
+    }
+    free(all);
+    free(padded);
+#else
+    (void)buf;
+    (void)n;
+    die("--grad-reduce fp8 on %d ranks needs the MPI build", g_dist.world);
+#endif
+}
+
 static inline void comm_reduce_scatter(const float* send, float* recv, size_t n, int accumulate, CommWire wire) {
     double t0 = wall_seconds();
     int W = g_dist.world;
+    if (wire == WIRE_FP8 && W > 1) {
+        comm_reduce_scatter_fp8(send, recv, n, accumulate);
+        g_comm_seconds += wall_seconds() - t0;
+        return;
+    }
     size_t step = MPI_MAX_COUNT / (size_t)W;
     float* parts = (float*)mallocCheck((size_t)W * (n < step ? n : step) * sizeof(float) + 1);
     for (size_t begin = 0; begin < n; begin += step) {
@@ -81,6 +164,11 @@ static inline void comm_reduce_scatter(const float* send, float* recv, size_t n,
 static inline void comm_all_reduce(float* buf, size_t n, CommWire wire) {
     double t0 = wall_seconds();
     int W = g_dist.world;
+    if (wire == WIRE_FP8 && W > 1) {
+        comm_all_reduce_fp8(buf, n);
+        g_comm_seconds += wall_seconds() - t0;
+        return;
+    }
     size_t step = MPI_MAX_COUNT / (size_t)W;
     float* all = (float*)mallocCheck((size_t)W * (n < step ? n : step) * sizeof(float) + 1);
     for (size_t begin = 0; begin < n; begin += step) {
@@ -150,11 +238,23 @@ static inline void comm_all_gather(void* buf, size_t bytes) {
 }
 
 /* The host temporaries of the reductions above (freed after each call, so they count at the peak only):
-   a reduce-scatter's received parts and send staging, world pieces each; an all-reduce's world copies. */
+   a reduce-scatter's received parts and send staging, world pieces each; an all-reduce's world copies;
+   on the FP8 wire the blocks sent and received (world each), and for the all-reduce its zero-padded
+   copy and the all-gather's FP32 pieces. One rank sends nothing: FP8 is then FP32. */
 static inline int comm_workspaces(int world, int zero_stage, CommWire wire, size_t largest_piece, size_t largest_segment,
                                   MemoryEstimate* out) {
-    (void)wire;
     size_t W = (size_t)world;
+    if (wire == WIRE_FP8 && world > 1) {
+        if (zero_stage > 0) {
+            out[0] = (MemoryEstimate){"mpi_fp8_reduce_scatter", 2 * W * grad_fp8_block_bytes(largest_piece), 0,
+                                      "FP8 reduce-scatter blocks (host)"};
+            return 1;
+        }
+        size_t piece = comm_fp8_piece(largest_segment, world);
+        out[0] = (MemoryEstimate){"mpi_fp8_all_reduce", 2 * W * piece * sizeof(float) + 2 * W * grad_fp8_block_bytes(piece), 0,
+                                  "FP8 all-reduce padding, blocks and gather (host)"};
+        return 1;
+    }
     if (zero_stage > 0) {
         out[0] = (MemoryEstimate){"mpi_reduce_scatter", 2 * W * largest_piece * sizeof(float), 0, "reduce-scatter staging (host)"};
         return 1;

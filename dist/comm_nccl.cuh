@@ -14,14 +14,20 @@
  * compute stream (the legacy default stream, which a non-blocking stream does not synchronize with), so
  * they overlap the kernels queued after them; comm_wait makes the compute stream wait for a marked
  * point, timed with a pair of events so that the time not hidden can be reported per step. Scratch for
- * the FP32 <-> BF16 conversions of --grad-reduce bf16 and for accumulating reductions is used by one
- * collective at a time (they are serialized on the stream).
+ * the FP32 <-> BF16 conversions of --grad-reduce bf16, for the blocks of --grad-reduce fp8 and for
+ * accumulating reductions is used by one collective at a time (they are serialized on the stream).
+ *
+ * --grad-reduce fp8 (dist/grad_fp8.h): NCCL has no FP8 sum (and a sum in FP8 could overflow), so each
+ * rank packs its W destination pieces into E4M3 blocks (grad_fp8_pack_cuda), a group of ncclSend /
+ * ncclRecv exchanges them with every rank (an all-to-all), and each rank sums the W blocks it received,
+ * dequantized, in rank order in FP32 (grad_fp8_sum_cuda): the CPU build's comm_mpi.h bit for bit.
  */
 #pragma once
 
 #include <nccl.h>
 
 #include "comm.h"
+#include "grad_fp8.cuh"
 #include "mpi_bootstrap.h"
 #include "../core/cuda_utils.cuh"
 
@@ -139,9 +145,37 @@ static inline void comm_issue(void) {
     cudaCheck(cudaStreamWaitEvent(g_comm_stream, g_issue_event, 0));
 }
 
+/*
+ * The FP8 wire's reduce-scatter, world > 1, on the communication stream: recv (n) = [recv +] the sum of
+ * every rank's piece `rank` of send (W * n), through `blocks` (2 * W * grad_fp8_block_bytes(n) bytes of
+ * device scratch: the blocks sent, then those received). recv may be send's own piece (rank * n): the
+ * pack reads all of send before the sum writes.
+ */
+static inline void comm_reduce_scatter_fp8(const float* send, float* recv, size_t n, int accumulate, uint8_t* blocks) {
+    int W = g_dist.world;
+    size_t bytes = grad_fp8_block_bytes(n);
+    uint8_t *out = blocks, *in = blocks + (size_t)W * bytes;
+    grad_fp8_pack_cuda(out, send, n, (size_t)W, g_comm_stream);
+    ncclCheck(ncclGroupStart());
+    for (int r = 0; r < W; r++) {
+        ncclCheck(ncclSend(out + (size_t)r * bytes, bytes, ncclUint8, r, g_nccl, g_comm_stream));
+        ncclCheck(ncclRecv(in + (size_t)r * bytes, bytes, ncclUint8, r, g_nccl, g_comm_stream));
+    }
+    ncclCheck(ncclGroupEnd());
+    grad_fp8_sum_cuda(recv, in, W, n, accumulate, g_comm_stream);
+}
+
+/* Elements of each of the W pieces an FP8 all-reduce of n elements cuts (whole chunks, zero-padded). */
+static inline size_t comm_fp8_piece(size_t n, int W) { return ceil_div(zero_chunks(n), (size_t)W) * ZERO_CHUNK; }
+
 static inline void comm_reduce_scatter(const float* send, float* recv, size_t n, int accumulate, CommWire wire) {
     size_t W = (size_t)g_dist.world;
     comm_issue();
+    if (wire == WIRE_FP8 && W > 1) {
+        uint8_t* blocks = (uint8_t*)scratch_reserve(&g_comm_scratch, 2 * W * grad_fp8_block_bytes(n));
+        comm_reduce_scatter_fp8(send, recv, n, accumulate, blocks);
+        return;
+    }
     unsigned int blocks = grid_for(W * n, BLOCK_THREADS);
     if (wire == WIRE_BF16) {
         __nv_bfloat16* tmp = (__nv_bfloat16*)scratch_reserve(&g_comm_scratch, (W + 1) * n * sizeof(__nv_bfloat16));
@@ -165,6 +199,19 @@ static inline void comm_reduce_scatter(const float* send, float* recv, size_t n,
 
 static inline void comm_all_reduce(float* buf, size_t n, CommWire wire) {
     comm_issue();
+    if (wire == WIRE_FP8 && g_dist.world > 1) {
+        /* buf zero-padded to W pieces of whole chunks, reduce-scattered in place, the FP32 sums all-gathered */
+        size_t W = (size_t)g_dist.world, piece = comm_fp8_piece(n, g_dist.world);
+        char* scratch = (char*)scratch_reserve(&g_comm_scratch, W * piece * sizeof(float) + 2 * W * grad_fp8_block_bytes(piece));
+        float* padded = (float*)scratch;
+        float* mine = padded + (size_t)g_dist.rank * piece;
+        cudaCheck(cudaMemsetAsync(padded + n, 0, (W * piece - n) * sizeof(float), g_comm_stream));
+        cudaCheck(cudaMemcpyAsync(padded, buf, n * sizeof(float), cudaMemcpyDeviceToDevice, g_comm_stream));
+        comm_reduce_scatter_fp8(padded, mine, piece, 0, (uint8_t*)(scratch + W * piece * sizeof(float)));
+        ncclCheck(ncclAllGather(mine, padded, piece, ncclFloat, g_nccl, g_comm_stream));
+        cudaCheck(cudaMemcpyAsync(buf, padded, n * sizeof(float), cudaMemcpyDeviceToDevice, g_comm_stream));
+        return;
+    }
     if (wire == WIRE_BF16) {
         __nv_bfloat16* tmp = (__nv_bfloat16*)scratch_reserve(&g_comm_scratch, n * sizeof(__nv_bfloat16));
         LAUNCH(comm_to_bf16_kernel, grid_for(n, BLOCK_THREADS), BLOCK_THREADS, 0, g_comm_stream)(tmp, buf, n);
@@ -200,16 +247,20 @@ static inline void comm_all_gather(void* buf, size_t bytes) {
    keeps Simple, LL and LL128 buffers of a few MiB; NVLink rings use up to 32 channels). */
 #define NCCL_BUFFERS_ESTIMATE_BYTES ((size_t)512 << 20)
 
-/* g_comm_scratch's largest use (--grad-reduce bf16 conversions, the ZeRO-2 accumulating reduce-scatter)
-   and NCCL's buffers. */
+/* g_comm_scratch's largest use (--grad-reduce bf16 conversions, --grad-reduce fp8 blocks sent and received
+   and, under ZeRO-0, the zero-padded FP32 copy; the ZeRO-2 accumulating reduce-scatter) and NCCL's buffers.
+   One rank sends nothing: FP8 is then FP32. */
 static inline int comm_workspaces(int world, int zero_stage, CommWire wire, size_t largest_piece, size_t largest_segment,
                                   MemoryEstimate* out) {
     size_t W = (size_t)world, scratch = 0;
     int n = 0;
-    if (zero_stage > 0 && wire == WIRE_BF16) scratch = (W + 1) * largest_piece * sizeof(__nv_bfloat16);
+    if (wire == WIRE_FP8 && world > 1) {
+        size_t piece = zero_stage > 0 ? largest_piece : comm_fp8_piece(largest_segment, world);
+        scratch = 2 * W * grad_fp8_block_bytes(piece) + (zero_stage == 0 ? W * piece * sizeof(float) : 0);
+    } else if (zero_stage > 0 && wire == WIRE_BF16) scratch = (W + 1) * largest_piece * sizeof(__nv_bfloat16);
     else if (zero_stage == 2) scratch = largest_piece * sizeof(float);
     else if (zero_stage == 0 && wire == WIRE_BF16 && world > 1) scratch = largest_segment * sizeof(__nv_bfloat16);
-    if (scratch > 0) out[n++] = (MemoryEstimate){"comm_scratch", scratch, 0, "gradient reduction scratch (BF16 wire, accumulation)"};
+    if (scratch > 0) out[n++] = (MemoryEstimate){"comm_scratch", scratch, 0, "gradient reduction scratch (BF16/FP8 wire, accumulation)"};
     if (world > 1) out[n++] = (MemoryEstimate){"nccl_buffers", NCCL_BUFFERS_ESTIMATE_BYTES, 1, "NCCL's channel buffers"};
     return n;
 }

@@ -13,8 +13,8 @@ backward; per optimizer step the gradient zeroing, the gradient norm, AdamW on t
 the BF16 working-weight refresh and the FP8 weight casts; the ZeRO collectives (reduce-scatter of the
 gradients, all-gather of the updated weights) over NVLink and InfiniBand with NCCL's ring formulas,
 overlapped with backward and forward layer by layer, and the element-wise kernels of a BF16 or FP8
-reduction. `--grad-reduce fp8` is a design (issue 19, after FP8-LM / MS-AMP), not trainer code: E4M3
-pieces with per-piece scales exchanged by all-to-all (its own formula: no ring, half of each bucket over
+reduction. `--grad-reduce fp8` (issue 19, after FP8-LM / MS-AMP; the trainer's dist/grad_fp8.h): E4M3
+pieces with their own scales exchanged by all-to-all (its own formula: no ring, half of each bucket over
 InfiniBand on 2 nodes), dequantized and summed in FP32. GEMMs and attention run at a fraction of the
 tensor-core peak, memory-bound ops at a fraction of the HBM bandwidth; every such number is a named
 assumption below, with its source or reasoning. Multi-GPU training is designed but not built yet
@@ -113,8 +113,8 @@ COMM_OVERLAP_SLOWDOWN = 0.08
 COMM_KERNEL_OVERLAP_COST = 1.0
 
 # Gradient reductions (--grad-reduce). fp32 and bf16 are the trainer's: NCCL ring reduce-scatter (ZeRO-1/2)
-# or all-reduce (ZeRO-0) of FP32 or BF16 gradients. fp8 is a design (issue 19 item 1, after FP8-LM / MS-AMP
-# O1), not llm8 code: every rank quantizes its bucket piece by piece (piece r: the 1/W of the bucket rank r
+# or all-reduce (ZeRO-0) of FP32 or BF16 gradients. fp8 is the trainer's too (issue 19 item 1, after FP8-LM /
+# MS-AMP O1; dist/grad_fp8.h, dist/comm_nccl.cuh): every rank quantizes its bucket piece by piece (piece r: the 1/W of the bucket rank r
 # reduces) to E4M3 with one FP32 scale per piece from that piece's amax, exchanges the pieces by all-to-all
 # (grouped ncclSend/ncclRecv), and each rank dequantizes the W pieces of its chunk and sums them in FP32 in
 # rank order; ZeRO-0 then all-gathers the sums as BF16. Format: E4M3, as MS-AMP quantizes weight gradients
@@ -125,7 +125,10 @@ COMM_KERNEL_OVERLAP_COST = 1.0
 # 2^-14.8 of it (E5M2 2^-29.8) and rounds them to 2^-4 relative, not E5M2's 2^-3: the format follows MS-AMP,
 # and the numerics tests of issue 19 decide whether it holds (the model's bytes are the same for both).
 # ZeRO-0's all-gather is BF16, not FP8: a second FP8 rounding of the sums would double the error, BF16
-# adds 2^-9.
+# adds 2^-9. The numbers below model that design; the trainer as built differs in two details the model
+# keeps out of its numbers: one FP32 scale per 4096-element chunk (ZERO_CHUNK) rather than per piece (1 +
+# 4/4096 bytes per element, +0.1%), and ZeRO-0 all-gathers the sums in FP32 (4 bytes per element, not 2:
+# every rank's gradients then equal the reduce-scatter's bit for bit, which ZeRO-0 = ZeRO-1 relies on).
 GRAD_REDUCTIONS = ("fp32", "bf16", "fp8")
 GRAD_WIRE_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1}   # bytes per gradient element, scales aside
 FP8_GRAD_SCALE_BYTES = 4                              # one FP32 scale per piece (W per bucket per rank)
@@ -262,7 +265,7 @@ class Plan:
     zero: int               # 0 all-reduce, 1 sharded optimizer, 2 sharded gradients too
     recompute: str          # "none", "cheap" (norm and SwiGLU outputs, bf16 only), "full"
     recompute_layers: int   # blocks recomputed in full (recompute "full"), the first ones
-    grad_reduce: str        # "fp32", "bf16" (ring collectives) or "fp8" (all-to-all, a design: GRAD_REDUCTIONS)
+    grad_reduce: str        # "fp32", "bf16" (ring collectives) or "fp8" (all-to-all: GRAD_REDUCTIONS)
     weight_gather: str      # "bf16" or "e4m3" (fp8 only: linear weights gathered as E4M3)
     overlap: bool           # collectives overlapped with compute, layer by layer
     nics_per_node: int
@@ -818,7 +821,7 @@ def predict(plan, rates):
         "model": s.name, "precision": plan.precision, "gpus": plan.label(), "world": plan.world,
         "micro_batch": plan.B, "seq_len": plan.T, "grad_accum": G, "zero": plan.zero,
         "recompute": recompute_label(plan), "weight_gather": plan.weight_gather,
-        "grad_reduce": plan.grad_reduce, "grad_reduce_built": plan.grad_reduce != "fp8",
+        "grad_reduce": plan.grad_reduce, "grad_reduce_built": True,
         "grad_wire_bytes_per_element": grad_wire_bytes_per_element(plan, s.layer_params()),
         "grad_inter_node_bytes_per_element_per_nic": inter_node_bytes_per_element(plan), "overlap": plan.overlap,
         "memory_gib": memory, "fits": memory <= GPUS[plan.gpu].memory_gib,
@@ -1424,10 +1427,9 @@ def print_what_it_takes(t):
 
 
 def print_grad_reduce_comparison(rows):
-    print("\n== Gradient reduction, fp8 training (fp8 reduction: a design, not in the trainer; every multi-GPU row "
-          "models DESIGN.md 6)")
+    print("\n== Gradient reduction, fp8 training (every multi-GPU row models DESIGN.md 6)")
     print("wire B/el: bytes per gradient element sent (fp8: E4M3 + one FP32 scale per piece; ZeRO-0 adds a BF16 "
-          "all-gather); IB B/el/NIC: bytes per element each NIC sends out of the node; comm stream: link time + "
+          "all-gather; as modelled: the trainer sends a scale per 4096-element chunk and gathers FP32); IB B/el/NIC: bytes per element each NIC sends out of the node; comm stream: link time + "
           "the reduction's kernels (BF16 conversions, FP8 quantize and dequantize-and-sum); exposed: comm stream "
           "past compute; comm %: exposed + the cost of what overlaps")
     table, skipped = [], set()
@@ -1437,11 +1439,10 @@ def print_grad_reduce_comparison(rows):
                 print(f"skipped {r['model']} on {r['gpus']}: {r['skipped']}")
                 skipped.add((r["model"], r["gpus"]))
             continue
-        design = "" if r["grad_reduce_built"] else " (design)"
         wire = f"{r['grad_wire_bytes_per_element']:.2f}"
         if r["grad_reduce"] == "fp8" and r["zero"] == 0:
             wire += f"+{ZERO0_FP8_GATHER_BYTES}"
-        table.append([r["model"], r["gpus"], f"{r['grad_reduce']}{design}", r["zero"], wire,
+        table.append([r["model"], r["gpus"], r["grad_reduce"], r["zero"], wire,
                       f"{r['grad_inter_node_bytes_per_element_per_nic']:.3f}", f"{r['comm_total_ms']:,.0f}",
                       f"{r['grad_reduction_kernels_ms']:,.0f}", f"{r['comm_exposed_ms']:,.0f}",
                       f"{r['exposed_share']:.1%}", f"{r['comm_share']:.1%}", f"{r['step_ms']:,.0f}",
@@ -1475,8 +1476,7 @@ def parse_args(argv):
                    help="auto (the least that fits the GPU's memory), none, cheap (bf16), full, full:K (first K blocks)")
     p.add_argument("--grad-reduce", default="fp32",
                    help="gradient reduction: fp32 or bf16 (the trainer's NCCL ring reduce-scatter / all-reduce), "
-                        "fp8 (a design, not in the trainer: E4M3 pieces with per-piece scales by all-to-all, "
-                        "summed in FP32)")
+                        "fp8 (E4M3 pieces with their own scales by all-to-all, summed in FP32)")
     p.add_argument("--weight-gather", default="e4m3", choices=["bf16", "e4m3"],
                    help="all-gather of the updated weights in fp8 rows: linear weights as E4M3, or all as BF16 "
                         "(bf16 rows gather BF16)")

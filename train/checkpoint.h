@@ -22,6 +22,7 @@
 #include "shadow_policy.h"
 #include "../core/rng.h"
 #include "../dataloader/dataloader.h"
+#include "../dist/wire.h"
 #include "../fp8/gemm.h"
 #include "../llama/model_file.h"
 #include "../llama/optim.h"
@@ -48,20 +49,10 @@ typedef struct {
     uint64_t bf16_blocks[RUN_BF16_BLOCK_WORDS]; /* --bf16-layers: bit l set = block l runs BF16 in -p fp8 */
     /* --fp8-recipe (Fp8Recipe) and the delayed recipe's --amax-history, --amax-algo (Fp8AmaxAlgo), --fp8-margin */
     int32_t fp8_recipe, amax_history, amax_algo, fp8_margin;
-    /* --optim-state (llama/optim.h OptimState) and --grad-reduce (0 fp32, 1 bf16, 2 fp8: dist/comm.h CommWire) */
+    /* --optim-state (llama/optim.h OptimState) and --grad-reduce (dist/wire.h CommWire) */
     int32_t optim_state, grad_reduce;
 } RunIdentity;
 
-/* --grad-reduce's values, in the order of their numbers in the run identity. */
-static const char* const GRAD_REDUCE_NAMES[] = {"fp32", "bf16", "fp8"};
-#define GRAD_REDUCE_CHOICES ((int)(sizeof(GRAD_REDUCE_NAMES) / sizeof(GRAD_REDUCE_NAMES[0])))
-
-/* --grad-reduce's value as its number in the run identity, or -1 when it is no choice. */
-static inline int run_grad_reduce_parse(const char* s) {
-    for (int i = 0; i < GRAD_REDUCE_CHOICES; i++)
-        if (strcmp(s, GRAD_REDUCE_NAMES[i]) == 0) return i;
-    return -1;
-}
 
 /* One setting of RunIdentity besides the model config: the flag that sets it and where it is. */
 typedef struct {
@@ -117,8 +108,8 @@ static inline void run_setting_text(const RunIdentity* id, const RunSetting* s, 
     else if (s->offset == offsetof(RunIdentity, fp8_recipe)) snprintf(out, len, "%s", fp8_recipe_name((int)v));
     else if (s->offset == offsetof(RunIdentity, amax_algo)) snprintf(out, len, "%s", fp8_amax_algo_name((int)v));
     else if (s->offset == offsetof(RunIdentity, optim_state)) snprintf(out, len, "%s", optim_state_name((int)v));
-    else if (s->offset == offsetof(RunIdentity, grad_reduce) && v >= 0 && v < GRAD_REDUCE_CHOICES)
-        snprintf(out, len, "%s", GRAD_REDUCE_NAMES[v]);
+    else if (s->offset == offsetof(RunIdentity, grad_reduce) && v >= 0 && v < COMM_WIRES)
+        snprintf(out, len, "%s", COMM_WIRE_NAMES[v]);
     else snprintf(out, len, "%lld", v);
 }
 
@@ -294,7 +285,7 @@ static inline FILE* state_open(const char* path, TrainState* s, const RunIdentit
             (unsigned long long)s->shard_elems);
     if (s->id.amax_history < 0 || s->id.amax_history > AMAX_HISTORY_MAX || s->id.cfg.n_layers < 0)
         die("%s: bad FP8 recipe settings in training state (corrupt file)", path);
-    if (s->id.optim_state < 0 || s->id.optim_state > OPTIM_STATE_FP8 || s->id.grad_reduce < 0 || s->id.grad_reduce >= GRAD_REDUCE_CHOICES)
+    if (s->id.optim_state < 0 || s->id.optim_state > OPTIM_STATE_FP8 || s->id.grad_reduce < 0 || s->id.grad_reduce >= COMM_WIRES)
         die("%s: bad --optim-state %d or --grad-reduce %d in training state (corrupt file)", path, s->id.optim_state,
             s->id.grad_reduce);
     size_t expected = (size_t)state_array_offset(&s->id, s->shard_elems, STATE_ARRAYS, 0) + state_fp8_bytes(&s->id);

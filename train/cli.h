@@ -11,6 +11,7 @@
 #include <limits.h>
 #include <math.h>
 
+#include "../dist/wire.h"
 #include "../fp8/gemm.h"
 #include "../llama/config.h"
 #include "../llama/model_file.h"
@@ -46,7 +47,7 @@ typedef struct {
     int ckpt_every;             /* -n; 0: only at the end (when -o is given); NO_CHECKPOINTS: never */
     int resume;                 /* -y */
     int zero_stage;             /* -z */
-    const char* grad_reduce;    /* --grad-reduce fp32 | bf16 */
+    const char* grad_reduce;    /* --grad-reduce fp32 | bf16 | fp8 (dist/wire.h comm_wire_parse) */
     const char* optim_state;    /* --optim-state fp32 | bf16 | fp8 (llama/optim.h OptimState) */
     float comm_timeout;         /* --comm-timeout seconds; 0: no watchdog */
     int recompute;              /* -r */
@@ -124,7 +125,10 @@ static const ArgSpec TRAIN_ARG_SPECS[] = {
     ARG("-n", ARG_INT, ckpt_every, "checkpoint every N steps (0: only at the end; needs -o; -1: never, e.g. benchmarks)"),
     ARG("-y", ARG_INT, resume, "1: resume from the latest checkpoint in -o"),
     ARG("-z", ARG_INT, zero_stage, "ZeRO stage: 0 all-reduce, 1 optimizer state sharded, 2 gradients sharded too"),
-    ARG("--grad-reduce", ARG_STR, grad_reduce, "gradient reduction on the wire: fp32 | bf16"),
+    ARG("--grad-reduce", ARG_STR, grad_reduce,
+        "gradients on the wire: fp32 (4 B/element, exact rank-order sums) | bf16 (2 B, each contribution rounded to BF16) "
+        "| fp8 (1 B + 4 B per 4096-element chunk: E4M3 with a scale per chunk, ~2^-4 relative rounding per contribution, "
+        "summed in FP32); bf16 and fp8 change the sums"),
     ARG("--optim-state", ARG_STR, optim_state, "AdamW moments stored as fp32 (8 B/param) | bf16 (4 B) | fp8 (E4M3 m + FP16 v, a scale per 4096: 3 B; MS-AMP O2)"),
     ARG("--comm-timeout", ARG_FLOAT, comm_timeout, "seconds without progress before a rank aborts the job (0: off)"),
     ARG("-r", ARG_INT, recompute, "recompute in backward: 0 none, 1 norm and SwiGLU outputs, 2 whole blocks"),
@@ -362,8 +366,7 @@ static inline void train_args_check(const TrainArgs* a) {
     if (a->resume != 0 && a->resume != 1) die("flag -y: must be 0 or 1");
     if (a->resume && a->output_dir == NULL) die("flag -y 1 needs -o (the directory to resume from)");
     if (a->zero_stage < 0 || a->zero_stage > 2) die("flag -z: ZeRO stage must be 0, 1 or 2, got %d", a->zero_stage);
-    if (strcmp(a->grad_reduce, "fp32") != 0 && strcmp(a->grad_reduce, "bf16") != 0)
-        die("flag --grad-reduce: '%s' is not fp32 or bf16", a->grad_reduce);
+    if (comm_wire_parse(a->grad_reduce) < 0) die("flag --grad-reduce: '%s' is not fp32, bf16 or fp8", a->grad_reduce);
     if (optim_state_parse(a->optim_state) < 0) die("flag --optim-state: '%s' is not fp32, bf16 or fp8", a->optim_state);
     if (a->comm_timeout < 0.0f) die("flag --comm-timeout: must be >= 0 seconds");
     if (a->recompute < 0 || a->recompute >= RECOMPUTE_LEVELS)

@@ -157,7 +157,7 @@ static inline int memory_plan_main(const TrainArgs* a) {
     int accum = train_args_grad_accum(a, ranks);
     Sharding sh = {ranks, 0, a->zero_stage};
     PlanSettings s = {&cfg, (Precision)a->precision, a->B, a->T, a->recompute, sh,
-                      strcmp(a->grad_reduce, "bf16") == 0 ? WIRE_BF16 : WIRE_F32,
+                      (CommWire)comm_wire_parse(a->grad_reduce),
                       strcmp(a->bf16_layers, "none") != 0 || a->shadow_every > 0, fp8_accum_parse(a->fp8_accum), train_args_fp8(a),
                       (OptimState)optim_state_parse(a->optim_state)};
     const char* memory_what = "--gpu-mem";

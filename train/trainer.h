@@ -111,7 +111,7 @@ static inline RunIdentity trainer_identity(const Trainer* tr) {
     id.amax_algo = f.amax_algo;
     id.fp8_margin = f.margin;
     id.optim_state = optim_state_parse(tr->args.optim_state);
-    id.grad_reduce = run_grad_reduce_parse(tr->args.grad_reduce);
+    id.grad_reduce = comm_wire_parse(tr->args.grad_reduce);
     return id;
 }
 
@@ -299,7 +299,7 @@ static inline RankSettings trainer_rank_settings(const Trainer* tr) {
     memset(&r, 0, sizeof(r));
     r.id = trainer_identity(tr);
     r.zero_stage = a->zero_stage;
-    r.grad_reduce_bf16 = strcmp(a->grad_reduce, "bf16") == 0;
+    r.grad_reduce = comm_wire_parse(a->grad_reduce);
     r.steps = tr->steps;
     r.grad_accum_steps = tr->grad_accum_steps;
     r.val_every = a->val_every;
@@ -461,7 +461,7 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaC
     shadow_init(&tr->shadow, &tr->model, a->shadow_grad);
     Fp8AlertThresholds th = {a->alert_saturated, a->alert_underflow, a->alert_amax_growth};
     fp8_alerts_init(&tr->alerts, th, tr->cfg.n_layers);
-    dp_init(&tr->dp, &tr->model, strcmp(a->grad_reduce, "bf16") == 0 ? WIRE_BF16 : WIRE_F32);
+    dp_init(&tr->dp, &tr->model, (CommWire)comm_wire_parse(a->grad_reduce));
     watchdog_phase("loading weights", 0);
     trainer_load_weights(tr);
     printf("+-----------------------------------------------------------------------\n");

@@ -24,6 +24,7 @@
 #include "cpu_reference.h"
 #include "../../core/rng.h"
 #include "../../cuda/backend.cuh"
+#include "../../dist/grad_fp8.cuh"
 #include "../../dist/zero.h"
 
 /* Shape of a case: batch, sequence, model width, query heads, kv heads, SwiGLU hidden size, vocabulary. */
@@ -1731,6 +1732,98 @@ static int kc_case_optimizer(const KernelShape* s, int iters, uint64_t seed) {
     return kc_case_params(s, iters, seed) + kc_case_sum_squares(s, iters, splitmix64(&seed));
 }
 
+/* ------------------------------------------------------------ grad_fp8: dist/grad_fp8.cuh */
+
+/* Floats of got and ref that are not bit-identical (two NaNs are equal); the first in *first. */
+static inline size_t kc_count_diff_f32(const float* got, const float* ref, size_t n, size_t* first) {
+    size_t bad = 0, f = (size_t)-1;
+    for (size_t i = 0; i < n; i++) {
+        if (!kc_same_bits(got[i], ref[i])) {
+            bad++;
+            f = i < f ? i : f;
+        }
+    }
+    *first = f;
+    return bad;
+}
+
+/*
+ * Tolerance: none. The pack kernel's amax is a max (order-free) and its scale, codes and scale_inv are
+ * grad_fp8.h's functions; the sum kernel adds the same dequantized values in the same rank order: blocks
+ * and sums must be bit-identical to grad_fp8_pack / grad_fp8_sum (the CPU build's wire). Inputs: W = 3
+ * pieces of a ragged size (each piece's last chunk short), chunk magnitudes 2^U(-40, 40) with a factor
+ * 2^U(-12, 0) per element, one chunk of zeros, a NaN in piece 1's chunk 0 and an Inf in piece 2's chunk
+ * 1: exactly those two chunks of the sums are NaN. The sums run on the CPU's blocks, with and without
+ * accumulation into a random recv.
+ */
+static int kc_case_grad_fp8(const KernelShape* s, int iters, uint64_t seed) {
+    uint64_t stream = seed;
+    const int W = 3;
+    size_t n = (size_t)s->C * s->F / 4 + 123;
+    if (n < 2 * ZERO_CHUNK) n = 2 * ZERO_CHUNK + 123;
+    size_t total = (size_t)W * n, bytes = grad_fp8_block_bytes(n);
+    float* x = kc_host(total);
+    Rng r;
+    rng_seed(&r, splitmix64(&stream));
+    for (size_t c = 0; c < ceil_div(total, ZERO_CHUNK); c++) {
+        float mag = exp2f(-40.0f + 80.0f * rng_uniform(&r));
+        size_t end = (c + 1) * ZERO_CHUNK < total ? (c + 1) * ZERO_CHUNK : total;
+        for (size_t i = c * ZERO_CHUNK; i < end; i++) x[i] = mag * exp2f(-12.0f * rng_uniform(&r)) * rng_normal(&r);
+    }
+    for (size_t i = ZERO_CHUNK; i < 2 * ZERO_CHUNK; i++) x[i] = 0.0f;
+    x[n + 17] = NAN;
+    x[2 * n + ZERO_CHUNK + 5] = -INFINITY;
+    uint8_t* ref = (uint8_t*)mallocCheck((size_t)W * bytes);
+    for (int p = 0; p < W; p++) grad_fp8_pack(ref + (size_t)p * bytes, x + (size_t)p * n, n);
+
+    float* d_x = kc_dev_f32(x, total);
+    uint8_t* d_blocks = (uint8_t*)dev_alloc((size_t)W * bytes);
+    kc_poison(d_blocks, (size_t)W * bytes);
+    grad_fp8_pack_cuda(d_blocks, d_x, n, (size_t)W, 0);
+    uint8_t* got = (uint8_t*)mallocCheck((size_t)W * bytes);
+    dev_download(got, d_blocks, (size_t)W * bytes);
+    size_t first = 0, bad = kc_count_diff(got, ref, (size_t)W * bytes, &first);
+    int failed = bad != 0;
+    printf("    grad_fp8_pack: %d pieces of %zu, %zu bytes: %zu differ, tol bit-identical%s\n", W, n, (size_t)W * bytes, bad,
+           bad ? "  FAIL" : "");
+    if (bad) printf("      FAIL: first byte at %zu (piece %zu, %s): gpu 0x%02x, cpu 0x%02x\n", first, first / bytes,
+                    first % bytes < n ? "code" : "scale_inv", got[first], ref[first]);
+
+    float* recv = kc_host(n);
+    kc_fill_normal(recv, n, splitmix64(&stream), 0.0f, 1.0f, 0);
+    uint8_t* d_ref = (uint8_t*)kc_dev_bytes(ref, (size_t)W * bytes);
+    float* d_out = (float*)dev_alloc(n * sizeof(float));
+    for (int acc = 0; acc <= 1; acc++) {
+        float* want = kc_host(n);
+        memcpy(want, recv, n * sizeof(float));
+        grad_fp8_sum(want, ref, W, n, acc);
+        if (acc) dev_upload(d_out, recv, n * sizeof(float));
+        else kc_poison(d_out, n * sizeof(float));
+        grad_fp8_sum_cuda(d_out, d_ref, W, n, acc, 0);
+        float* sum = kc_get_f32(d_out, n);
+        size_t bad_sum = kc_count_diff_f32(sum, want, n, &first), nan = kc_count_nonfinite(sum, n);
+        int ok = bad_sum == 0 && nan == 2 * ZERO_CHUNK;
+        printf("    grad_fp8_sum%s: %zu of %zu differ, %zu non-finite (want %zu), tol bit-identical%s\n",
+               acc ? " (accumulate)" : "", bad_sum, n, nan, 2 * ZERO_CHUNK, ok ? "" : "  FAIL");
+        if (bad_sum) printf("      FAIL: first at %zu: gpu %.9g, cpu %.9g\n", first, sum[first], want[first]);
+        failed += !ok;
+        free(want);
+        free(sum);
+    }
+    kc_time("grad_fp8_pack", iters, 4.0 * total + (double)W * bytes, 0.0,
+            [&] { grad_fp8_pack_cuda(d_blocks, d_x, n, (size_t)W, 0); });
+    kc_time("grad_fp8_sum", iters, (double)W * bytes + 8.0 * n, 0.0, [&] { grad_fp8_sum_cuda(d_out, d_ref, W, n, 1, 0); });
+    free(x);
+    free(ref);
+    free(got);
+    free(recv);
+    dev_free(d_x);
+    dev_free(d_blocks);
+    dev_free(d_ref);
+    dev_free(d_out);
+    return failed;
+}
+
 /* ------------------------------------------------------------ the table */
 
 static const KernelCase KERNEL_CASES[] = {
@@ -1745,6 +1838,7 @@ static const KernelCase KERNEL_CASES[] = {
     {"fp8_cast_vec", "the element-wise and vectorized cast-transpose kernels", kc_case_fp8_cast_vec},
     {"fp8_weight", "op_amax_master, op_cast_transpose_master, op_transpose_fp8", kc_case_fp8_weight},
     {"gemm", "op_gemm (BF16 and FP8 fprop, dgrad, wgrad)", kc_case_gemm},
+    {"grad_fp8", "the FP8 gradient wire's pack and sum kernels (dist/grad_fp8.cuh)", kc_case_grad_fp8},
 };
 #define NUM_KERNEL_CASES ((int)(sizeof(KERNEL_CASES) / sizeof(KERNEL_CASES[0])))
 

@@ -292,10 +292,10 @@ def test_recompute_bf16_matches_cpu(one_rank):
     assert_close_to_cpu(cpu_losses(["-b", "4", *ONE_RANK_FLAGS]), one_rank[0], "bf16 -r 2")
 
 
-def two_ranks(zero):
+def two_ranks(zero, *extra, exe=EMU / "train_llama"):
     env = emu_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1",
                   OMP_NUM_THREADS="1", ASAN_OPTIONS="detect_leaks=0")
-    r = run([MPIRUN, "--oversubscribe", "-np", "2", EMU / "train_llama", "-b", "2", "-z", zero, *ONE_RANK_FLAGS], env=env,
+    r = run([MPIRUN, "--oversubscribe", "-np", "2", exe, "-b", "2", "-z", zero, *ONE_RANK_FLAGS, *extra], env=env,
             timeout=900)
     assert r.returncode == 0 and "AddressSanitizer" not in r.stderr, r.stdout[-3000:] + r.stderr[-4000:]
     return losses(r.stdout)
@@ -311,6 +311,18 @@ def test_two_ranks_match_one_rank(one_rank, zero):
     watchdog's use after free of the destroyed communicator showed here). Open MPI's own leaks at exit
     are not ours: LeakSanitizer is off for these runs."""
     assert two_ranks(zero) == one_rank[0]
+
+
+@pytest.mark.skipif(MPIRUN is None, reason="mpirun not found (make setup installs Open MPI)")
+def test_two_ranks_fp8_wire_matches_cpu(shakespeare):
+    """--grad-reduce fp8 under ZeRO-0 through the NCCL double (dist/grad_fp8.cuh's pack kernel, a group of
+    ncclSend / ncclRecv, the sum kernel, the FP32 all-gather) against the CPU build's 2-rank fp8 run: the
+    losses within the two builds' BF16 difference (step 2's loss depends on step 1's reduced gradients)."""
+    cpu = REPO / "train_llama_cpu"
+    if not cpu.exists():
+        pytest.skip("train_llama_cpu is not built")
+    flags = ["--grad-reduce", "fp8"]
+    assert_close_to_cpu(two_ranks("0", *flags, exe=cpu), two_ranks("0", *flags), "bf16 2 ranks --grad-reduce fp8")
 
 
 def test_resume_is_bit_exact(one_rank, tmp_path):
