@@ -19,7 +19,7 @@
 
 typedef struct {
     RunIdentity id;
-    int32_t zero_stage, grad_reduce, steps, grad_accum_steps, val_every, val_batches, ckpt_every, sample_every;
+    int32_t zero_stage, steps, grad_accum_steps, val_every, val_batches, ckpt_every, sample_every;
     int32_t resume, fp8_stats_every, max_skips, overfit, warmup, schedule_hash;
     int32_t shadow_every, shadow_grad, shadow_fallback, shadow_patience, shadow_recover;
     int32_t eval_every, eval_hellaswag, eval_lambada, eval_wikitext; /* the sets: eval_set_hash, 0 when off */
@@ -40,7 +40,6 @@ typedef struct {
 #define AGREED(flag, field, kind) {flag, offsetof(RankSettings, field), kind}
 static const AgreedSetting AGREED_SETTINGS[] = {
     AGREED("-z", zero_stage, SETTING_I32),
-    AGREED("--grad-reduce (0 fp32, 1 bf16, 2 fp8)", grad_reduce, SETTING_I32),
     AGREED("-x (steps)", steps, SETTING_I32),
     AGREED("gradient accumulation steps", grad_accum_steps, SETTING_I32),
     AGREED("-v", val_every, SETTING_I32),

@@ -299,7 +299,6 @@ static inline RankSettings trainer_rank_settings(const Trainer* tr) {
     memset(&r, 0, sizeof(r));
     r.id = trainer_identity(tr);
     r.zero_stage = a->zero_stage;
-    r.grad_reduce = comm_wire_parse(a->grad_reduce);
     r.steps = tr->steps;
     r.grad_accum_steps = tr->grad_accum_steps;
     r.val_every = a->val_every;
