@@ -316,13 +316,15 @@ def test_two_ranks_match_one_rank(one_rank, zero):
 @pytest.mark.skipif(MPIRUN is None, reason="mpirun not found (make setup installs Open MPI)")
 def test_two_ranks_fp8_wire_matches_cpu(shakespeare):
     """--grad-reduce fp8 under ZeRO-0 through the NCCL double (dist/grad_fp8.cuh's pack kernel, a group of
-    ncclSend / ncclRecv, the sum kernel, the FP32 all-gather) against the CPU build's 2-rank fp8 run: the
-    losses within the two builds' BF16 difference (step 2's loss depends on step 1's reduced gradients)."""
+    ncclSend / ncclRecv, the sum kernel, the FP32 all-gather), with the AdamW moments in fp8 (MS-AMP O2:
+    the chunk kernel of cuda/optimizer.cuh), against the CPU build's 2-rank run of the same flags: the
+    losses within the two builds' BF16 difference (step 2's loss depends on step 1's reduced gradients
+    and update)."""
     cpu = REPO / "train_llama_cpu"
     if not cpu.exists():
         pytest.skip("train_llama_cpu is not built")
-    flags = ["--grad-reduce", "fp8"]
-    assert_close_to_cpu(two_ranks("0", *flags, exe=cpu), two_ranks("0", *flags), "bf16 2 ranks --grad-reduce fp8")
+    flags = ["--grad-reduce", "fp8", "--optim-state", "fp8"]
+    assert_close_to_cpu(two_ranks("0", *flags, exe=cpu), two_ranks("0", *flags), "bf16 2 ranks --grad-reduce fp8 --optim-state fp8")
 
 
 def test_resume_is_bit_exact(one_rank, tmp_path):
