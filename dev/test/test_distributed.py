@@ -172,13 +172,14 @@ def copy_checkpoint(src, dst, step):
             shutil.copy2(f, dst / f.name)
 
 
-@pytest.mark.parametrize("recipe, threads", [("current", "default"), ("delayed", "default"), ("fp8-state", "default")])
+@pytest.mark.parametrize("recipe, threads", [("current", "default"), ("delayed", "default")])
 def test_resume_across_rank_counts(tmp_path, recipe, threads):
     """Saved on 2 ranks: resumed on 2 ranks bit-exact; on 1 and 3 ranks (same global batch) it continues
-    exactly as the uninterrupted run (ZeRO-2, whose sums do not depend on how the batch is split). With
-    delayed scaling the amax history and scales come back on any rank count; with --optim-state fp8 the
-    moments' codes and their per-chunk scales do, each chunk read from the shard that saved it."""
-    flags = DELAYED if recipe == "delayed" else ["--optim-state", "fp8"] if recipe == "fp8-state" else []
+    exactly as the uninterrupted run (ZeRO-2, whose sums do not depend on how the batch is split). The
+    delayed case also keeps its AdamW moments in fp8 (--optim-state fp8): the amax history and scales
+    come back on any rank count, and so do the moments' codes and per-chunk scales, each chunk read from
+    the shard that saved it."""
+    flags = [*DELAYED, "--optim-state", "fp8"] if recipe == "delayed" else []
     full = tmp_path / "full"
     train(2, full, "-z", 2, "-n", 2, *flags, steps=4, global_micro=6, env=mpi_env(threads))
     for ranks, z in [(2, 2), (1, 2), (3, 1)]:
@@ -202,21 +203,20 @@ def test_resume_under_fp8_comm_on_other_rank_counts(tmp_path):
     """--grad-reduce fp8 quantizes each rank's contribution, so the reduction depends on the rank count:
     saved on 2 ranks, a resume on 2 ranks repeats the run bit for bit; on 3 ranks it restores the same
     state (its first step's loss, computed before any reduction, is the uninterrupted run's) and then
-    reduces as 3 ranks do: deterministically (two such resumes agree bit for bit) and not as 2 ranks did
-    (the gradient norms differ), within FP8's rounding of the uninterrupted run."""
+    reduces as 3 ranks do, not as 2 ranks did (the gradient norms differ), within FP8's rounding of the
+    uninterrupted run. (For a fixed rank count the reduction is deterministic: the 2-rank resume.)"""
     flags = ["--grad-reduce", "fp8", "-z", 1, "-n", 2]
     full = tmp_path / "full"
     train(2, full, *flags, steps=4, global_micro=6)
     ta = [row for row in trajectory(full)[0] if row[0] >= 2]
     runs = {}
-    for name, ranks in [("two", 2), ("three", 3), ("three_again", 3)]:
+    for name, ranks in [("two", 2), ("three", 3)]:
         resumed = tmp_path / name
         copy_checkpoint(full, resumed, 2)
         train(ranks, resumed, *flags, "-y", 1, steps=4, global_micro=6)
         runs[name] = trajectory(resumed)[0]
         assert [row[0] for row in runs[name]] == [2, 3]
     assert runs["two"] == ta and (full / "model_00000004.bin").read_bytes() == (tmp_path / "two" / "model_00000004.bin").read_bytes()
-    assert runs["three"] == runs["three_again"]
     (s2, l2, n2, _), (s3, l3, n3, _) = runs["three"]
     assert abs(l2 - ta[0][1]) <= 1e-6 * abs(ta[0][1]), (runs["three"], ta)
     assert n2 != ta[0][2] and abs(n2 - ta[0][2]) < 2e-2 * ta[0][2], (runs["three"], ta)
