@@ -821,7 +821,7 @@ def predict(plan, rates):
         "model": s.name, "precision": plan.precision, "gpus": plan.label(), "world": plan.world,
         "micro_batch": plan.B, "seq_len": plan.T, "grad_accum": G, "zero": plan.zero,
         "recompute": recompute_label(plan), "weight_gather": plan.weight_gather,
-        "grad_reduce": plan.grad_reduce, "grad_reduce_built": True,
+        "grad_reduce": plan.grad_reduce, "grad_reduce_built": True, "optim_state": plan.optim_state,
         "grad_wire_bytes_per_element": grad_wire_bytes_per_element(plan, s.layer_params()),
         "grad_inter_node_bytes_per_element_per_nic": inter_node_bytes_per_element(plan), "overlap": plan.overlap,
         "memory_gib": memory, "fits": memory <= GPUS[plan.gpu].memory_gib,
