@@ -80,13 +80,14 @@ def dry_run(binary, flags):
     return json.loads(r.stdout.strip().splitlines()[-1][len("plan: "):])
 
 
-def choose_settings(binary, base, gpus, model_key, gpu_mem):
+def choose_settings(binary, base, gpus, model_key, gpu_mem, levels):
     """The lowest ZeRO stage (up to DESIGN.md's for the model) and the cheapest recompute with which both
-    precisions fit one GPU at micro-batch 1, per the memory plan (bf16 needs at least fp8's memory)."""
+    precisions fit one GPU at micro-batch 1, per the memory plan (bf16 needs at least fp8's memory);
+    levels: each precision's extra trainer flags."""
     memory = ["--gpu-mem", gpu_mem] if gpu_mem else []
     stages = [0] if gpus == 1 else list(range(ZERO_OF[model_key] + 1))
     for zero in stages:
-        plans = {p: dry_run(binary, [*base, "-p", p, "--ranks", gpus, "-z", zero, *memory]) for p in ("bf16", "fp8")}
+        plans = {p: dry_run(binary, [*base, "-p", p, *levels[p], "--ranks", gpus, "-z", zero, *memory]) for p in ("bf16", "fp8")}
         if plans["bf16"]["memory_gib"] == 0:
             fail("no GPU found to plan against: give --gpu-mem GiB")
         recompute = max(plan["cheapest_recompute"] for plan in plans.values())
@@ -220,6 +221,10 @@ def main():
     ap.add_argument("--gpu-mem", type=float, default=0.0, help="GiB per GPU to plan against (default: the device's)")
     ap.add_argument("--out", type=Path, default=None, help="output folder (default build/bench_llama2_<model>)")
     ap.add_argument("--cpu", action="store_true", help="train_llama_cpu, tiny model (smoke test of this script)")
+    ap.add_argument("--grad-reduce", default="fp32", choices=["fp32", "bf16", "fp8"],
+                    help="the fp8 run's gradient reduction (FP8-LM/MS-AMP O1: fp8); the bf16 run keeps fp32")
+    ap.add_argument("--optim-state", default="fp32", choices=["fp32", "bf16", "fp8"],
+                    help="the fp8 run's AdamW moments (MS-AMP O2: fp8); the bf16 run keeps fp32")
     args = ap.parse_args()
     if args.gpus < 1:
         ap.error("argument gpus: must be at least 1")
@@ -236,7 +241,9 @@ def main():
         ap.error(f"argument --global-batch: {global_tokens} tokens is not a multiple of T {T} x {args.gpus} GPU(s)")
     model = CPU_MODEL if args.cpu else PRESETS[args.model]
     base = ["-e", model, "-b", 1, "-t", T, "-d", global_tokens, *(["--n-layers", args.layers] if args.layers else [])]
-    zero, recompute, plans = choose_settings(binary, base, args.gpus, args.model, args.gpu_mem)
+    # the FP8-LM levels apply to the fp8 run: bf16 stays the baseline the published speedups compare with
+    levels = {"bf16": [], "fp8": ["--grad-reduce", args.grad_reduce, "--optim-state", args.optim_state]}
+    zero, recompute, plans = choose_settings(binary, base, args.gpus, args.model, args.gpu_mem, levels)
     print(f"bench_llama2: {model}{f' ({args.layers} layers)' if args.layers else ''}, T {T}, global batch {global_tokens} tokens, "
           f"{args.gpus} GPU(s): ZeRO-{zero}, -r {recompute}, {plans['bf16']['grad_accum']} micro-steps per step (memory plan: "
           f"bf16 {plans['bf16']['total_gib']:.1f} GiB, fp8 {plans['fp8']['total_gib']:.1f} GiB of {plans['bf16']['memory_gib']:.1f})")
@@ -248,7 +255,7 @@ def main():
     for i, precision in enumerate(["bf16", "fp8"]):
         run_dir = out / precision
         shutil.rmtree(run_dir, ignore_errors=True)
-        cmd = [*launcher(args.gpus), str(binary), *map(str, base), "-p", precision, "-z", str(zero), "-r", str(recompute),
+        cmd = [*launcher(args.gpus), str(binary), *map(str, base), "-p", precision, *levels[precision], "-z", str(zero), "-r", str(recompute),
                "-x", str(args.steps), "-v", "0", "-m", "1", "-u", "0", "-i", str(shard), "-j", str(shard), "-o", str(run_dir),
                "-n", "-1"]
         status, peak_rss, output = run_training(cmd, precision, args.steps, 1 - i, env)
@@ -258,6 +265,8 @@ def main():
         shape = shape_of(output)
         r = {"model": model, "precision": precision, "B": 1, "T": T, "grad_accum": plans[precision]["grad_accum"], "zero": zero,
              "recompute": recompute, "gpus": args.gpus, "planned_gib": plans[precision]["total_gib"], "run_dir": str(run_dir),
+             "grad_reduce": args.grad_reduce if precision == "fp8" else "fp32",
+             "optim_state": args.optim_state if precision == "fp8" else "fp32",
              "command": " ".join(cmd), **measure(run_dir, args.warmup, args.gpus)}
         flops = {"llmc": pm.flops_per_token_llmc(shape, T), "megatron": pm.flops_per_token_megatron(shape, T)}
         peak = gpu_peak(output, precision)

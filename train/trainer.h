@@ -438,8 +438,8 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaC
            g_dist.local_world, a->zero_stage, a->grad_reduce);
     printf("| micro-batch %d x %d, %d rank(s), grad accumulation %d -> %lld tokens per step, %d steps\n", a->B, a->T,
            tr->world, tr->grad_accum_steps, total, tr->steps);
-    printf("| lr %g (%s, warmup %d, final x%g), weight decay %g, clip %g, seed %lld\n", a->lr, a->schedule, a->warmup,
-           a->final_lr_frac, a->weight_decay, a->grad_clip, a->seed);
+    printf("| lr %g (%s, warmup %d, final x%g), weight decay %g, clip %g, seed %lld, AdamW moments in %s\n", a->lr, a->schedule,
+           a->warmup, a->final_lr_frac, a->weight_decay, a->grad_clip, a->seed, a->optim_state);
     if (a->output_dir == NULL) printf("| warning: no -o: no logs, checkpoints or final model will be saved\n");
     if (a->precision == PRECISION_FP8) {
         printf("| FP8 GEMMs: accumulation %s%s, fprop fast accumulation %s\n", a->fp8_accum,

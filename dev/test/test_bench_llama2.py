@@ -31,7 +31,8 @@ def flops_llmc():
 def test_bench_script_on_the_cpu_build(trainer, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     r = subprocess.run(["bash", str(REPO / "scripts" / "bench_llama2.sh"), "7b", str(RANKS), "--cpu", "--steps", str(STEPS),
-                        "--warmup", str(WARMUP), "--out", str(tmp_path)], cwd=REPO, env=env, capture_output=True,
+                        "--warmup", str(WARMUP), "--out", str(tmp_path), "--grad-reduce", "fp8", "--optim-state", "fp8"],
+                       cwd=REPO, env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "ETA" in r.stdout
@@ -42,6 +43,11 @@ def test_bench_script_on_the_cpu_build(trainer, tmp_path):
     for key in ["B", "T", "grad_accum", "zero", "recompute", "gpus"]:
         assert bf16[key] == fp8[key], key
     assert bf16["grad_accum"] == 4 // RANKS and bf16["gpus"] == RANKS
+    # the FP8-LM levels reach the fp8 run only: bf16 is the baseline
+    assert (fp8["grad_reduce"], fp8["optim_state"], bf16["grad_reduce"], bf16["optim_state"]) == ("fp8", "fp8", "fp32", "fp32")
+    for run, moments in ((bf16, "fp32"), (fp8, "fp8")):
+        log = (tmp_path / f"train_{run['precision']}.log").read_text()
+        assert f"AdamW moments in {moments}" in log, run["precision"]
     for run in (bf16, fp8):
         rows = [json.loads(line) for line in (tmp_path / run["precision"] / "metrics.jsonl").read_text().splitlines()]
         steps = [row for row in rows if "loss" in row]
