@@ -232,6 +232,13 @@ static inline void checkpoint_load(const char* dir, int step, Llama* m, const Ru
                 if (count == 0) continue;
                 fseekCheck(files[r], state_array_offset(&s->id, s->shard_elems, a, from), SEEK_SET, path);
                 freadCheck(host, eb, count, files[r], path);
+                /* a scale_inv is a positive power of two (optim.h): anything else would silently poison the update */
+                for (size_t k = 0; a == STATE_SCALE_INV && k < count; k++) {
+                    int e;
+                    if (!(host[k] > 0.0f) || host[k] > FLT_MAX || frexpf(host[k], &e) != 0.5f)
+                        die("%s: AdamW scale_inv %g of chunk %llu is not a positive power of two (corrupt file)", path,
+                            (double)host[k], (unsigned long long)((from + k) / 2));
+                }
                 dev_upload((char*)arrays[a] + into * eb, host, count * eb);
             }
             x += len;

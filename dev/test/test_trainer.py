@@ -243,6 +243,23 @@ def test_resume_rejects_changed_settings(trainer, tmp_path, shakespeare):
                               f"{flag} (checkpoint {saved}, now {value})")
 
 
+def test_resume_rejects_a_corrupt_moment_scale(trainer, tmp_path, shakespeare):
+    """--optim-state fp8: the state file ends in the moments' scale_inv (2 per 4096-element chunk); one that
+    is not a positive power of two (here 0, then 3) stops the resume naming the file, instead of turning
+    every later update of its chunk into NaN."""
+    out = tmp_path / "run"
+    r = run([trainer, *FAST, "-x", "2", "-o", out, "--optim-state", "fp8"])
+    assert r.returncode == 0, r.stderr
+    state = out / "state_00000002_00000.bin"
+    good = state.read_bytes()
+    tail = np.frombuffer(good[-8:], dtype=np.float32)
+    assert np.all(tail > 0) and np.all(np.log2(tail) == np.round(np.log2(tail))), tail
+    for bad in (0.0, 3.0):
+        state.write_bytes(good[:-4] + np.float32(bad).tobytes())
+        assert_one_line_error(run([trainer, *FAST, "-x", "4", "-o", out, "-y", "1", "--optim-state", "fp8"]),
+                              "state_00000002_00000.bin", "scale_inv", "not a positive power of two")
+
+
 def test_checkpoint_loads_as_a_model(trainer, tmp_path, shakespeare):
     out = tmp_path / "run"
     r = run([trainer, *FAST, "-x", "2", "-o", out])
