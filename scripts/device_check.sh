@@ -129,7 +129,7 @@ if [ "$EMULATED" -eq 1 ]; then
     # the test_llama checks the rehearsal runs, about a second each (the others: a skip row; dev/test/test_emu.py
     # runs them all): every kernel family, and the cheap model-level ones
     EMU_CHECKS=(kernel_gemm kernel_optimizer kernel_encoder kernel_rmsnorm kernel_rope kernel_swiglu kernel_classifier
-        kernel_fp8_cast kernel_fp8_cast_vec kernel_fp8_weight kernel_attention
+        kernel_fp8_cast kernel_fp8_cast_vec kernel_fp8_weight kernel_attention kernel_grad_fp8
         fp8_weights forward_deferred grad_accumulation)
 fi
 # the smoke check, run right after the build: cuBLASLt BF16 and FP8 GEMMs and the FP8 casts at a small shape
@@ -139,7 +139,8 @@ PROD_CHECKS=(prod_fp8_linear_7b prod_attention prod_attention_deterministic prod
 # the checks whose GPU work is our own kernels only (no cuBLASLt, no cuDNN): what memcheck runs
 # the oracle of the CPU model of Hopper's FP8 accumulation (--fp8-accum hopper): a table row, after resume
 ORACLE_CHECKS=(hopper_accum_oracle)
-MEMCHECK_CHECKS=(kernel_optimizer kernel_encoder kernel_rmsnorm kernel_rope kernel_swiglu kernel_classifier kernel_fp8_cast kernel_fp8_weight)
+MEMCHECK_CHECKS=(kernel_optimizer kernel_encoder kernel_rmsnorm kernel_rope kernel_swiglu kernel_classifier kernel_fp8_cast kernel_fp8_weight
+    kernel_grad_fp8)
 
 START=$(date +%s)
 mkdir -p "$OUT_DIR" || exit 1
