@@ -1015,13 +1015,15 @@ static int tool_main(int argc, char** argv) {
         size_t mb = P * adamw_moment_bytes((OptimState)f, 0), vb = P * adamw_moment_bytes((OptimState)f, 1);
         size_t sc = adamw_scale_count((OptimState)f, P), out_bytes = P * sizeof(float) + mb + vb + sc * sizeof(float);
         char* out = (char*)callocCheck(out_bytes + 1, 1);
-        AdamwMoments st = {(OptimState)f, out + P * sizeof(float), out + P * sizeof(float) + mb, (float*)(out + P * sizeof(float) + mb + vb)};
+        float* scale_inv = (float*)mallocCheck(sc * sizeof(float) + 1); /* its own allocation: aligned */
+        AdamwMoments st = {(OptimState)f, out + P * sizeof(float), out + P * sizeof(float) + mb, scale_inv};
         for (size_t k = 0; k < sc; k++) st.scale_inv[k] = 1.0f;
         for (int t = 1; t <= steps; t++) {
             float bc1 = 1.0f - powf(ADAMW_BETA1, (float)t), bc2_sqrt = sqrtf(1.0f - powf(ADAMW_BETA2, (float)t));
             op_adamw(x, st, x + (size_t)t * P, P, lr, wd, bc1, bc2_sqrt, grad_scale);
         }
         memcpy(out, x, P * sizeof(float));
+        memcpy(out + P * sizeof(float) + mb + vb, scale_inv, sc * sizeof(float));
         write_bytes(argv[8], out, out_bytes);
         return 0;
     }

@@ -56,8 +56,8 @@ static inline int comm_async_error(char* why, size_t len);
  * (send: world * n FP32 on every rank). With WIRE_BF16 every rank's contribution travels as BF16; with
  * WIRE_FP8 as dist/grad_fp8.h's blocks (E4M3 codes, one scale_inv per ZERO_CHUNK chunk of the piece),
  * dequantized and summed in FP32 in rank order, so the result is deterministic for a fixed rank count
- * and bit-identical between the two builds. One rank sends nothing and quantizes nothing (FP8 and BF16
- * wires then give the FP32 result).
+ * and bit-identical between the two builds. With one rank the FP8 wire sends and quantizes nothing, so
+ * it gives the FP32 result (the BF16 wire still rounds each contribution to BF16).
  */
 static inline void comm_reduce_scatter(const float* send, float* recv, size_t n, int accumulate, CommWire wire);
 /* buf (n) FP32 = sum over ranks of buf, in place. WIRE_FP8 (ZeRO-0): buf, zero-padded, is cut into world

@@ -63,8 +63,6 @@ static inline size_t comm_fp8_step(int W) {
     return step > 0 ? step : ZERO_CHUNK;
 }
 
-/* Elements of each of the W pieces an FP8 all-reduce of n elements cuts (whole chunks, zero-padded). */
-static inline size_t comm_fp8_piece(size_t n, int W) { return ceil_div(zero_chunks(n), (size_t)W) * ZERO_CHUNK; }
 
 /*
  * comm_reduce_scatter on the FP8 wire, world > 1: each rank packs its W destination pieces

@@ -165,8 +165,6 @@ static inline void comm_reduce_scatter_fp8(const float* send, float* recv, size_
     grad_fp8_sum_cuda(recv, in, W, n, accumulate, g_comm_stream);
 }
 
-/* Elements of each of the W pieces an FP8 all-reduce of n elements cuts (whole chunks, zero-padded). */
-static inline size_t comm_fp8_piece(size_t n, int W) { return ceil_div(zero_chunks(n), (size_t)W) * ZERO_CHUNK; }
 
 static inline void comm_reduce_scatter(const float* send, float* recv, size_t n, int accumulate, CommWire wire) {
     size_t W = (size_t)g_dist.world;

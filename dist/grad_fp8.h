@@ -51,6 +51,9 @@ LLM8_HD static inline float grad_fp8_scale_inv(float amax, float scale) {
     return fp8_amax_is_finite(amax) ? 1.0f / scale : NAN;
 }
 
+/* Elements of each of the W pieces an FP8 all-reduce of n elements cuts (whole chunks, zero-padded). */
+static inline size_t comm_fp8_piece(size_t n, int W) { return ceil_div(zero_chunks(n), (size_t)W) * ZERO_CHUNK; }
+
 /* The scale_inv of chunk c in a block of n elements (memcpy: the block's tail need not be aligned). */
 LLM8_HD static inline float grad_fp8_block_scale_inv(const uint8_t* block, size_t n, size_t c) {
     float v;
@@ -58,6 +61,7 @@ LLM8_HD static inline float grad_fp8_block_scale_inv(const uint8_t* block, size_
     return v;
 }
 
+/* Stores v as the scale_inv of chunk c in a block of n elements (memcpy, as grad_fp8_block_scale_inv). */
 LLM8_HD static inline void grad_fp8_block_set_scale_inv(uint8_t* block, size_t n, size_t c, float v) {
     memcpy(block + n + c * sizeof(float), &v, sizeof(v));
 }

@@ -98,6 +98,10 @@ typedef struct {
     uint8_t* xt8;      /* (L, N (2 C + F)) E4M3 X^T of wqkv, w13 and w2 saved by fprop for wgrad (fp8, -r 0) */
 } Acts;
 
+/* The moments' scale granule must be the shard pieces' (optim.h ADAMW_CHUNK, dist/zero.h ZERO_CHUNK): a
+   compile-time check (an array of size -1 does not compile). */
+typedef char adamw_chunk_is_zero_chunk[ADAMW_CHUNK == ZERO_CHUNK ? 1 : -1];
+
 /* How the parameters are spread over the data-parallel ranks (-z, DESIGN.md section 6). */
 typedef struct {
     int world;      /* data-parallel ranks */
@@ -512,7 +516,6 @@ static inline void llama_configure(Llama* m, const LlamaConfig* cfg, Precision p
     m->T = T;
     m->sharding = sharding;
     m->optim_state = optim_state;
-    if (ADAMW_CHUNK != ZERO_CHUNK) die("optim.h's ADAMW_CHUNK (%zu) must be dist/zero.h's ZERO_CHUNK (%zu)", ADAMW_CHUNK, ZERO_CHUNK);
     m->num_params = param_count(cfg);
     llama_layout(m);
 }
@@ -546,6 +549,14 @@ static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision preci
     m->acts_bytes = buffers_bytes(acts, nacts);
     m->small_memory = llama_alloc_table(SMALL_TABLE_TITLE, small, nsmall);
     m->fp8_operand = (uint8_t*)m->acts.logits;
+    /* fp8 moments start as zeros with scale_inv 1 (what a chunk's first update decodes, and a valid state) */
+    size_t scales = adamw_scale_count(m->optim_state, shard);
+    if (scales > 0) {
+        float* ones = (float*)mallocCheck(scales * sizeof(float));
+        for (size_t k = 0; k < scales; k++) ones[k] = 1.0f;
+        dev_upload(m->adam_scale_inv, ones, scales * sizeof(float));
+        free(ones);
+    }
     m->fp8_operand_t = m->fp8_operand + llama_fp8_operand_bytes(m) / 2;
 
     m->fp8_linear = (Fp8Linear*)callocCheck(L * LIN_PER_LAYER, sizeof(Fp8Linear));

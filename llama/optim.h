@@ -85,6 +85,7 @@ static const char* const OPTIM_STATE_NAMES[] = {"fp32", "bf16", "fp8"};
 #define ADAMW_CHUNK ((size_t)4096)
 #define FP16_MAX 65504.0f
 
+/* --optim-state's spelling of OptimState s ("?" for none). */
 static inline const char* optim_state_name(int s) { return s >= 0 && s <= OPTIM_STATE_FP8 ? OPTIM_STATE_NAMES[s] : "?"; }
 /* --optim-state's value: its OptimState, or -1 when it is none of fp32, bf16, fp8. */
 static inline int optim_state_parse(const char* s) {

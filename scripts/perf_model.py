@@ -484,12 +484,13 @@ def weight_cast_ops(plan):
 
 
 # Bytes per parameter of the AdamW moments m + v (--optim-state; llama/optim.h), per-chunk scales aside
-# (fp8: 8 bytes per 4096 elements).
+# (fp8: two FP32 scale_inv per ADAMW_CHUNK elements).
 MOMENT_BYTES = {"fp32": 8, "bf16": 4, "fp8": 3}
+ADAMW_CHUNK = 4096
 ADAMW_OP = {"fp32": "adamw", "bf16": "adamw bf16 state", "fp8": "adamw fp8 state"}
 # The fp8 and bf16 state kernel checks run on a w1|w3 weight less a third of a 4096-element chunk (a
 # partial last chunk: kc_adamw_lowp).
-KERNEL_ADAMW_LOWP_SHORT = 4096 // 3
+KERNEL_ADAMW_LOWP_SHORT = ADAMW_CHUNK // 3
 
 
 def optimizer_ops(plan):
@@ -753,7 +754,7 @@ def memory_gib(plan):
     grads = P
     if plan.zero >= 2:
         grads = P / n + ZERO2_GRAD_BUCKETS * max(s.layer_params(), s.V * s.C)
-    moments = MOMENT_BYTES[plan.optim_state] * shard + (8 * shard / 4096 if plan.optim_state == "fp8" else 0)
+    moments = MOMENT_BYTES[plan.optim_state] * shard + (8 * shard / ADAMW_CHUNK if plan.optim_state == "fp8" else 0)
     total = (a * working + f * grads + f * shard + moments  # working weights, gradients, master, adam_m + adam_v
              + (2 * BYTES["fp8"] * P_lin if plan.fp8 else 0)  # E4M3 W and W^T
              + activation_bytes(plan))

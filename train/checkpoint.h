@@ -8,8 +8,9 @@
  * counters, the shadow policy's state, the run settings that must not change across a resume, compared
  * field by field so a mismatch names the setting, and a hash of them), then the shard's AdamW moments
  * as they are stored (--optim-state: FP32, BF16, or E4M3/FP16 codes), the FP32 master weights and, for
- * fp8 moments, their scale_inv per chunk, so resume is bit-exact. The layout is recorded (shard count and ZERO_CHUNK), so a run resumes on another rank count
- * or ZeRO stage by reading each of its new pieces from the files that hold them (train/shard_io.h).
+ * fp8 moments, their scale_inv per chunk, so resume is bit-exact. The layout is recorded (shard count
+ * and ZERO_CHUNK), so a run resumes on another rank count or ZeRO stage by reading each of its new pieces
+ * from the files that hold them (train/shard_io.h).
  *
  * Every file is written to "<name>.tmp", fsynced and renamed; the step's DONE_<step> marker is written
  * the same way only after the model and every state file exist, and resume picks the newest marker, so
@@ -52,7 +53,6 @@ typedef struct {
     /* --optim-state (llama/optim.h OptimState) and --grad-reduce (dist/wire.h CommWire) */
     int32_t optim_state, grad_reduce;
 } RunIdentity;
-
 
 /* One setting of RunIdentity besides the model config: the flag that sets it and where it is. */
 typedef struct {

@@ -325,12 +325,6 @@ static inline double kc_time(const char* op, int iters, double bytes, double flo
 
 /* ------------------------------------------------------------ params: op_params_from_master, op_adamw */
 
-/*
- * Tolerances. params_from_master is one round-to-nearest-even on both sides: bit-identical. AdamW runs
- * optim.h's adamw_update on both sides, but nvcc contracts a*b+c into FMAs in the moment updates and gcc
- * (baseline x86-64) does not: a few FP32 ulps, plus an atol of 1e-9 (~10 ulps of the ~1e-3 moments and
- * ~3e-4 updates) for values that cancel to near zero.
- */
 /* The moments of s (n elements, host) decoded to FP32 (moment `which`). */
 static inline float* kc_moments_decoded(const AdamwMoments* s, int which, size_t n) {
     float* x = kc_host(n);
@@ -411,6 +405,12 @@ static int kc_adamw_lowp(const KernelShape* s, int iters, uint64_t seed, OptimSt
     return failed;
 }
 
+/*
+ * Tolerances. params_from_master is one round-to-nearest-even on both sides: bit-identical. AdamW runs
+ * optim.h's adamw_update on both sides, but nvcc contracts a*b+c into FMAs in the moment updates and gcc
+ * (baseline x86-64) does not: a few FP32 ulps, plus an atol of 1e-9 (~10 ulps of the ~1e-3 moments and
+ * ~3e-4 updates) for values that cancel to near zero.
+ */
 static int kc_case_params(const KernelShape* s, int iters, uint64_t seed) {
     uint64_t stream = seed;
     int failed = 0;

@@ -524,6 +524,13 @@ static inline int check_resume_with(Precision p, OptimState optim) {
         Llama m;
         reference_model_with(&m, p, &cfg, &r, r.B, 0, optim);
         int start = 0;
+        if (run == 0) { /* a checkpoint before any update (fresh moments) is a valid state too: it loads */
+            TrainState s;
+            memset(&s, 0, sizeof(s));
+            s.id = id;
+            checkpoint_save(dir, &m, &s);
+            checkpoint_load(dir, 0, &m, &id, &s);
+        }
         if (run == 1) {
             TrainState s;
             checkpoint_load(dir, 3, &m, &id, &s);
@@ -557,12 +564,14 @@ static inline int check_resume_with(Precision p, OptimState optim) {
     }
     if (memcmp(final_weights[0], final_weights[1], P * sizeof(float)) != 0) failures += fail("final weights differ after resume");
     char path[PATH_LEN];
-    model_path(path, sizeof(path), dir, 3);
-    remove(path);
-    state_path(path, sizeof(path), dir, 3, 0);
-    remove(path);
-    snprintf(path, sizeof(path), "%s/DONE_%08d", dir, 3);
-    remove(path);
+    for (int step = 0; step <= 3; step += 3) {
+        model_path(path, sizeof(path), dir, step);
+        remove(path);
+        state_path(path, sizeof(path), dir, step, 0);
+        remove(path);
+        snprintf(path, sizeof(path), "%s/DONE_%08d", dir, step);
+        remove(path);
+    }
     rmdir(dir);
     free(final_weights[0]);
     free(final_weights[1]);
