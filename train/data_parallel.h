@@ -12,9 +12,9 @@
  *   -z 2  gradients sharded too: every micro-step reduce-scatters each bucket, added into the shard
  *         (the model's gradients for a bucket live in one of three reused buffers), then as -z 1.
  * Gradients are summed in FP32 (Megatron's grad_reduce_in_fp32) or, with --grad-reduce bf16, sent as
- * BF16, or with --grad-reduce fp8 as E4M3 blocks with a scale per chunk (dist/grad_fp8.h), dequantized and
- * summed in FP32 (under ZeRO-0 a reduce-scatter then an FP32 all-gather, dist/comm.h); the loss was scaled by 1 / (global tokens) at its source, so the sum is the global mean
- * gradient. On the GPU the collectives overlap the backward (a layer is reduced while the next one
+ * BF16, or with --grad-reduce fp8 as E4M3 blocks with a scale per chunk (dist/grad_fp8.h), dequantized
+ * and summed in FP32 (under ZeRO-0 a reduce-scatter then an FP32 all-gather, dist/comm.h); the loss was
+ * scaled by 1 / (global tokens) at its source, so the sum is the global mean gradient. On the GPU the collectives overlap the backward (a layer is reduced while the next one
  * computes) and the next step's forward (a layer's weights are gathered ahead of its use); the time the
  * compute stream still waits is what the trainer reports as exposed communication.
  *
