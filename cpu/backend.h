@@ -477,11 +477,17 @@ static inline void op_sum_f32_in_order(double* sum, const float* x, size_t n) {
     *sum = total;
 }
 
-/* AdamW on n parameters (optim.h's adamw_update), gradients multiplied by grad_scale, one chunk of
-   ADAMW_CHUNK elements at a time: decode, update in FP32, then (fp8) the chunk's scales from the new
-   values' amax, and encode. */
+/* AdamW on n parameters (optim.h's adamw_update), gradients multiplied by grad_scale: FP32 moments in
+   place; the others one chunk of ADAMW_CHUNK elements at a time: decode, update in FP32, then (fp8) the
+   chunk's scales from the new values' amax, and encode. */
 static inline void op_adamw(float* master, AdamwMoments s, const float* grads, size_t n, float lr, float wd, float bc1,
                             float bc2_sqrt, float grad_scale) {
+    if (s.format == OPTIM_STATE_FP32) { /* the default: in place, no decode, no chunk buffers */
+        float *m = (float*)s.m, *v = (float*)s.v;
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++) adamw_update(&master[i], &m[i], &v[i], grads[i] * grad_scale, lr, wd, bc1, bc2_sqrt);
+        return;
+    }
     size_t chunks = ceil_div(n, ADAMW_CHUNK);
     int fp8 = s.format == OPTIM_STATE_FP8;
 #pragma omp parallel for schedule(static)

@@ -63,7 +63,6 @@ static inline size_t comm_fp8_step(int W) {
     return step > 0 ? step : ZERO_CHUNK;
 }
 
-
 /*
  * comm_reduce_scatter on the FP8 wire, world > 1: each rank packs its W destination pieces
  * (grad_fp8_pack), MPI_Alltoall swaps the blocks, and each rank sums the W blocks it received

@@ -165,7 +165,6 @@ static inline void comm_reduce_scatter_fp8(const float* send, float* recv, size_
     grad_fp8_sum_cuda(recv, in, W, n, accumulate, g_comm_stream);
 }
 
-
 static inline void comm_reduce_scatter(const float* send, float* recv, size_t n, int accumulate, CommWire wire) {
     size_t W = (size_t)g_dist.world;
     comm_issue();

@@ -21,7 +21,7 @@ struct AmaxCombineOp {
    blocks + p * bytes; one thread block of BLOCK_THREADS (block_reduce's size) per chunk, grid-stride over
    the pieces * chunks. */
 __global__ void __launch_bounds__(BLOCK_THREADS) grad_fp8_pack_kernel(uint8_t* blocks, const float* x, size_t n, size_t pieces) {
-    size_t chunks = grad_fp8_chunks(n), bytes = grad_fp8_block_bytes(n);
+    size_t chunks = zero_chunks(n), bytes = grad_fp8_block_bytes(n);
     for (size_t b = blockIdx.x; b < pieces * chunks; b += gridDim.x) {
         size_t p = b / chunks, c = b % chunks;
         const float* xp = x + p * n;
@@ -49,7 +49,7 @@ __global__ void grad_fp8_sum_kernel(float* out, const uint8_t* blocks, int W, si
 
 /* blocks (pieces * grad_fp8_block_bytes(n), device) = the pieces of x (pieces * n FP32, device), on `stream`. */
 static inline void grad_fp8_pack_cuda(uint8_t* blocks, const float* x, size_t n, size_t pieces, cudaStream_t stream) {
-    size_t work = pieces * grad_fp8_chunks(n);
+    size_t work = pieces * zero_chunks(n);
     if (work == 0) return;
     unsigned int grid = (unsigned int)(work < MAX_GRID_BLOCKS ? work : MAX_GRID_BLOCKS);
     LAUNCH(grad_fp8_pack_kernel, grid, BLOCK_THREADS, 0, stream)(blocks, x, n, pieces);

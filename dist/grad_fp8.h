@@ -36,11 +36,8 @@
 /* The code format on the wire. */
 #define GRAD_FP8_FORMAT FP8_E4M3
 
-/* Chunks (scales) of a piece of n elements: zero_chunks(n), also on the device. */
-LLM8_HD static inline size_t grad_fp8_chunks(size_t n) { return (n + ZERO_CHUNK - 1) / ZERO_CHUNK; }
-
 /* Bytes of a piece's block: n codes, then one FP32 scale_inv per chunk. */
-LLM8_HD static inline size_t grad_fp8_block_bytes(size_t n) { return n + sizeof(float) * grad_fp8_chunks(n); }
+LLM8_HD static inline size_t grad_fp8_block_bytes(size_t n) { return n + sizeof(float) * zero_chunks(n); }
 
 /* A chunk's scale from its amax (amax_combine of |x|: NaN when any element is NaN): 2^floor(log2(448 /
    amax)), 1 for amax 0 or non-finite. */
@@ -73,7 +70,7 @@ LLM8_HD static inline float grad_fp8_block_value(const uint8_t* block, size_t n,
 
 /* block (grad_fp8_block_bytes(n)) = x (n FP32) quantized chunk by chunk (see the banner). */
 static inline void grad_fp8_pack(uint8_t* block, const float* x, size_t n) {
-    size_t chunks = grad_fp8_chunks(n);
+    size_t chunks = zero_chunks(n);
 #pragma omp parallel for schedule(static)
     for (size_t c = 0; c < chunks; c++) {
         size_t begin = c * ZERO_CHUNK, end = begin + ZERO_CHUNK < n ? begin + ZERO_CHUNK : n;

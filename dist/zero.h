@@ -39,8 +39,8 @@ typedef struct {
     size_t chunks; /* chunks of all segments */
 } ShardLayout;
 
-/* Chunks of a segment of c elements. */
-static inline size_t zero_chunks(size_t count) { return ceil_div(count, ZERO_CHUNK); }
+/* Chunks of a segment (or piece) of c elements; also on the device (the FP8 wire's kernels). */
+LLM8_HD static inline size_t zero_chunks(size_t count) { return (count + ZERO_CHUNK - 1) / ZERO_CHUNK; }
 
 /*
  * Fills offset, piece, shard_offset and chunk_offset of n segments (count set by the caller) for
