@@ -117,7 +117,7 @@ static int check_fp8_nonfinite_flagged(void) {
     ref_state_read(&r, REF_STATE_PATH, &cfg);
     backend_init(PRECISION_FP8);
     Llama m;
-    llama_build(&m, &cfg, PRECISION_FP8, r.B, r.T, NULL, 0, SINGLE_PROCESS, OPTIM_STATE_FP32);
+    llama_build(&m, &cfg, PRECISION_FP8, r.B, r.T, NULL, 0, SINGLE_PROCESS, STATE_FORMATS_FP32);
     float* params = (float*)mallocCheck(m.num_params * sizeof(float));
     checkpoint_read_params(REF_MODEL_PATH, &cfg, params);
     size_t offsets[NUM_PARAM_TENSORS];
@@ -668,7 +668,7 @@ static int check_bf16_blocks(void) {
     for (int k = 0; k < 2; k++) {
         Precision p = k == 0 ? PRECISION_BF16 : PRECISION_FP8;
         backend_init(p);
-        llama_build(&m[k], cfg, p, B, T, NULL, 0, SINGLE_PROCESS, OPTIM_STATE_FP32);
+        llama_build(&m[k], cfg, p, B, T, NULL, 0, SINGLE_PROCESS, STATE_FORMATS_FP32);
         model_init(&m[k], seed);
         llama_refresh_working_weights(&m[k]);
         if (k == 1) llama_set_bf16_blocks(&m[k], blocks);
@@ -965,7 +965,11 @@ static Fp8Format parse_format(const char* s) {
  * one scale_inv per chunk); --grad-reduce-fp8 KIND N IN OUT, under mpirun with W ranks: this rank's
  * input from IN.<rank> (float32), the collective on the FP8 wire, its output to OUT.<rank>: KIND
  * reduce_scatter (IN: W * N, OUT: N), reduce_scatter_acc (IN: N initial recv then W * N; OUT: N, the
- * accumulating form) or all_reduce (IN and OUT: N).
+ * accumulating form) or all_reduce (IN and OUT: N); --grad-buffer FORMAT STEPS IN OUT: IN is STEPS + 1
+ * rows of n float32 gradients; a zeroed --grad-buffer FORMAT buffer accumulates the first STEPS rows
+ * (op_grad_accumulate, one row at a time, split at segment-like offsets), then OUT is its bytes, its
+ * scale_inv (float32 per chunk, fp8 only), the last row plus the decoded buffer (op_grad_load, accumulate)
+ * and the decoded buffer alone (float32 each).
  * Returns -1 when argv is not a tool call.
  */
 static int tool_main(int argc, char** argv) {
@@ -1025,6 +1029,33 @@ static int tool_main(int argc, char** argv) {
         memcpy(out, x, P * sizeof(float));
         memcpy(out + P * sizeof(float) + mb + vb, scale_inv, sc * sizeof(float));
         write_bytes(argv[8], out, out_bytes);
+        return 0;
+    }
+    if (strcmp(argv[1], "--grad-buffer") == 0 && argc == 6) {
+        int f = grad_format_parse(argv[2]), steps = atoi(argv[3]);
+        if (f < 0 || steps < 1) die("--grad-buffer: '%s' is not fp32, bf16 or fp8, or steps %s < 1", argv[2], argv[3]);
+        float* x = read_floats(argv[4], &n);
+        size_t P = n / (size_t)(steps + 1);
+        if (P * (size_t)(steps + 1) != n) die("--grad-buffer: %s holds %zu floats, not a multiple of %d", argv[4], n, steps + 1);
+        GradFormat g = (GradFormat)f;
+        size_t bytes = P * grad_format_bytes(g), sc = grad_scale_count(g, P);
+        char* out = (char*)callocCheck(bytes + sc * sizeof(float) + 2 * P * sizeof(float) + 1, 1);
+        float* scale_inv = (float*)callocCheck(sc + 1, sizeof(float)); /* zeroed, as llama_zero_grads leaves it */
+        /* two calls, split at a chunk boundary, as segments of one bucket are added */
+        size_t split = P > ZERO_CHUNK ? (P / 2 / ZERO_CHUNK) * ZERO_CHUNK : P;
+        for (int t = 0; t < steps; t++) {
+            const float* row = x + (size_t)t * P;
+            op_grad_accumulate(g, out, scale_inv, row, split);
+            op_grad_accumulate(g, out + split * grad_format_bytes(g), sc ? scale_inv + split / ZERO_CHUNK : NULL, row + split, P - split);
+        }
+        float* last = x + (size_t)steps * P;
+        op_grad_load(g, last, out, scale_inv, P, 1);
+        memcpy(out + bytes, scale_inv, sc * sizeof(float));
+        memcpy(out + bytes + sc * sizeof(float), last, P * sizeof(float));
+        float* decoded = (float*)mallocCheck(P * sizeof(float) + 1); /* its own allocation: aligned */
+        op_grad_load(g, decoded, out, scale_inv, P, 0);
+        memcpy(out + bytes + sc * sizeof(float) + P * sizeof(float), decoded, P * sizeof(float));
+        write_bytes(argv[5], out, bytes + sc * sizeof(float) + 2 * P * sizeof(float));
         return 0;
     }
     if (strcmp(argv[1], "--fp8-gemm") == 0 && argc == 15) {

@@ -161,6 +161,7 @@ typedef struct {
     int B, T;                  /* the largest micro-batch the buffers hold */
     Sharding sharding;
     OptimState optim_state;    /* --optim-state: how adam_m and adam_v are stored (optim.h) */
+    GradFormat grad_format;    /* --grad-buffer: how `grads` is stored (optim.h; bf16 and fp8 under ZeRO-0/1 only) */
     int shard_index;           /* the shard this rank holds: its rank, or 0 under ZeRO-0 */
     size_t num_params;         /* P, in checkpoint order */
     ModelSegment* segs;        /* (num_segs) in checkpoint order */
@@ -178,8 +179,9 @@ typedef struct {
     void* adam_m;              /* (layout.shard) AdamW first moment, in optim_state's format (optim.h) */
     void* adam_v;              /* (layout.shard) AdamW second moment, likewise */
     float* adam_scale_inv;     /* (adamw_scale_count(optim_state, layout.shard)) the moments' scale_inv (fp8) */
-    float* grads;              /* (layout.full) FP32 gradients, accumulated over micro-steps (ZeRO-0/1) */
-    float* grad_buffer[GRAD_BUFFERS]; /* ZeRO-2: the gradient buffers */
+    void* grads;               /* (layout.full) gradients accumulated over micro-steps, in grad_format (ZeRO-0/1) */
+    float* grad_scale_inv;     /* (grad_scale_count(grad_format, layout.full)) their scale_inv (fp8) */
+    float* grad_buffer[GRAD_BUFFERS]; /* FP32 bucket buffers the backward writes (ZeRO-2, or a bf16/fp8 `grads`) */
     float* grad_shard;         /* (layout.shard) reduced gradients of this rank's shard (ZeRO-1/2) */
     double* norm_partials;     /* (layout.chunks) sums of squares of the reduced gradient per chunk */
     ModelHooks hooks;
@@ -313,8 +315,13 @@ static inline int llama_acts_table(Llama* m, BufferSpec* s) {
     return n;
 }
 
+/* Does the backward write FP32 bucket buffers (ZeRO-2's, also a bf16/fp8 --grad-buffer's) rather than `grads`? */
+static inline int llama_grads_bucketed(const Llama* m) {
+    return m->sharding.zero_stage == 2 || m->grad_format != GRAD_FORMAT_FP32;
+}
+
 /* Weights, gradients and optimizer state (this rank's, as sharding lays them out): at most NUM_STATE_BUFFERS. */
-#define NUM_STATE_BUFFERS 12
+#define NUM_STATE_BUFFERS 13
 static inline int llama_state_table(Llama* m, BufferSpec* s) {
     size_t full = m->layout.full, shard = m->layout.shard;
     int z = m->sharding.zero_stage, n = 0;
@@ -326,10 +333,13 @@ static inline int llama_state_table(Llama* m, BufferSpec* s) {
     s[n++] = (BufferSpec){"adam_v", (void**)&m->adam_v, shard, adamw_moment_bytes(m->optim_state, 1), "AdamW moments"};
     s[n++] = (BufferSpec){"adam_scale_inv", (void**)&m->adam_scale_inv, adamw_scale_count(m->optim_state, shard), sizeof(float),
                           "AdamW moments"};
-    s[n++] = (BufferSpec){"grads", (void**)&m->grads, z < 2 ? full : 0, sizeof(float), "gradients"};
-    s[n++] = (BufferSpec){"grad_bucket_0", (void**)&m->grad_buffer[GRAD_BUFFER_EVEN], z == 2 ? gb[GRAD_BUFFER_EVEN] : 0, sizeof(float), "gradients"};
-    s[n++] = (BufferSpec){"grad_bucket_1", (void**)&m->grad_buffer[GRAD_BUFFER_ODD], z == 2 ? gb[GRAD_BUFFER_ODD] : 0, sizeof(float), "gradients"};
-    s[n++] = (BufferSpec){"grad_bucket_2", (void**)&m->grad_buffer[GRAD_BUFFER_OTHER], z == 2 ? gb[GRAD_BUFFER_OTHER] : 0, sizeof(float), "gradients"};
+    int buckets = llama_grads_bucketed(m);
+    s[n++] = (BufferSpec){"grads", (void**)&m->grads, z < 2 ? full : 0, grad_format_bytes(m->grad_format), "gradients"};
+    s[n++] = (BufferSpec){"grad_scale_inv", (void**)&m->grad_scale_inv, z < 2 ? grad_scale_count(m->grad_format, full) : 0,
+                          sizeof(float), "gradients"};
+    s[n++] = (BufferSpec){"grad_bucket_0", (void**)&m->grad_buffer[GRAD_BUFFER_EVEN], buckets ? gb[GRAD_BUFFER_EVEN] : 0, sizeof(float), "gradients"};
+    s[n++] = (BufferSpec){"grad_bucket_1", (void**)&m->grad_buffer[GRAD_BUFFER_ODD], buckets ? gb[GRAD_BUFFER_ODD] : 0, sizeof(float), "gradients"};
+    s[n++] = (BufferSpec){"grad_bucket_2", (void**)&m->grad_buffer[GRAD_BUFFER_OTHER], buckets ? gb[GRAD_BUFFER_OTHER] : 0, sizeof(float), "gradients"};
     s[n++] = (BufferSpec){"grad_shard", (void**)&m->grad_shard, z > 0 ? shard : 0, sizeof(float), "gradients"};
     s[n++] = (BufferSpec){"norm_partials", (void**)&m->norm_partials, m->layout.chunks, sizeof(double), "workspaces"};
     if (n != NUM_STATE_BUFFERS) die("state table has %d buffers, NUM_STATE_BUFFERS is %d", n, NUM_STATE_BUFFERS);
@@ -481,15 +491,37 @@ static inline act_t* llama_param(Llama* m, int tensor, int layer) {
     return m->weights + s->weight_offset;
 }
 
-/* Where the backward writes the gradient of (tensor, layer): the full gradients, or (ZeRO-2) a bucket buffer. */
+/* Segment s's place in its FP32 bucket buffer (llama_grads_bucketed). */
+static inline float* llama_bucket_grad(Llama* m, const ModelSegment* s) { return m->grad_buffer[s->grad_buffer] + s->buffer_offset; }
+
+/* Where the backward writes the gradient of (tensor, layer): the FP32 full gradients, or a bucket buffer
+   (llama_grads_bucketed). */
 static inline float* llama_grad(Llama* m, int tensor, int layer) {
     ModelSegment* s = llama_segment(m, tensor, layer);
-    if (m->sharding.zero_stage == 2) return m->grad_buffer[s->grad_buffer] + s->buffer_offset;
-    return m->grads + s->shard.offset;
+    if (llama_grads_bucketed(m)) return llama_bucket_grad(m, s);
+    return (float*)m->grads + s->shard.offset;
 }
 
-/* The reduced gradient of this rank's shard, in shard layout: the full gradients under ZeRO-0 (one shard). */
-static inline float* llama_reduced_grads(Llama* m) { return m->sharding.zero_stage == 0 ? m->grads : m->grad_shard; }
+/* Segment s in the full gradients `grads` (format grad_format), and its first chunk's scale_inv (fp8, else NULL). */
+static inline void* llama_stored_grad(Llama* m, const ModelSegment* s) {
+    return (char*)m->grads + s->shard.offset * grad_format_bytes(m->grad_format);
+}
+static inline float* llama_stored_grad_scale_inv(Llama* m, const ModelSegment* s) {
+    return m->grad_scale_inv != NULL ? m->grad_scale_inv + s->shard.offset / ZERO_CHUNK : NULL;
+}
+
+/*
+ * The reduced FP32 gradient of segment s's piece of this rank's shard: in the reduced shard (ZeRO-1/2) or
+ * the FP32 full gradients (ZeRO-0); a bf16/fp8 ZeRO-0 buffer (one rank) is first decoded into the
+ * segment's place in its bucket buffer, which is free once the backward is done. Asynchronous.
+ */
+static inline const float* llama_reduced_grad(Llama* m, const ModelSegment* s) {
+    if (m->sharding.zero_stage > 0) return m->grad_shard + s->shard.shard_offset;
+    if (m->grad_format == GRAD_FORMAT_FP32) return (const float*)m->grads + s->shard.shard_offset;
+    float* out = llama_bucket_grad(m, s);
+    op_grad_load(m->grad_format, out, llama_stored_grad(m, s), llama_stored_grad_scale_inv(m, s), s->param.count, 0);
+    return out;
+}
 
 /* ---------------------------------------------------------------- buffers */
 
@@ -499,7 +531,7 @@ static inline float* llama_reduced_grads(Llama* m) { return m->sharding.zero_sta
  * llama_small_table), which the memory plan sums. Free with llama_free.
  */
 static inline void llama_configure(Llama* m, const LlamaConfig* cfg, Precision precision, int B, int T, const Fp8Settings* fp8,
-                                   int recompute, Sharding sharding, OptimState optim_state) {
+                                   int recompute, Sharding sharding, StateFormats formats) {
     if (fp8 == NULL) fp8 = &FP8_DEFAULTS;
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
@@ -515,7 +547,11 @@ static inline void llama_configure(Llama* m, const LlamaConfig* cfg, Precision p
     m->B = B;
     m->T = T;
     m->sharding = sharding;
-    m->optim_state = optim_state;
+    m->optim_state = formats.optim_state;
+    m->grad_format = formats.grad_buffer;
+    if (m->grad_format != GRAD_FORMAT_FP32 && (sharding.zero_stage == 2 || (sharding.zero_stage == 0 && sharding.world > 1)))
+        die("--grad-buffer %s: needs -z 1, or -z 0 on one rank (ZeRO-2 keeps no full buffer; -z 0 on %d ranks would store the "
+            "reduced gradient again, use -z 1)", grad_format_name(m->grad_format), sharding.world);
     m->num_params = param_count(cfg);
     llama_layout(m);
 }
@@ -536,8 +572,8 @@ static inline void* llama_alloc_table(const char* title, BufferSpec* specs, int 
  * memory tables (per rank). The weights are undefined until llama_set_params or the trainer loads them.
  */
 static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision precision, int B, int T, const Fp8Settings* fp8,
-                               int recompute, Sharding sharding, OptimState optim_state) {
-    llama_configure(m, cfg, precision, B, T, fp8, recompute, sharding, optim_state);
+                               int recompute, Sharding sharding, StateFormats formats) {
+    llama_configure(m, cfg, precision, B, T, fp8, recompute, sharding, formats);
     size_t P = m->num_params, L = (size_t)cfg->n_layers, full = m->layout.full, shard = m->layout.shard;
     printf("| parameters: %zu (%.2f M); %d rank(s), ZeRO-%d: this rank holds %zu of %zu elements (%.1f%%)\n", P, P / 1e6,
            sharding.world, sharding.zero_stage, shard, full, 100.0 * (double)shard / (double)full);
@@ -733,7 +769,13 @@ static inline void llama_get_grads(Llama* m, float* grads) {
     if (m->sharding.zero_stage == 2) die("llama_get_grads: ZeRO-2 keeps no full gradients");
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* s = &m->segs[i];
-        dev_download(grads + s->param.param_offset, m->grads + s->shard.offset, s->param.count * sizeof(float));
+        const float* g = (const float*)llama_stored_grad(m, s);
+        if (m->grad_format != GRAD_FORMAT_FP32) {
+            float* out = llama_bucket_grad(m, s);
+            op_grad_load(m->grad_format, out, llama_stored_grad(m, s), llama_stored_grad_scale_inv(m, s), s->param.count, 0);
+            g = out;
+        }
+        dev_download(grads + s->param.param_offset, g, s->param.count * sizeof(float));
     }
 }
 
@@ -1154,7 +1196,8 @@ static inline void llama_backward(Llama* m) {
 /* Starts a step: zeroes the gradients the micro-steps accumulate into (ZeRO-0/1; under ZeRO-2 the
    data-parallel driver zeroes its reduced-gradient shard and each bucket buffer before use). */
 static inline void llama_zero_grads(Llama* m) {
-    if (m->grads) dev_zero(m->grads, m->layout.full * sizeof(float));
+    if (m->grads) dev_zero(m->grads, m->layout.full * grad_format_bytes(m->grad_format));
+    if (m->grad_scale_inv) dev_zero(m->grad_scale_inv, grad_scale_count(m->grad_format, m->layout.full) * sizeof(float));
 }
 
 /*
@@ -1163,13 +1206,12 @@ static inline void llama_zero_grads(Llama* m) {
  * (comm_all_reduce_f64, exact since each chunk has one owner) they are the same for any rank count.
  */
 static inline void llama_grad_norm_partials(Llama* m) {
-    const float* g = llama_reduced_grads(m);
     dev_zero(m->norm_partials, m->layout.chunks * sizeof(double));
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* s = &m->segs[i];
         size_t b, n;
         llama_own_piece(m, s, &b, &n);
-        if (n > 0) op_sum_squares_chunks(m->norm_partials + s->shard.chunk_offset + b / ZERO_CHUNK, g + s->shard.shard_offset, n, ZERO_CHUNK);
+        if (n > 0) op_sum_squares_chunks(m->norm_partials + s->shard.chunk_offset + b / ZERO_CHUNK, llama_reduced_grad(m, s), n, ZERO_CHUNK);
     }
 }
 
@@ -1225,14 +1267,13 @@ static inline void llama_update(Llama* m, float lr, float weight_decay, int step
     float t = (float)(step + 1);
     float bc1 = 1.0f - powf(ADAMW_BETA1, t);
     float bc2_sqrt = sqrtf(1.0f - powf(ADAMW_BETA2, t));
-    const float* g = llama_reduced_grads(m);
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* s = &m->segs[i];
         size_t b, n, o = s->shard.shard_offset;
         llama_own_piece(m, s, &b, &n);
         if (n == 0) continue;
         float wd = param_is_decayed(s->param.tensor) ? weight_decay : 0.0f;
-        op_adamw(m->master + o, adamw_moments_at(llama_moments(m), o), g + o, n, lr, wd, bc1, bc2_sqrt, grad_scale);
+        op_adamw(m->master + o, adamw_moments_at(llama_moments(m), o), llama_reduced_grad(m, s), n, lr, wd, bc1, bc2_sqrt, grad_scale);
     }
     llama_refresh_working_weights(m);
 }

@@ -1,7 +1,8 @@
 /*
  * Optimizer pieces shared by both builds: the learning-rate schedule, the global-norm clipping factor,
  * the AdamW element update (the GPU's AdamW kernel calls the same function per element) and the
- * storage formats of the AdamW moments (--optim-state), whose encode and decode both builds share.
+ * storage formats of the AdamW moments (--optim-state) and of the gradient buffer (--grad-buffer), whose
+ * encode and decode both builds share.
  */
 #pragma once
 
@@ -9,6 +10,7 @@
 #include <string.h>
 
 #include "../core/common.h"
+#include "../dist/grad_fp8.h"
 #include "../fp8/fp8.h"
 
 #define ADAMW_BETA1 0.9f
@@ -163,3 +165,60 @@ LLM8_HD static inline float adamw_moment_scale(int which, float amax) {
     if (!(amax > 0.0f) || !fp8_amax_is_finite(amax)) return 1.0f;
     return fp8_scale_for(which == 0 ? E4M3_MAX : FP16_MAX, amax, 1);
 }
+
+/* ---------------------------------------------------------------- the gradient buffer (--grad-buffer) */
+
+/*
+ * How the gradients that a step's micro-steps accumulate are stored between them (ZeRO-0 on one rank,
+ * ZeRO-1: the full, unsharded buffer; MS-AMP O1 keeps weight gradients in FP8 with a scale):
+ *   fp32  FP32 (4 bytes per parameter): the backward accumulates into it directly (the default).
+ *   bf16  BF16, rounded to nearest even (2 bytes).
+ *   fp8   E4M3 with a power-of-two scale per ZERO_CHUNK-element chunk (1 byte, plus a 4-byte scale_inv per
+ *         chunk): --grad-reduce fp8's wire format (dist/grad_fp8.h: scale 2^floor(log2(448 / amax)) from
+ *         the chunk's new amax, scale_inv NaN for a chunk holding a NaN or an Inf, so the gradient norm
+ *         is NaN and the step is skipped).
+ * With bf16 or fp8, each micro-step's backward writes FP32 into a bucket buffer (those of ZeRO-2), and
+ * after each bucket the sum stored + new is formed in FP32 and stored again (op_grad_accumulate): one
+ * rounding per micro-step. ZeRO-1's last micro-step instead adds the stored sum into the FP32 bucket
+ * (op_grad_load) and reduces from there, so the last micro-step's gradients are never rounded. Error per
+ * rounding: half an ulp, 2^-8 |x| in BF16, 2^-4 |x| + 2^-10 / scale in E4M3 (dist/grad_fp8.h); over A
+ * micro-steps they add up, as a random walk in practice, at most (A - 1) roundings of partial sums.
+ */
+typedef enum { GRAD_FORMAT_FP32 = 0, GRAD_FORMAT_BF16 = 1, GRAD_FORMAT_FP8 = 2 } GradFormat;
+static const char* const GRAD_FORMAT_NAMES[] = {"fp32", "bf16", "fp8"};
+
+/* --grad-buffer's spelling of GradFormat f ("?" for none). */
+static inline const char* grad_format_name(int f) { return f >= 0 && f <= GRAD_FORMAT_FP8 ? GRAD_FORMAT_NAMES[f] : "?"; }
+/* --grad-buffer's value: its GradFormat, or -1 when it is none of fp32, bf16, fp8. */
+static inline int grad_format_parse(const char* s) {
+    for (int i = 0; i <= GRAD_FORMAT_FP8; i++)
+        if (strcmp(s, GRAD_FORMAT_NAMES[i]) == 0) return i;
+    return -1;
+}
+
+/* Bytes per element of the gradient buffer in format f. */
+LLM8_HD static inline size_t grad_format_bytes(GradFormat f) { return f == GRAD_FORMAT_FP32 ? 4 : f == GRAD_FORMAT_BF16 ? 2 : 1; }
+
+/* scale_inv values (FP32) that n elements of the buffer need: one per ZERO_CHUNK chunk in fp8, else 0. */
+static inline size_t grad_scale_count(GradFormat f, size_t n) { return f == GRAD_FORMAT_FP8 ? zero_chunks(n) : 0; }
+
+/* Element i of a gradient buffer p in format f as FP32; sinv: its chunk's scale_inv (fp8; ignored otherwise). */
+LLM8_HD static inline float grad_load(GradFormat f, const void* p, size_t i, float sinv) {
+    if (f == GRAD_FORMAT_FP32) return ((const float*)p)[i];
+    if (f == GRAD_FORMAT_BF16) return bits_float((uint32_t)((const uint16_t*)p)[i] << 16);
+    return fp8_to_float(((const uint8_t*)p)[i], GRAD_FP8_FORMAT) * sinv;
+}
+
+/* Stores x as element i of p; scale: its chunk's (fp8, grad_fp8_scale; ignored otherwise). */
+LLM8_HD static inline void grad_store(GradFormat f, void* p, size_t i, float x, float scale) {
+    if (f == GRAD_FORMAT_FP32) ((float*)p)[i] = x;
+    else if (f == GRAD_FORMAT_BF16) ((uint16_t*)p)[i] = (uint16_t)(float_bits(bf16_round(x)) >> 16);
+    else ((uint8_t*)p)[i] = fp8_quantize(x, scale, GRAD_FP8_FORMAT);
+}
+
+/* How a run stores its training state: the AdamW moments (--optim-state) and the gradient buffer (--grad-buffer). */
+typedef struct {
+    OptimState optim_state;
+    GradFormat grad_buffer;
+} StateFormats;
+static const StateFormats STATE_FORMATS_FP32 = {OPTIM_STATE_FP32, GRAD_FORMAT_FP32};

@@ -29,7 +29,7 @@
 #include "../llama/optim.h"
 
 #define STATE_MAGIC 20251130
-#define STATE_VERSION 5
+#define STATE_VERSION 6
 
 /* Blocks the run identity records for --bf16-layers (a bit mask of this many bits). */
 #define RUN_BF16_BLOCKS_MAX 256
@@ -52,6 +52,8 @@ typedef struct {
     int32_t fp8_recipe, amax_history, amax_algo, fp8_margin;
     /* --optim-state (llama/optim.h OptimState) and --grad-reduce (dist/wire.h CommWire) */
     int32_t optim_state, grad_reduce;
+    /* --grad-buffer (llama/optim.h GradFormat), then 4 bytes of padding (zeroed with the struct) */
+    int32_t grad_buffer;
 } RunIdentity;
 
 /* One setting of RunIdentity besides the model config: the flag that sets it and where it is. */
@@ -79,6 +81,7 @@ static const RunSetting RUN_SETTINGS[] = {
     RUN_SETTING("--fp8-margin", fp8_margin),
     RUN_SETTING("--optim-state", optim_state),
     RUN_SETTING("--grad-reduce", grad_reduce),
+    RUN_SETTING("--grad-buffer", grad_buffer),
 };
 #define NUM_RUN_SETTINGS (sizeof(RUN_SETTINGS) / sizeof(RUN_SETTINGS[0]))
 
@@ -108,6 +111,7 @@ static inline void run_setting_text(const RunIdentity* id, const RunSetting* s, 
     else if (s->offset == offsetof(RunIdentity, fp8_recipe)) snprintf(out, len, "%s", fp8_recipe_name((int)v));
     else if (s->offset == offsetof(RunIdentity, amax_algo)) snprintf(out, len, "%s", fp8_amax_algo_name((int)v));
     else if (s->offset == offsetof(RunIdentity, optim_state)) snprintf(out, len, "%s", optim_state_name((int)v));
+    else if (s->offset == offsetof(RunIdentity, grad_buffer)) snprintf(out, len, "%s", grad_format_name((int)v));
     else if (s->offset == offsetof(RunIdentity, grad_reduce) && v >= 0 && v < COMM_WIRES)
         snprintf(out, len, "%s", COMM_WIRE_NAMES[v]);
     else snprintf(out, len, "%lld", v);
@@ -285,9 +289,10 @@ static inline FILE* state_open(const char* path, TrainState* s, const RunIdentit
             (unsigned long long)s->shard_elems);
     if (s->id.amax_history < 0 || s->id.amax_history > AMAX_HISTORY_MAX || s->id.cfg.n_layers < 0)
         die("%s: bad FP8 recipe settings in training state (corrupt file)", path);
-    if (s->id.optim_state < 0 || s->id.optim_state > OPTIM_STATE_FP8 || s->id.grad_reduce < 0 || s->id.grad_reduce >= COMM_WIRES)
-        die("%s: bad --optim-state %d or --grad-reduce %d in training state (corrupt file)", path, s->id.optim_state,
-            s->id.grad_reduce);
+    if (s->id.optim_state < 0 || s->id.optim_state > OPTIM_STATE_FP8 || s->id.grad_reduce < 0 || s->id.grad_reduce >= COMM_WIRES ||
+        s->id.grad_buffer < 0 || s->id.grad_buffer > GRAD_FORMAT_FP8)
+        die("%s: bad --optim-state %d, --grad-reduce %d or --grad-buffer %d in training state (corrupt file)", path,
+            s->id.optim_state, s->id.grad_reduce, s->id.grad_buffer);
     size_t expected = (size_t)state_array_offset(&s->id, s->shard_elems, STATE_ARRAYS, 0) + state_fp8_bytes(&s->id);
     if (bytes != expected) die("%s: truncated or oversized training state: expected %zu bytes, found %zu", path, expected, bytes);
     /* skipped steps count as steps (AdamW's step count is their difference) */

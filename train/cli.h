@@ -49,6 +49,7 @@ typedef struct {
     int zero_stage;             /* -z */
     const char* grad_reduce;    /* --grad-reduce fp32 | bf16 | fp8 (dist/wire.h comm_wire_parse) */
     const char* optim_state;    /* --optim-state fp32 | bf16 | fp8 (llama/optim.h OptimState) */
+    const char* grad_buffer;    /* --grad-buffer fp32 | bf16 | fp8 (llama/optim.h GradFormat) */
     float comm_timeout;         /* --comm-timeout seconds; 0: no watchdog */
     int recompute;              /* -r */
     int precision;              /* -p (Precision) */
@@ -130,6 +131,10 @@ static const ArgSpec TRAIN_ARG_SPECS[] = {
         "| fp8 (1 B + 4 B per 4096-element chunk: E4M3 with a scale per chunk, ~2^-4 relative rounding per contribution, "
         "summed in FP32); bf16 and fp8 change the sums"),
     ARG("--optim-state", ARG_STR, optim_state, "AdamW moments stored as fp32 (8 B/param) | bf16 (4 B) | fp8 (E4M3 m + FP16 v, a scale per 4096: 3 B; MS-AMP O2)"),
+    ARG("--grad-buffer", ARG_STR, grad_buffer,
+        "gradients accumulated over micro-steps stored as fp32 (4 B/param) | bf16 (2 B, ~2^-8 relative rounding per "
+        "micro-step) | fp8 (E4M3, a scale per 4096: 1 B, ~2^-4 per micro-step); -z 1, or -z 0 on one rank; adds FP32 "
+        "bucket buffers"),
     ARG("--comm-timeout", ARG_FLOAT, comm_timeout, "seconds without progress before a rank aborts the job (0: off)"),
     ARG("-r", ARG_INT, recompute, "recompute in backward: 0 none, 1 norm and SwiGLU outputs, 2 whole blocks"),
     ARG("-p", ARG_PRECISION, precision, "precision recipe: fp8 | bf16 | fp32"),
@@ -198,6 +203,7 @@ static inline TrainArgs train_args_default(void) {
     a.zero_stage = 0;
     a.grad_reduce = "fp32";
     a.optim_state = optim_state_name(OPTIM_STATE_FP32);
+    a.grad_buffer = grad_format_name(GRAD_FORMAT_FP32);
     a.comm_timeout = 900.0f;
     a.recompute = 0;
     a.precision = PRECISION_FP8;
@@ -334,6 +340,20 @@ static inline int train_args_grad_accum(const TrainArgs* a, int world) {
     return (int)(total / micro_tokens);
 }
 
+/* The storage formats of the flags (--optim-state, --grad-buffer). */
+static inline StateFormats train_args_state_formats(const TrainArgs* a) {
+    StateFormats f = {(OptimState)optim_state_parse(a->optim_state), (GradFormat)grad_format_parse(a->grad_buffer)};
+    return f;
+}
+
+/* --grad-buffer bf16/fp8 under -z 0 needs one rank: with several, every rank would keep the whole reduced
+   gradient, which -z 1 shards for the same traffic. Every rank takes this decision from the same flags. */
+static inline void train_args_check_grad_buffer(const TrainArgs* a, int world) {
+    if (grad_format_parse(a->grad_buffer) != GRAD_FORMAT_FP32 && a->zero_stage == 0 && world > 1)
+        die("flag --grad-buffer %s: -z 0 on %d ranks would keep the reduced gradient whole on every rank; use -z 1 "
+            "(same traffic, the result sharded), or one rank", a->grad_buffer, world);
+}
+
 /* Range checks that need no model; stops naming the flag. */
 static inline void train_args_check(const TrainArgs* a) {
     TrainArgs defaults = train_args_default();
@@ -368,6 +388,9 @@ static inline void train_args_check(const TrainArgs* a) {
     if (a->zero_stage < 0 || a->zero_stage > 2) die("flag -z: ZeRO stage must be 0, 1 or 2, got %d", a->zero_stage);
     if (comm_wire_parse(a->grad_reduce) < 0) die("flag --grad-reduce: '%s' is not fp32, bf16 or fp8", a->grad_reduce);
     if (optim_state_parse(a->optim_state) < 0) die("flag --optim-state: '%s' is not fp32, bf16 or fp8", a->optim_state);
+    if (grad_format_parse(a->grad_buffer) < 0) die("flag --grad-buffer: '%s' is not fp32, bf16 or fp8", a->grad_buffer);
+    if (grad_format_parse(a->grad_buffer) != GRAD_FORMAT_FP32 && a->zero_stage == 2)
+        die("flag --grad-buffer %s: -z 2 keeps no full gradient buffer (it accumulates in the FP32 shard); use -z 1", a->grad_buffer);
     if (a->comm_timeout < 0.0f) die("flag --comm-timeout: must be >= 0 seconds");
     if (a->recompute < 0 || a->recompute >= RECOMPUTE_LEVELS)
         die("flag -r: recompute level must be 0 (none), 1 (norm and SwiGLU outputs) or 2 (whole blocks), got %d", a->recompute);
@@ -420,6 +443,9 @@ static inline void train_args_check(const TrainArgs* a) {
     if (unused != NULL && a->shadow_every == 0) die("flag %s: needs --shadow-every K (the shadow check)", unused);
     if (a->shadow_grad && a->zero_stage == 2)
         die("flag --shadow-grad 1: needs full gradients, which -z 2 does not keep; use -z 0 or 1, or --shadow-grad 0");
+    if (a->shadow_grad && grad_format_parse(a->grad_buffer) != GRAD_FORMAT_FP32)
+        die("flag --shadow-grad 1: needs FP32 full gradients; --grad-buffer %s stores them rounded (use --grad-buffer fp32)",
+            a->grad_buffer);
     if (!(a->alert_saturated >= 0.0f) || !(a->alert_underflow >= 0.0f) || !(a->alert_amax_growth >= 0.0f))
         die("flags --alert-saturated, --alert-underflow, --alert-amax-growth: must be >= 0 (0: off)");
     if (a->alert_amax_growth > 0.0f && a->alert_amax_growth <= 1.0f)

@@ -11,6 +11,10 @@
  *         "FP8 weights"), so they are bit-identical to one rank's.
  *   -z 2  gradients sharded too: every micro-step reduce-scatters each bucket, added into the shard
  *         (the model's gradients for a bucket live in one of three reused buffers), then as -z 1.
+ * --grad-buffer bf16|fp8 (ZeRO-1, or ZeRO-0 on one rank) stores the gradients the micro-steps accumulate
+ * in BF16 or E4M3 (llama/optim.h "the gradient buffer"): the backward writes ZeRO-2's FP32 bucket buffers,
+ * each bucket is then added into the stored sum, and on ZeRO-1's last micro-step the stored sum is added
+ * into the bucket buffer instead, which is reduce-scattered as under -z 2 (dp_stage_grads).
  * Gradients are summed in FP32 (Megatron's grad_reduce_in_fp32) or, with --grad-reduce bf16, sent as
  * BF16, or with --grad-reduce fp8 as E4M3 blocks with a scale per chunk (dist/grad_fp8.h), dequantized
  * and summed in FP32 (under ZeRO-0 a reduce-scatter then an FP32 all-gather, dist/comm.h); the loss was
@@ -65,7 +69,7 @@ static void dp_all_gather(void* ctx, void* buf, size_t bytes) {
 static void dp_grads_needed(void* ctx, int bucket) {
     DataParallel* dp = (DataParallel*)ctx;
     Llama* m = dp->m;
-    if (m->sharding.zero_stage != 2) return;
+    if (!llama_grads_bucketed(m)) return;
     int buf = llama_grad_buffer_of(m, bucket);
     /* the buffer's previous bucket must have been reduced before the backward overwrites it */
     if (dp->buffer_user[buf] >= 0) comm_wait(dp->buffer_user[buf]);
@@ -73,24 +77,46 @@ static void dp_grads_needed(void* ctx, int bucket) {
     dev_zero(m->grad_buffer[buf], dp_bucket_elems(m, bucket) * sizeof(float));
 }
 
+/*
+ * A bf16/fp8 gradient buffer (--grad-buffer, ZeRO-0 on one rank or ZeRO-1) after bucket b's backward:
+ * returns 1 when the bucket is reduced now, from its FP32 bucket buffer, into which the stored sum of the
+ * earlier micro-steps has been added (ZeRO-1's last micro-step); else the bucket's FP32 gradients are
+ * added to the stored ones (op_grad_accumulate) and it returns 0.
+ */
+static int dp_stage_grads(DataParallel* dp, int bucket) {
+    Llama* m = dp->m;
+    int reduce = m->sharding.zero_stage == 1 && dp->last_micro;
+    for (int i = 0; i < m->num_segs; i++) {
+        ModelSegment* s = &m->segs[i];
+        if (s->bucket != bucket) continue;
+        void* stored = llama_stored_grad(m, s);
+        float* sinv = llama_stored_grad_scale_inv(m, s);
+        if (reduce) op_grad_load(m->grad_format, llama_bucket_grad(m, s), stored, sinv, s->param.count, 1);
+        else op_grad_accumulate(m->grad_format, stored, sinv, llama_bucket_grad(m, s), s->param.count);
+    }
+    return reduce;
+}
+
 static void dp_grads_ready(void* ctx, int bucket) {
     DataParallel* dp = (DataParallel*)ctx;
     Llama* m = dp->m;
-    int z = m->sharding.zero_stage;
+    int z = m->sharding.zero_stage, staged = m->grad_format != GRAD_FORMAT_FP32;
+    if (staged && !dp_stage_grads(dp, bucket)) return;
     if (z < 2 && !dp->last_micro) return;
     if (z == 0 && m->sharding.world == 1) return;
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* s = &m->segs[i];
         if (s->bucket != bucket) continue;
         if (z == 0) {
-            comm_all_reduce(m->grads + s->shard.offset, s->param.count, dp->wire);
+            comm_all_reduce((float*)m->grads + s->shard.offset, s->param.count, dp->wire);
         } else {
-            const float* send = z == 2 ? m->grad_buffer[s->grad_buffer] + s->buffer_offset : m->grads + s->shard.offset;
+            int bucketed = llama_grads_bucketed(m);
+            const float* send = bucketed ? llama_bucket_grad(m, s) : (const float*)m->grads + s->shard.offset;
             comm_reduce_scatter(send, m->grad_shard + s->shard.shard_offset, s->shard.piece, z == 2, dp->wire);
         }
     }
     comm_mark(SLOT_REDUCE(bucket));
-    if (z == 2) dp->buffer_user[llama_grad_buffer_of(m, bucket)] = SLOT_REDUCE(bucket);
+    if (llama_grads_bucketed(m)) dp->buffer_user[llama_grad_buffer_of(m, bucket)] = SLOT_REDUCE(bucket);
 }
 
 /* Attaches the driver to the model's hooks. wire: how gradients travel (--grad-reduce). */

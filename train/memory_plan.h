@@ -48,7 +48,7 @@ typedef struct {
     int bf16_linears; /* fp8: the flags can run a block linear in BF16 (--bf16-layers, --shadow-every) */
     int fp8_accum;    /* fp8: the GEMMs' Fp8Accum (--fp8-accum) */
     Fp8Settings fp8;  /* fp8: the scaling recipe (the delayed one's history is state) */
-    OptimState optim_state; /* --optim-state */
+    StateFormats formats;   /* --optim-state, --grad-buffer */
 } PlanSettings;
 
 /* The FP8 recipe the flags set (llama/model.h Fp8Settings). */
@@ -72,7 +72,7 @@ static inline void plan_add_table(MemoryPlan* p, const BufferSpec* specs, int n)
 /* The plan of settings `s`; prints the tables and workspaces as a run prints its tables when `print`. */
 static inline MemoryPlan memory_plan(const PlanSettings* s, int print) {
     Llama m;
-    llama_configure(&m, s->cfg, s->precision, s->B, s->T, &s->fp8, s->recompute, s->sharding, s->optim_state);
+    llama_configure(&m, s->cfg, s->precision, s->B, s->T, &s->fp8, s->recompute, s->sharding, s->formats);
     BufferSpec state[NUM_STATE_BUFFERS], acts[NUM_ACT_BUFFERS], small[NUM_SMALL_BUFFERS];
     int nstate = llama_state_table(&m, state), nacts = llama_acts_table(&m, acts), nsmall = llama_small_table(&m, small);
     MemoryPlan p;
@@ -156,18 +156,19 @@ static inline int memory_plan_main(const TrainArgs* a) {
     int ranks = a->plan_ranks > 0 ? a->plan_ranks : 1;
     int accum = train_args_grad_accum(a, ranks);
     Sharding sh = {ranks, 0, a->zero_stage};
+    train_args_check_grad_buffer(a, ranks);
     PlanSettings s = {&cfg, (Precision)a->precision, a->B, a->T, a->recompute, sh,
                       (CommWire)comm_wire_parse(a->grad_reduce),
                       strcmp(a->bf16_layers, "none") != 0 || a->shadow_every > 0, fp8_accum_parse(a->fp8_accum), train_args_fp8(a),
-                      (OptimState)optim_state_parse(a->optim_state)};
+                      train_args_state_formats(a)};
     const char* memory_what = "--gpu-mem";
     size_t memory = a->gpu_mem_gib > 0.0f ? (size_t)((double)a->gpu_mem_gib * (double)(1ull << 30)) : backend_memory_total(&memory_what);
 
     printf("+-----------------------------------------------------------------------\n");
     printf("| memory plan (--dry-run) of one rank, %s build: %s, -p %s, micro-batch %d x %d, %d rank(s), ZeRO-%d, -r %d, "
-           "gradients reduced in %s, AdamW moments in %s, %d micro-step(s) per step\n",
+           "gradients reduced in %s, AdamW moments in %s, gradient buffer in %s, %d micro-step(s) per step\n",
            backend_name(), a->model, precision_name(s.precision), a->B, a->T, ranks, a->zero_stage, a->recompute, a->grad_reduce,
-           a->optim_state, accum);
+           a->optim_state, a->grad_buffer, accum);
     llama_config_print(&cfg);
     MemoryPlan p = memory_plan(&s, 1);
     printf("| by category (GiB):");
@@ -198,11 +199,11 @@ static inline int memory_plan_main(const TrainArgs* a) {
                largest_leanest, leanest.recompute);
     }
     printf("plan: {\"model\": \"%s\", \"backend\": \"%s\", \"precision\": \"%s\", \"B\": %d, \"T\": %d, \"ranks\": %d, "
-           "\"zero\": %d, \"recompute\": %d, \"grad_accum\": %d, \"grad_reduce\": \"%s\", \"optim_state\": \"%s\", \"total_bytes\": %zu, \"total_gib\": %.4f, \"memory_gib\": %.4f, "
+           "\"zero\": %d, \"recompute\": %d, \"grad_accum\": %d, \"grad_reduce\": \"%s\", \"optim_state\": \"%s\", \"grad_buffer\": \"%s\", \"total_bytes\": %zu, \"total_gib\": %.4f, \"memory_gib\": %.4f, "
            "\"usable_bytes\": %zu, "
            "\"fits\": %d, \"cheapest_recompute\": %d, \"largest_B\": %d, \"largest_B_max_recompute\": %d, \"bytes\": {",
            a->model, backend_name(), precision_name(s.precision), a->B, a->T, ranks, a->zero_stage, a->recompute, accum, a->grad_reduce,
-           a->optim_state, p.total,
+           a->optim_state, a->grad_buffer, p.total,
            gib(p.total), gib(memory), memory ? plan_usable(memory) : 0, fits, cheapest, largest, largest_leanest);
     for (size_t c = 0; c < NUM_PLAN_CATEGORIES; c++) printf("%s\"%s\": %zu", c ? ", " : "", PLAN_CATEGORIES[c], p.by_category[c]);
     printf("}, \"workspaces\": {");

@@ -70,7 +70,7 @@ static inline void shadow_grad_sums(Shadow* sh, int kind) {
     Llama* m = sh->m;
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* s = &m->segs[i];
-        op_sum_squares_chunks(m->norm_partials + s->shard.chunk_offset, m->grads + s->shard.offset, s->param.count, ZERO_CHUNK);
+        op_sum_squares_chunks(m->norm_partials + s->shard.chunk_offset, (const float*)m->grads + s->shard.offset, s->param.count, ZERO_CHUNK);
     }
     dev_download(sh->partials, m->norm_partials, m->layout.chunks * sizeof(double));
     for (int i = 0; i < m->num_segs; i++) {

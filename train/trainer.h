@@ -112,6 +112,7 @@ static inline RunIdentity trainer_identity(const Trainer* tr) {
     id.fp8_margin = f.margin;
     id.optim_state = optim_state_parse(tr->args.optim_state);
     id.grad_reduce = comm_wire_parse(tr->args.grad_reduce);
+    id.grad_buffer = grad_format_parse(tr->args.grad_buffer);
     return id;
 }
 
@@ -407,6 +408,7 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaC
                                        a->shadow_patience, a->shadow_recover};
 
     tr->grad_accum_steps = train_args_grad_accum(a, tr->world);
+    train_args_check_grad_buffer(a, tr->world);
     long long total = (long long)tr->grad_accum_steps * a->B * a->T * tr->world;
 
     dataloader_init(&tr->train, a->train_pattern, a->B, a->T, tr->rank, tr->world, tr->grad_accum_steps, tr->cfg.vocab_size,
@@ -438,8 +440,9 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaC
            g_dist.local_world, a->zero_stage, a->grad_reduce);
     printf("| micro-batch %d x %d, %d rank(s), grad accumulation %d -> %lld tokens per step, %d steps\n", a->B, a->T,
            tr->world, tr->grad_accum_steps, total, tr->steps);
-    printf("| lr %g (%s, warmup %d, final x%g), weight decay %g, clip %g, seed %lld, AdamW moments in %s\n", a->lr, a->schedule,
-           a->warmup, a->final_lr_frac, a->weight_decay, a->grad_clip, a->seed, a->optim_state);
+    printf("| lr %g (%s, warmup %d, final x%g), weight decay %g, clip %g, seed %lld, AdamW moments in %s, "
+           "gradient buffer in %s\n", a->lr, a->schedule, a->warmup, a->final_lr_frac, a->weight_decay, a->grad_clip, a->seed,
+           a->optim_state, a->grad_buffer);
     if (a->output_dir == NULL) printf("| warning: no -o: no logs, checkpoints or final model will be saved\n");
     if (a->precision == PRECISION_FP8) {
         printf("| FP8 GEMMs: accumulation %s%s, fprop fast accumulation %s\n", a->fp8_accum,
@@ -452,7 +455,7 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaC
     Sharding sharding = {tr->world, tr->rank, a->zero_stage};
     Fp8Settings fp8 = train_args_fp8(a);
     llama_build(&tr->model, &tr->cfg, (Precision)a->precision, a->B, a->T, &fp8, a->recompute, sharding,
-                (OptimState)optim_state_parse(a->optim_state));
+                train_args_state_formats(a));
     llama_set_bf16_blocks(&tr->model, tr->bf16_blocks);
     tr->model.fp8_fprop_fast_accum = a->fp8_fast_accum;
     tr->model.fp8_accum = fp8_accum_parse(a->fp8_accum);

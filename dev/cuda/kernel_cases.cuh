@@ -1728,8 +1728,95 @@ static int kc_case_fp8_weight(const KernelShape* s, int iters, uint64_t seed) {
 
 /* ------------------------------------------------------------ optimizer: cuda/optimizer.cuh */
 
+static inline size_t kc_count_diff_f32(const float* got, const float* ref, size_t n, size_t* first);
+
+/*
+ * The gradient buffer (--grad-buffer bf16 / fp8): three micro-steps' FP32 gradients accumulated into a
+ * zeroed buffer (op_grad_accumulate) on both sides, then decoded (op_grad_load) alone and into a random
+ * FP32 bucket. Tolerance: none. Each element is one FP32 addition of the same decoded value (a code times
+ * a power-of-two scale_inv: exact, so an FMA contraction changes nothing), the amax is a max and the
+ * scale and rounding are optim.h's functions: bytes, scale_inv and decodes bit-identical. Inputs: a
+ * ragged size (a short last chunk), chunk magnitudes 2^U(-40, 40) with a factor 2^U(-12, 0) per element,
+ * one zero chunk, a NaN in chunk 2 of the second micro-step: exactly that chunk decodes to NaN in fp8,
+ * that element in bf16.
+ */
+static int kc_grad_buffer(const KernelShape* s, int iters, uint64_t seed, GradFormat format) {
+    uint64_t stream = seed;
+    const int STEPS = 3;
+    size_t n = (size_t)s->C * s->F / 2 + 321;
+    if (n < 3 * ZERO_CHUNK) n = 3 * ZERO_CHUNK + 321;
+    size_t bytes = n * grad_format_bytes(format), sc = grad_scale_count(format, n);
+    float* x = kc_host((size_t)STEPS * n);
+    Rng r;
+    rng_seed(&r, splitmix64(&stream));
+    for (size_t c = 0; c < ceil_div((size_t)STEPS * n, ZERO_CHUNK); c++) {
+        float mag = exp2f(-40.0f + 80.0f * rng_uniform(&r));
+        size_t end = (c + 1) * ZERO_CHUNK < (size_t)STEPS * n ? (c + 1) * ZERO_CHUNK : (size_t)STEPS * n;
+        for (size_t i = c * ZERO_CHUNK; i < end; i++) x[i] = mag * exp2f(-12.0f * rng_uniform(&r)) * rng_normal(&r);
+    }
+    for (int t = 0; t < STEPS; t++)
+        for (size_t i = ZERO_CHUNK; i < 2 * ZERO_CHUNK; i++) x[(size_t)t * n + i] = 0.0f;
+    x[n + 2 * ZERO_CHUNK + 7] = NAN;
+    void* ref = callocCheck(bytes, 1);
+    float* ref_sinv = sc ? (float*)callocCheck(sc, sizeof(float)) : NULL;
+    void* d_acc = dev_alloc(bytes);
+    float* d_sinv = sc ? (float*)dev_alloc(sc * sizeof(float)) : NULL;
+    dev_zero(d_acc, bytes);
+    if (sc) dev_zero(d_sinv, sc * sizeof(float));
+    float* d_x = kc_dev_f32(x, (size_t)STEPS * n);
+    for (int t = 0; t < STEPS; t++) {
+        cpu_ref_grad_accumulate(format, ref, ref_sinv, x + (size_t)t * n, n);
+        op_grad_accumulate(format, d_acc, d_sinv, d_x + (size_t)t * n, n);
+    }
+    uint8_t* got = (uint8_t*)mallocCheck(bytes);
+    dev_download(got, d_acc, bytes);
+    size_t first = 0, bad = kc_count_diff(got, (const uint8_t*)ref, bytes, &first);
+    size_t bad_sinv = 0;
+    float* got_sinv = sc ? kc_get_f32(d_sinv, sc) : NULL;
+    if (sc) bad_sinv = kc_count_diff_f32(got_sinv, ref_sinv, sc, &first);
+    int failed = bad != 0 || bad_sinv != 0;
+    printf("    --grad-buffer %s: %d accumulations of %zu: %zu bytes and %zu scale_inv differ, tol bit-identical%s\n",
+           grad_format_name(format), STEPS, n, bad, bad_sinv, failed ? "  FAIL" : "");
+
+    float* bucket = kc_host(n);
+    kc_fill_normal(bucket, n, splitmix64(&stream), 0.0f, 1.0f, 0);
+    float* d_out = (float*)dev_alloc(n * sizeof(float));
+    for (int acc = 0; acc <= 1; acc++) {
+        float* want = kc_host(n);
+        memcpy(want, bucket, n * sizeof(float));
+        cpu_ref_grad_load(format, want, ref, ref_sinv, n, acc);
+        if (acc) dev_upload(d_out, bucket, n * sizeof(float));
+        else kc_poison(d_out, n * sizeof(float));
+        op_grad_load(format, d_out, d_acc, d_sinv, n, acc);
+        float* out = kc_get_f32(d_out, n);
+        size_t bad_out = kc_count_diff_f32(out, want, n, &first), nan = kc_count_nonfinite(out, n);
+        size_t want_nan = format == GRAD_FORMAT_FP8 ? ZERO_CHUNK : 1;
+        int ok = bad_out == 0 && nan == want_nan;
+        printf("    op_grad_load %s%s: %zu of %zu differ, %zu non-finite (want %zu), tol bit-identical%s\n",
+               grad_format_name(format), acc ? " (accumulate)" : "", bad_out, n, nan, want_nan, ok ? "" : "  FAIL");
+        if (bad_out) printf("      FAIL: first at %zu: gpu %.9g, cpu %.9g\n", first, out[first], want[first]);
+        failed += !ok;
+        free(want);
+        free(out);
+    }
+    kc_time(format == GRAD_FORMAT_FP8 ? "grad_accumulate fp8" : "grad_accumulate bf16", iters,
+            4.0 * n + 2.0 * (double)bytes + 8.0 * (double)sc, 0.0, [&] { op_grad_accumulate(format, d_acc, d_sinv, d_x, n); });
+    free(x);
+    free(ref);
+    free(ref_sinv);
+    free(got);
+    free(got_sinv);
+    free(bucket);
+    dev_free(d_acc);
+    if (d_sinv) dev_free(d_sinv);
+    dev_free(d_x);
+    dev_free(d_out);
+    return failed;
+}
+
 static int kc_case_optimizer(const KernelShape* s, int iters, uint64_t seed) {
-    return kc_case_params(s, iters, seed) + kc_case_sum_squares(s, iters, splitmix64(&seed));
+    return kc_case_params(s, iters, seed) + kc_case_sum_squares(s, iters, splitmix64(&seed)) +
+           kc_grad_buffer(s, iters, splitmix64(&seed), GRAD_FORMAT_BF16) + kc_grad_buffer(s, iters, splitmix64(&seed), GRAD_FORMAT_FP8);
 }
 
 /* ------------------------------------------------------------ grad_fp8: dist/grad_fp8.cuh */
@@ -1827,7 +1914,8 @@ static int kc_case_grad_fp8(const KernelShape* s, int iters, uint64_t seed) {
 /* ------------------------------------------------------------ the table */
 
 static const KernelCase KERNEL_CASES[] = {
-    {"optimizer", "op_params_from_master, op_sum_squares_chunks, op_sum_f64, op_sum_f32_in_order, op_adamw", kc_case_optimizer},
+    {"optimizer", "op_params_from_master, op_sum_squares_chunks, op_sum_f64, op_sum_f32_in_order, op_adamw, op_grad_accumulate, op_grad_load",
+     kc_case_optimizer},
     {"encoder", "op_encoder_forward, op_encoder_backward", kc_case_encoder},
     {"rmsnorm", "op_rmsnorm_forward, op_residual_rmsnorm_forward, op_rmsnorm_backward", kc_case_rmsnorm},
     {"rope", "op_rope_forward, op_rope_backward", kc_case_rope},

@@ -67,7 +67,7 @@ static inline RefTolerance gpu_ref_tolerance(RefTolerance cpu_vs_ref, RefToleran
 static inline void reference_model_with(Llama* m, Precision p, const LlamaConfig* cfg, const RefState* r, int B, int recompute,
                                         OptimState optim) {
     backend_init(p);
-    llama_build(m, cfg, p, B, r->T, NULL, recompute, SINGLE_PROCESS, optim);
+    llama_build(m, cfg, p, B, r->T, NULL, recompute, SINGLE_PROCESS, (StateFormats){optim, GRAD_FORMAT_FP32});
     float* params = (float*)mallocCheck(m->num_params * sizeof(float));
     checkpoint_read_params(REF_MODEL_PATH, cfg, params);
     llama_set_params(m, params);
@@ -605,7 +605,7 @@ static inline int check_zero_stages_in(Precision p) {
         Llama m;
         backend_init(p);
         Sharding sh = {1, 0, z};
-        llama_build(&m, &cfg, p, Bm, r.T, NULL, 0, sh, OPTIM_STATE_FP32);
+        llama_build(&m, &cfg, p, Bm, r.T, NULL, 0, sh, STATE_FORMATS_FP32);
         float* params = (float*)mallocCheck(P * sizeof(float));
         checkpoint_read_params(REF_MODEL_PATH, &cfg, params);
         llama_set_params(&m, params);

@@ -63,7 +63,8 @@ def shards(tmp_path, rng):
 
 
 @pytest.mark.parametrize("flags", [["-p", "fp8"], ["-p", "bf16", "-r", "1"], ["-p", "fp8", "-r", "2"], ["-p", "fp32", "-z", "1"],
-                                   ["-p", "fp8", "--optim-state", "fp8"], ["-p", "bf16", "--optim-state", "bf16"]])
+                                   ["-p", "fp8", "--optim-state", "fp8"], ["-p", "bf16", "--optim-state", "bf16"],
+                                   ["-p", "fp8", "--grad-buffer", "fp8"], ["-p", "bf16", "--grad-buffer", "bf16"]])
 def test_plan_is_what_a_run_allocates(trainer, tmp_path, shards, flags):
     real = run([trainer, *BASE, *shards, *flags, "-x", "1"])
     assert real.returncode == 0, real.stderr
@@ -74,11 +75,11 @@ def test_plan_is_what_a_run_allocates(trainer, tmp_path, shards, flags):
 
 
 @pytest.mark.skipif(MPIRUN is None, reason="mpirun not found (make setup installs Open MPI)")
-@pytest.mark.parametrize("ranks, zero", [(2, 2), (3, 1)])
-def test_plan_of_ranks_is_what_rank_0_allocates(trainer, tmp_path, shards, ranks, zero):
+@pytest.mark.parametrize("ranks, zero, extra", [(2, 2, []), (3, 1, []), (2, 1, ["--grad-buffer", "fp8"])])
+def test_plan_of_ranks_is_what_rank_0_allocates(trainer, tmp_path, shards, ranks, zero, extra):
     """--ranks N plans rank 0 of an mpirun -np N run: the sharded master weights, moments, gradient shard
-    and ZeRO-2 bucket buffers, padded pieces included."""
-    flags = [*BASE, *shards, "-p", "fp8", "-z", zero]
+    and bucket buffers (ZeRO-2's, and those of an fp8 gradient buffer), padded pieces included."""
+    flags = [*BASE, *shards, "-p", "fp8", "-z", zero, *extra]
     real = mpirun(ranks, [*flags, "-x", "1"])
     assert real.returncode == 0, real.stderr
     text, summary = plan(trainer, *flags, "--ranks", ranks)
@@ -106,6 +107,40 @@ def test_optim_state_bytes(binary):
         assert found[f]["optim_state"] == f
         rest = {k: v for k, v in found[f]["bytes"].items() if k != "AdamW moments"}
         assert rest == {k: v for k, v in found["fp32"]["bytes"].items() if k != "AdamW moments"}, f
+
+
+def padded(count, ranks):
+    """A segment's elements in the full layout of `ranks` shards: whole 4096-element chunks per piece."""
+    return -(-(-(-count // 4096)) // ranks) * 4096 * ranks
+
+
+@pytest.mark.parametrize("binary", ["train_llama_cpu", "train_llama"])
+def test_grad_buffer_bytes(binary):
+    """--grad-buffer: the gradients of Llama-2 7B under ZeRO-1 over 8 ranks are the full buffer (4 bytes
+    per element of the full layout in fp32, 2 in bf16, 1 plus a 4-byte scale_inv per 4096 in fp8), the
+    FP32 gradient shard and, for bf16 and fp8, three FP32 bucket buffers: two of a layer's padded
+    segments, one of the larger of the embedding and the head (final norm + output). The segment sizes
+    are Llama-2 7B's shapes, not the plan's; the other categories do not move."""
+    path = REPO / binary
+    if not path.exists():
+        pytest.skip(f"{binary} is not built (the CUDA build needs nvcc)")
+    args = ["-e", "llama2-7b", "-b", 1, "-t", 4096, "--ranks", 8, "-z", 1, "-d", 8 * 4096, "--gpu-mem", 80]
+    found = {f: plan(path, *args, "--grad-buffer", f)[1] for f in ("fp32", "bf16", "fp8")}
+    grads = {f: p["bytes"]["gradients"] for f, p in found.items()}
+    C, F, V, L, W = 4096, 11008, 32000, 32, 8
+    layer = [C, 3 * C * C, C * C, C, 2 * F * C, F * C]  # attn_norm, wqkv, wo, ffn_norm, w1|w3, w2
+    full = padded(V * C, W) + L * sum(padded(c, W) for c in layer) + padded(C, W) + padded(V * C, W)
+    shard = full // W
+    buckets = 2 * sum(padded(c, W) for c in layer) + max(padded(V * C, W), padded(C, W) + padded(V * C, W))
+    align = 6 * 256  # each buffer padded to core/buffers.h's BUFFER_ALIGN
+    want = {"fp32": 4 * full + 4 * shard, "bf16": 2 * full + 4 * shard + 4 * buckets,
+            "fp8": full + 4 * (full // 4096) + 4 * shard + 4 * buckets}
+    for f in want:
+        assert 0 <= grads[f] - want[f] < align, (f, grads[f], want[f])
+        assert found[f]["grad_buffer"] == f
+        rest = {k: v for k, v in found[f]["bytes"].items() if k != "gradients"}
+        assert rest == {k: v for k, v in found["fp32"]["bytes"].items() if k != "gradients"}, f
+    assert (grads["fp32"] - grads["fp8"]) / 2**30 > 16, grads  # of 28 GiB: what the 7B plan saves
 
 
 def test_plan_needs_no_data(trainer, tmp_path):

@@ -1,0 +1,219 @@
+"""
+--grad-buffer (llama/optim.h "the gradient buffer", train/data_parallel.h dp_stage_grads): the gradients a
+step's micro-steps accumulate, stored in BF16 or in E4M3 with a scale per 4096-element chunk.
+
+The codec against a numpy / ml_dtypes transcription of its description (not read from the C): after each
+micro-step, stored = round(decoded stored + new), the addition in FP32; bf16 rounds to nearest even; fp8
+gives each chunk scale 2^floor(log2(448 / amax)) of the sums' amax (1 when 0; scale_inv NaN when a sum is
+NaN or Inf) and E4M3 codes of sum * scale (dist/grad_fp8.h's wire format, transcribed in
+test_grad_reduce_fp8.py). The C side is test_llama_cpu's tool mode --grad-buffer (the CPU build's
+op_grad_accumulate and op_grad_load; the GPU kernels are checked against them bit for bit in
+dev/cuda/kernel_cases.cuh, family optimizer). Then the trainer: with one micro-step per step ZeRO-1
+never rounds (the last micro-step's gradients reach the reduction in FP32), so the run is the FP32
+buffer's bit for bit; with several, the gradient norm and the losses stay within the format's rounding
+of the FP32 buffer's; resume is bit-exact on the same rank count; and what the buffer cannot do is
+refused with one line.
+"""
+import subprocess
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from conftest import REPO, requires_data, run
+from test_distributed import BASE, MPI_ENV, MPIRUN, RUN_TIMEOUT, copy_checkpoint, mpi_env, mpirun, trajectory, train
+from test_grad_reduce_fp8 import ref_pack
+
+CHUNK = 4096
+E4M3 = ml_dtypes.float8_e4m3fn
+needs_mpi = pytest.mark.skipif(MPIRUN is None, reason="mpirun not found (make setup installs Open MPI)")
+
+
+def ref_accumulate(fmt, rows):
+    """(stored bytes, scale_inv or None, decoded float32) after adding float32 rows one by one."""
+    n = rows.shape[1]
+    decoded = np.zeros(n, np.float32)
+    stored, scale_inv = None, None
+    for row in rows:
+        total = (decoded + row).astype(np.float32)  # one FP32 addition per element
+        if fmt == "fp32":
+            stored, decoded = total, total
+        elif fmt == "bf16":
+            q = total.astype(ml_dtypes.bfloat16)
+            stored, decoded = q.view(np.uint16), q.astype(np.float32)
+        else:
+            codes, _, scale_inv = ref_pack(total)
+            stored = codes
+            with np.errstate(invalid="ignore"):
+                decoded = codes.view(E4M3).astype(np.float32) * np.repeat(scale_inv, CHUNK)[:n]
+    return stored.tobytes(), scale_inv, decoded
+
+
+def c_grad_buffer(checker, fmt, rows, last, tmp_path):
+    """test_llama_cpu --grad-buffer: (stored bytes, scale_inv, last + decoded, decoded)."""
+    inp, out = tmp_path / "g.f32", tmp_path / "g.out"
+    np.concatenate([rows.ravel(), last]).astype(np.float32).tofile(inp)
+    r = run([checker, "--grad-buffer", fmt, str(rows.shape[0]), inp, out])
+    assert r.returncode == 0, r.stderr
+    raw = out.read_bytes()
+    n = rows.shape[1]
+    nbytes = n * {"fp32": 4, "bf16": 2, "fp8": 1}[fmt]
+    chunks = -(-n // CHUNK) if fmt == "fp8" else 0
+    sinv = np.frombuffer(raw[nbytes:nbytes + 4 * chunks], np.float32)
+    tail = np.frombuffer(raw[nbytes + 4 * chunks:], np.float32)
+    assert tail.size == 2 * n
+    return raw[:nbytes], sinv, tail[:n], tail[n:]
+
+
+def wide_rows(rng, steps, n):
+    """Micro-step gradients with a dynamic range of 2^-40 .. 2^40 across chunks and 2^-12 within them,
+    a zero chunk, and in the second micro-step a NaN in chunk 2."""
+    rows = np.empty((steps, n), np.float32)
+    for t in range(steps):
+        mags = 2.0 ** rng.uniform(-40, 40, -(-n // CHUNK))
+        rows[t] = (np.repeat(mags, CHUNK)[:n] * 2.0 ** rng.uniform(-12, 0, n) * rng.standard_normal(n)).astype(np.float32)
+    rows[:, CHUNK:2 * CHUNK] = 0.0
+    rows[1, 2 * CHUNK + 7] = np.nan
+    return rows
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "fp8"])
+def test_accumulation_matches_the_description(checker, tmp_path, rng, fmt):
+    """Five micro-steps into a zeroed buffer of 3.6 chunks, added in two calls split at a chunk boundary
+    (as a bucket's segments are): the stored bytes, the scales, the decoded buffer and the last
+    micro-step's FP32 gradients plus the decoded buffer (ZeRO-1's last micro-step) are the
+    transcription's, bit for bit; the NaN poisons its element (bf16, fp32) or its whole chunk (fp8)."""
+    steps, n = 5, int(3.6 * CHUNK)
+    rows = wide_rows(rng, steps, n)
+    last = rng.standard_normal(n).astype(np.float32)
+    stored, sinv, plus_last, decoded = c_grad_buffer(checker, fmt, rows, last, tmp_path)
+    want_stored, want_sinv, want_decoded = ref_accumulate(fmt, rows)
+    assert stored == want_stored, f"{fmt}: stored bytes differ"
+    if fmt == "fp8":
+        assert np.array_equal(sinv, want_sinv, equal_nan=True), (sinv, want_sinv)
+        assert np.isnan(sinv[2]) and np.isfinite(np.delete(sinv, 2)).all()
+    assert np.array_equal(decoded, want_decoded, equal_nan=True)
+    assert np.array_equal(plus_last, (last + want_decoded).astype(np.float32), equal_nan=True)
+    bad = np.flatnonzero(np.isnan(decoded))
+    want_bad = np.arange(2 * CHUNK, 3 * CHUNK) if fmt == "fp8" else np.array([2 * CHUNK + 7])
+    assert np.array_equal(bad, want_bad)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+def test_accumulation_error_bound(checker, tmp_path, rng, fmt):
+    """Against the float64 sum of the micro-steps: each stored partial sum is off by at most half an ulp
+    of its format (2^-8 relative in BF16: 7 mantissa bits; 2^-4 relative plus 2^-10 / scale in E4M3), so after A
+    micro-steps the error is at most the sum of those bounds over the A rounded partial sums, and the
+    FP32 additions' 2^-24. Finite inputs of one magnitude per chunk, as a layer's gradients are."""
+    steps, n = 8, 3 * CHUNK
+    rows = (rng.standard_normal((steps, n)) * np.repeat(2.0 ** rng.uniform(-20, 0, 3), CHUNK)).astype(np.float32)
+    _, sinv, _, decoded = c_grad_buffer(checker, fmt, rows, np.zeros(n, np.float32), tmp_path)
+    exact = rows.astype(np.float64).sum(axis=0)
+    partial = np.cumsum(rows.astype(np.float64), axis=0)
+    rel = 2.0 ** -8 if fmt == "bf16" else 2.0 ** -4
+    # the floor of the subnormals: scale_inv of the chunk at each partial sum, bounded by its largest
+    floor = 0.0 if fmt == "bf16" else np.repeat(np.abs(partial).reshape(steps, 3, CHUNK).max(axis=2) / 448 * 2, CHUNK, axis=1)
+    bound = (rel * 1.01 * np.abs(partial) + floor * 2.0 ** -10 + 2.0 ** -23 * np.abs(partial)).sum(axis=0)
+    err = np.abs(decoded - exact)
+    assert np.all(err <= bound), f"worst {np.max(err / bound):.3f} of the bound"
+    assert np.max(err / bound) > 0.01, "the buffer does not round at all"
+
+
+# ---------------------------------------------------------------- the trainer
+
+def first_norm(out):
+    return trajectory(out)[0][0][2]
+
+
+@requires_data
+@needs_mpi
+def test_one_micro_step_never_rounds(tmp_path):
+    """ZeRO-1 on 2 ranks, one micro-step per step: the bucket's FP32 gradients plus a zero stored buffer
+    are reduce-scattered as they are, so every --grad-buffer gives the FP32 run bit for bit."""
+    runs = {}
+    for fmt in ["fp32", "bf16", "fp8"]:
+        out = tmp_path / fmt
+        train(2, out, "-z", 1, "--grad-buffer", fmt, steps=3, global_micro=2)
+        runs[fmt] = out
+    for fmt in ["bf16", "fp8"]:
+        assert trajectory(runs[fmt]) == trajectory(runs["fp32"]), fmt
+        assert (runs[fmt] / "model_00000003.bin").read_bytes() == (runs["fp32"] / "model_00000003.bin").read_bytes()
+
+
+@requires_data
+@needs_mpi
+@pytest.mark.parametrize("ranks, zero", [(1, 0), (2, 1)])
+def test_accumulating_stays_within_rounding(tmp_path, ranks, zero):
+    """Six micro-batches per step (6 micro-steps on one rank, 3 per rank on two): the first step's gradient
+    norm is within the format's rounding of the FP32 buffer's, and differs from it (the buffer is
+    used); the losses of three steps stay close."""
+    ref = tmp_path / "fp32"
+    train(ranks, ref, "-z", zero, steps=3, global_micro=6)
+    for fmt, tol in [("bf16", 2e-3), ("fp8", 3e-2)]:
+        out = tmp_path / fmt
+        train(ranks, out, "-z", zero, "--grad-buffer", fmt, steps=3, global_micro=6)
+        n0, n1 = first_norm(ref), first_norm(out)
+        assert n1 != n0 and abs(n1 - n0) < tol * n0, (fmt, n0, n1)
+        for (_, la, _, _), (_, lb, _, _) in zip(trajectory(ref)[0], trajectory(out)[0]):
+            assert abs(la - lb) < tol * la, (fmt, trajectory(ref)[0], trajectory(out)[0])
+
+
+@requires_data
+@needs_mpi
+def test_resume_is_bit_exact(tmp_path):
+    """A step starts from zeroed gradients, so nothing of the buffer is saved: saved on 2 ranks under
+    ZeRO-1 with --grad-buffer fp8 and 3 micro-steps per rank, a resume on 2 ranks repeats the run bit for
+    bit; on 1 rank (ZeRO-0: 6 micro-steps rounded in a different order) it continues within E4M3's
+    rounding."""
+    flags = ["--grad-buffer", "fp8", "-n", 2]
+    full = tmp_path / "full"
+    train(2, full, "-z", 1, *flags, steps=4, global_micro=6)
+    ta = [row for row in trajectory(full)[0] if row[0] >= 2]
+    same = tmp_path / "same"
+    copy_checkpoint(full, same, 2)
+    train(2, same, "-z", 1, *flags, "-y", 1, steps=4, global_micro=6)
+    assert trajectory(same)[0] == ta
+    assert (same / "model_00000004.bin").read_bytes() == (full / "model_00000004.bin").read_bytes()
+    one = tmp_path / "one"
+    copy_checkpoint(full, one, 2)
+    train(1, one, "-z", 0, *flags, "-y", 1, steps=4, global_micro=6)
+    tb = trajectory(one)[0]
+    assert abs(tb[0][1] - ta[0][1]) <= 1e-6 * ta[0][1] and abs(tb[1][1] - ta[1][1]) < 3e-2 * ta[1][1], (ta, tb)
+
+
+@requires_data
+@pytest.mark.parametrize("flags, message", [
+    (["-z", "2", "--grad-buffer", "bf16"], "flag --grad-buffer bf16: -z 2 keeps no full gradient buffer"),
+    (["--shadow-every", "1", "--shadow-grad", "1", "--grad-buffer", "fp8"], "flag --shadow-grad 1: needs FP32 full gradients"),
+    (["--grad-buffer", "fp4"], "flag --grad-buffer: 'fp4' is not fp32, bf16 or fp8"),
+    (["--dry-run", "1", "--ranks", "2", "--grad-buffer", "fp8"], "flag --grad-buffer fp8: -z 0 on 2 ranks"),
+])
+def test_refused(trainer, tmp_path, flags, message):
+    r = run([trainer, "-e", "tiny", "-x", "1", *flags])
+    assert r.returncode != 0 and message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@requires_data
+@needs_mpi
+def test_zero0_on_two_ranks_refused_by_every_rank(tmp_path):
+    """Each rank decides from the same flags and stops with the one line (mpirun may end the other rank
+    before it prints)."""
+    r = mpirun(2, ["-e", "tiny", "-b", 2, "-t", 32, "-x", 1, "--grad-buffer", "bf16"], env=mpi_env())
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert r.returncode != 0 and errors, r.stderr
+    assert all("flag --grad-buffer bf16: -z 0 on 2 ranks" in line for line in errors), r.stderr
+
+
+@requires_data
+@needs_mpi
+def test_ranks_must_agree(tmp_path):
+    """MPMD launch with fp32 on rank 0 and fp8 on rank 1 (ZeRO-1): the start-up agreement names the flag."""
+    args = [*BASE, "-z", "1", "-x", "2", "-o", tmp_path / "run"]
+    exe = REPO / "train_llama_cpu"
+    cmd = [MPIRUN, "--oversubscribe", "-np", "1", exe, *args, "--grad-buffer", "fp32", ":", "-np", "1", exe, *args,
+           "--grad-buffer", "fp8"]
+    r = subprocess.run([str(c) for c in cmd], cwd=REPO, env=MPI_ENV, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert r.returncode != 0 and len(errors) == 1, r.stderr
+    assert "disagree on --grad-buffer: rank 0 has fp32, rank 1 has fp8" in errors[0], r.stderr
