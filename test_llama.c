@@ -965,11 +965,11 @@ static Fp8Format parse_format(const char* s) {
  * one scale_inv per chunk); --grad-reduce-fp8 KIND N IN OUT, under mpirun with W ranks: this rank's
  * input from IN.<rank> (float32), the collective on the FP8 wire, its output to OUT.<rank>: KIND
  * reduce_scatter (IN: W * N, OUT: N), reduce_scatter_acc (IN: N initial recv then W * N; OUT: N, the
- * accumulating form) or all_reduce (IN and OUT: N); --grad-buffer FORMAT STEPS IN OUT: IN is STEPS + 1
- * rows of n float32 gradients; a zeroed --grad-buffer FORMAT buffer accumulates the first STEPS rows
- * (op_grad_accumulate, one row at a time, split at segment-like offsets), then OUT is its bytes, its
- * scale_inv (float32 per chunk, fp8 only), the last row plus the decoded buffer (op_grad_load, accumulate)
- * and the decoded buffer alone (float32 each).
+ * accumulating form) or all_reduce (IN and OUT: N); --store CODEC STEPS IN OUT: IN is STEPS + 1 rows of
+ * n float32; a poisoned array in CODEC (optim.h StoreCodec: fp32, bf16, e4m3, fp16) stores the first
+ * row, then adds each next of the first STEPS rows (op_store_add, split at a chunk boundary), then OUT
+ * is its bytes, its scale_inv (float32 per chunk, scaled codecs only), the last row plus the decoded
+ * array (op_store_load, accumulate) and the decoded array alone (float32 each).
  * Returns -1 when argv is not a tool call.
  */
 static int tool_main(int argc, char** argv) {
@@ -1031,29 +1031,34 @@ static int tool_main(int argc, char** argv) {
         write_bytes(argv[8], out, out_bytes);
         return 0;
     }
-    if (strcmp(argv[1], "--grad-buffer") == 0 && argc == 6) {
-        int f = grad_format_parse(argv[2]), steps = atoi(argv[3]);
-        if (f < 0 || steps < 1) die("--grad-buffer: '%s' is not fp32, bf16 or fp8, or steps %s < 1", argv[2], argv[3]);
+    if (strcmp(argv[1], "--store") == 0 && argc == 6) {
+        const char* names[] = {"fp32", "bf16", "e4m3", "fp16"};
+        int c = -1, steps = atoi(argv[3]);
+        for (int k = 0; k < 4; k++)
+            if (strcmp(argv[2], names[k]) == 0) c = k;
+        if (c < 0 || steps < 1) die("--store: '%s' is not fp32, bf16, e4m3 or fp16, or steps %s < 1", argv[2], argv[3]);
         float* x = read_floats(argv[4], &n);
         size_t P = n / (size_t)(steps + 1);
-        if (P * (size_t)(steps + 1) != n) die("--grad-buffer: %s holds %zu floats, not a multiple of %d", argv[4], n, steps + 1);
-        GradFormat g = (GradFormat)f;
-        size_t bytes = P * grad_format_bytes(g), sc = grad_scale_count(g, P);
-        char* out = (char*)callocCheck(bytes + sc * sizeof(float) + 2 * P * sizeof(float) + 1, 1);
-        float* scale_inv = (float*)callocCheck(sc + 1, sizeof(float)); /* zeroed, as llama_zero_grads leaves it */
-        /* two calls, split at a chunk boundary, as segments of one bucket are added */
+        if (P * (size_t)(steps + 1) != n) die("--store: %s holds %zu floats, not a multiple of %d", argv[4], n, steps + 1);
+        StoreCodec codec = (StoreCodec)c;
+        size_t eb = store_bytes(codec), bytes = P * eb, sc = store_scale_count(codec, P);
+        char* out = (char*)mallocCheck(bytes + sc * sizeof(float) + 2 * P * sizeof(float) + 1);
+        memset(out, 0x7f, bytes); /* poison: the first row is stored without reading it */
+        float* scale_inv = (float*)mallocCheck((sc + 1) * sizeof(float));
+        for (size_t k = 0; k < sc; k++) scale_inv[k] = NAN;
+        /* two calls, split at a chunk boundary, as the segments of one bucket are added */
         size_t split = P > ZERO_CHUNK ? (P / 2 / ZERO_CHUNK) * ZERO_CHUNK : P;
         for (int t = 0; t < steps; t++) {
             const float* row = x + (size_t)t * P;
-            op_grad_accumulate(g, out, scale_inv, row, split);
-            op_grad_accumulate(g, out + split * grad_format_bytes(g), sc ? scale_inv + split / ZERO_CHUNK : NULL, row + split, P - split);
+            op_store_add(codec, out, scale_inv, row, split, t > 0);
+            op_store_add(codec, out + split * eb, sc ? scale_inv + split / ZERO_CHUNK : NULL, row + split, P - split, t > 0);
         }
         float* last = x + (size_t)steps * P;
-        op_grad_load(g, last, out, scale_inv, P, 1);
+        op_store_load(codec, last, out, scale_inv, P, 1);
         memcpy(out + bytes, scale_inv, sc * sizeof(float));
         memcpy(out + bytes + sc * sizeof(float), last, P * sizeof(float));
         float* decoded = (float*)mallocCheck(P * sizeof(float) + 1); /* its own allocation: aligned */
-        op_grad_load(g, decoded, out, scale_inv, P, 0);
+        op_store_load(codec, decoded, out, scale_inv, P, 0);
         memcpy(out + bytes + sc * sizeof(float) + P * sizeof(float), decoded, P * sizeof(float));
         write_bytes(argv[5], out, bytes + sc * sizeof(float) + 2 * P * sizeof(float));
         return 0;

@@ -516,28 +516,30 @@ static inline void op_adamw(float* master, AdamwMoments s, const float* grads, s
     }
 }
 
-/* One chunk at a time: stored + x in FP32, the chunk's amax and (fp8) scale, then stored again. */
-static inline void op_grad_accumulate(GradFormat f, void* acc, float* scale_inv, const float* x, size_t n) {
+/* One chunk at a time: [stored +] x in FP32, the chunk's amax and scale, then stored. */
+static inline void op_store_add(StoreCodec c, void* dst, float* scale_inv, const float* x, size_t n, int accumulate) {
     size_t chunks = zero_chunks(n);
+    int scaled = store_is_scaled(c);
 #pragma omp parallel for schedule(static)
     for (size_t k = 0; k < chunks; k++) {
         float sum[ZERO_CHUNK];
         size_t begin = k * ZERO_CHUNK, len = n - begin < ZERO_CHUNK ? n - begin : ZERO_CHUNK;
-        float sinv = f == GRAD_FORMAT_FP8 ? scale_inv[k] : 1.0f, amax = 0.0f;
+        float sinv = scaled ? scale_inv[k] : 1.0f, amax = 0.0f;
         for (size_t j = 0; j < len; j++) {
-            sum[j] = grad_load(f, acc, begin + j, sinv) + x[begin + j];
+            sum[j] = accumulate ? store_load(c, dst, begin + j, sinv) + x[begin + j] : x[begin + j];
             amax = amax_combine(amax, fabsf(sum[j]));
         }
-        float scale = f == GRAD_FORMAT_FP8 ? grad_fp8_scale(amax) : 1.0f;
-        for (size_t j = 0; j < len; j++) grad_store(f, acc, begin + j, sum[j], scale);
-        if (f == GRAD_FORMAT_FP8) scale_inv[k] = grad_fp8_scale_inv(amax, scale);
+        float scale = store_scale(c, amax);
+        for (size_t j = 0; j < len; j++) store_put(c, dst, begin + j, sum[j], scale);
+        if (scaled) scale_inv[k] = grad_fp8_scale_inv(amax, scale);
     }
 }
 
-static inline void op_grad_load(GradFormat f, float* out, const void* acc, const float* scale_inv, size_t n, int accumulate) {
+static inline void op_store_load(StoreCodec c, float* out, const void* src, const float* scale_inv, size_t n, int accumulate) {
+    int scaled = store_is_scaled(c);
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
-        float v = grad_load(f, acc, i, f == GRAD_FORMAT_FP8 ? scale_inv[i / ZERO_CHUNK] : 1.0f);
+        float v = store_load(c, src, i, scaled ? scale_inv[i / ZERO_CHUNK] : 1.0f);
         out[i] = accumulate ? out[i] + v : v;
     }
 }

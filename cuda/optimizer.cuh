@@ -1,8 +1,8 @@
 /*
  * The optimizer's kernels on the GPU: the BF16 working weights from the FP32 master weights, the
  * deterministic per-chunk sums of squares and their sum behind the gradient norm, the in-order sum of a
- * micro-batch's losses (op_sum_f32_in_order), AdamW (optim.h's adamw_update per element), and the
- * gradient buffer's requantizing add and decode (--grad-buffer; optim.h grad_load / grad_store).
+ * micro-batch's losses (op_sum_f32_in_order), AdamW (optim.h's adamw_update per element), and the stored
+ * arrays' (re)quantizing add and decode (--grad-buffer, --master-weights; optim.h store_load / store_put).
  * Kernel family "optimizer".
  */
 #pragma once
@@ -160,56 +160,58 @@ static inline void op_adamw(float* master, AdamwMoments s, const float* grads, s
     launchCheck();
 }
 
-/* The gradient buffer in fp32 or bf16, which have no scales: acc = acc + x, one element per thread. */
-__global__ void grad_accumulate_kernel(void* acc, GradFormat f, const float* x, size_t n) {
-    for (size_t i = grid_index(); i < n; i += grid_stride()) grad_store(f, acc, i, grad_load(f, acc, i, 1.0f) + x[i], 1.0f);
+/* A stored array without scales (fp32, bf16): one element per thread. */
+__global__ void store_add_kernel(void* dst, StoreCodec c, const float* x, size_t n, int accumulate) {
+    for (size_t i = grid_index(); i < n; i += grid_stride())
+        store_put(c, dst, i, accumulate ? store_load(c, dst, i, 1.0f) + x[i] : x[i], 1.0f);
 }
 
-/* Elements of a chunk each thread of grad_accumulate_chunk_kernel holds between the amax and the store. */
-#define GRAD_PER_THREAD ((int)(ZERO_CHUNK / BLOCK_THREADS))
+/* Elements of a chunk each thread of store_add_chunk_kernel holds between the amax and the store. */
+#define STORE_PER_THREAD ((int)(ZERO_CHUNK / BLOCK_THREADS))
 
-/* The gradient buffer in fp8: one block per ZERO_CHUNK-element chunk, which decodes and adds, reduces the
-   sums' amax (NaN wins), then encodes with the chunk's new scale (as cpu/backend.h's loop). */
-__global__ void __launch_bounds__(BLOCK_THREADS) grad_accumulate_chunk_kernel(uint8_t* acc, float* scale_inv, const float* x,
-                                                                               size_t n) {
+/* A scaled stored array (E4M3, FP16): one block per ZERO_CHUNK-element chunk, which decodes and adds,
+   reduces the sums' amax (NaN wins), then encodes with the chunk's new scale (as cpu/backend.h's loop). */
+__global__ void __launch_bounds__(BLOCK_THREADS) store_add_chunk_kernel(void* dst, StoreCodec c, float* scale_inv, const float* x,
+                                                                         size_t n, int accumulate) {
     size_t k = blockIdx.x, begin = k * ZERO_CHUNK;
-    float sinv = scale_inv[k], sum[GRAD_PER_THREAD], amax = 0.0f;
+    float sinv = scale_inv[k], sum[STORE_PER_THREAD], amax = 0.0f;
 #pragma unroll
-    for (int j = 0; j < GRAD_PER_THREAD; j++) {
+    for (int j = 0; j < STORE_PER_THREAD; j++) {
         size_t i = begin + (size_t)j * BLOCK_THREADS + threadIdx.x;
         sum[j] = 0.0f;
         if (i >= n) continue;
-        sum[j] = grad_load(GRAD_FORMAT_FP8, acc, i, sinv) + x[i];
+        sum[j] = accumulate ? store_load(c, dst, i, sinv) + x[i] : x[i];
         amax = amax_combine(amax, fabsf(sum[j]));
     }
     amax = block_reduce<BLOCK_THREADS>(amax, AmaxCombineOp());
-    float scale = grad_fp8_scale(amax);
+    float scale = store_scale(c, amax);
 #pragma unroll
-    for (int j = 0; j < GRAD_PER_THREAD; j++) {
+    for (int j = 0; j < STORE_PER_THREAD; j++) {
         size_t i = begin + (size_t)j * BLOCK_THREADS + threadIdx.x;
-        if (i < n) grad_store(GRAD_FORMAT_FP8, acc, i, sum[j], scale);
+        if (i < n) store_put(c, dst, i, sum[j], scale);
     }
     if (threadIdx.x == 0) scale_inv[k] = grad_fp8_scale_inv(amax, scale);
 }
 
-static inline void op_grad_accumulate(GradFormat f, void* acc, float* scale_inv, const float* x, size_t n) {
-    static_assert(ZERO_CHUNK % BLOCK_THREADS == 0, "a gradient chunk is whole threads' work");
+static inline void op_store_add(StoreCodec c, void* dst, float* scale_inv, const float* x, size_t n, int accumulate) {
+    static_assert(ZERO_CHUNK % BLOCK_THREADS == 0, "a chunk is whole threads' work");
     if (n == 0) return;
-    if (f == GRAD_FORMAT_FP8)
-        LAUNCH(grad_accumulate_chunk_kernel, (unsigned int)zero_chunks(n), BLOCK_THREADS)((uint8_t*)acc, scale_inv, x, n);
-    else LAUNCH(grad_accumulate_kernel, grid_for(n, BLOCK_THREADS), BLOCK_THREADS)(acc, f, x, n);
+    if (store_is_scaled(c))
+        LAUNCH(store_add_chunk_kernel, (unsigned int)zero_chunks(n), BLOCK_THREADS)(dst, c, scale_inv, x, n, accumulate);
+    else LAUNCH(store_add_kernel, grid_for(n, BLOCK_THREADS), BLOCK_THREADS)(dst, c, x, n, accumulate);
     launchCheck();
 }
 
-__global__ void grad_load_kernel(float* out, const void* acc, GradFormat f, const float* scale_inv, size_t n, int accumulate) {
+__global__ void store_load_kernel(float* out, const void* src, StoreCodec c, const float* scale_inv, size_t n, int accumulate) {
+    int scaled = store_is_scaled(c);
     for (size_t i = grid_index(); i < n; i += grid_stride()) {
-        float v = grad_load(f, acc, i, f == GRAD_FORMAT_FP8 ? scale_inv[i / ZERO_CHUNK] : 1.0f);
+        float v = store_load(c, src, i, scaled ? scale_inv[i / ZERO_CHUNK] : 1.0f);
         out[i] = accumulate ? out[i] + v : v;
     }
 }
 
-static inline void op_grad_load(GradFormat f, float* out, const void* acc, const float* scale_inv, size_t n, int accumulate) {
+static inline void op_store_load(StoreCodec c, float* out, const void* src, const float* scale_inv, size_t n, int accumulate) {
     if (n == 0) return;
-    LAUNCH(grad_load_kernel, grid_for(n, BLOCK_THREADS), BLOCK_THREADS)(out, acc, f, scale_inv, n, accumulate);
+    LAUNCH(store_load_kernel, grid_for(n, BLOCK_THREADS), BLOCK_THREADS)(out, src, c, scale_inv, n, accumulate);
     launchCheck();
 }

@@ -177,12 +177,12 @@ static inline void op_sum_f32_in_order(double* sum, const float* x, size_t n);
    (the last may be partial) gets new scales from its new values' amax (optim.h "the moments' storage"). */
 static inline void op_adamw(float* master, AdamwMoments s, const float* grads, size_t n, float lr, float wd, float bc1,
                             float bc2_sqrt, float grad_scale);
-/* The gradient buffer (optim.h GradFormat; acc starts at a ZERO_CHUNK boundary, scale_inv at its first
-   chunk's, NULL unless fp8): acc (n) = acc + x (n FP32), summed in FP32 and stored again in format f; in
-   fp8 each chunk (the last may be partial) gets the scale of its new amax (optim.h "the gradient buffer"). */
-static inline void op_grad_accumulate(GradFormat f, void* acc, float* scale_inv, const float* x, size_t n);
-/* out (n FP32) = acc (n, format f, as op_grad_accumulate) decoded, or out + that when accumulate. */
-static inline void op_grad_load(GradFormat f, float* out, const void* acc, const float* scale_inv, size_t n, int accumulate);
+/* A stored FP32 array (optim.h StoreCodec; dst starts at a ZERO_CHUNK boundary, scale_inv at its first
+   chunk's, NULL unless scaled): dst (n) = x (n FP32), or dst decoded + x in FP32 when accumulate, stored
+   in codec c; a scaled codec gives each chunk (the last may be partial) the scale of its new amax. */
+static inline void op_store_add(StoreCodec c, void* dst, float* scale_inv, const float* x, size_t n, int accumulate);
+/* out (n FP32) = src (n, codec c, as op_store_add) decoded, or out + that when accumulate. */
+static inline void op_store_load(StoreCodec c, float* out, const void* src, const float* scale_inv, size_t n, int accumulate);
 
 /* ---------------------------------------------------------------- FP8 and GEMM */
 

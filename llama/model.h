@@ -162,6 +162,7 @@ typedef struct {
     Sharding sharding;
     OptimState optim_state;    /* --optim-state: how adam_m and adam_v are stored (optim.h) */
     GradFormat grad_format;    /* --grad-buffer: how `grads` is stored (optim.h; bf16 and fp8 under ZeRO-0/1 only) */
+    MasterFormat master_format; /* --master-weights: how `master` is stored (optim.h) */
     int shard_index;           /* the shard this rank holds: its rank, or 0 under ZeRO-0 */
     size_t num_params;         /* P, in checkpoint order */
     ModelSegment* segs;        /* (num_segs) in checkpoint order */
@@ -175,12 +176,14 @@ typedef struct {
     void* state_memory;        /* one allocation: the buffers below */
     act_t* weights;            /* (working_elems) working weights (BF16 on the GPU) of the segments that have them */
     uint8_t* fp8_weights;      /* (fp8_weight_bytes) E4M3 W and W^T of every FP8 linear layer */
-    float* master;             /* (layout.shard) FP32 master weights of this rank's shard */
+    void* master;              /* (layout.shard) master weights of this rank's shard, in master_format (llama_master_piece) */
+    float* master_scale_inv;   /* (store_scale_count(master_codec(master_format), layout.shard)) their scale_inv (fp16) */
+    float* master_scratch;     /* (largest piece) FP32: an fp16 master's segment decoded (llama_master_piece) */
     void* adam_m;              /* (layout.shard) AdamW first moment, in optim_state's format (optim.h) */
     void* adam_v;              /* (layout.shard) AdamW second moment, likewise */
     float* adam_scale_inv;     /* (adamw_scale_count(optim_state, layout.shard)) the moments' scale_inv (fp8) */
     void* grads;               /* (layout.full) gradients accumulated over micro-steps, in grad_format (ZeRO-0/1) */
-    float* grad_scale_inv;     /* (grad_scale_count(grad_format, layout.full)) their scale_inv (fp8) */
+    float* grad_scale_inv;     /* (store_scale_count(grad_codec(grad_format), layout.full)) their scale_inv (fp8) */
     float* grad_buffer[GRAD_BUFFERS]; /* FP32 bucket buffers the backward writes (ZeRO-2, or a bf16/fp8 `grads`) */
     float* grad_shard;         /* (layout.shard) reduced gradients of this rank's shard (ZeRO-1/2) */
     double* norm_partials;     /* (layout.chunks) sums of squares of the reduced gradient per chunk */
@@ -315,27 +318,38 @@ static inline int llama_acts_table(Llama* m, BufferSpec* s) {
     return n;
 }
 
+/* Elements of the largest shard piece of any segment. */
+static inline size_t llama_largest_piece(const Llama* m) {
+    size_t largest = 0;
+    for (int i = 0; i < m->num_segs; i++) largest = m->segs[i].shard.piece > largest ? m->segs[i].shard.piece : largest;
+    return largest;
+}
+
 /* Does the backward write FP32 bucket buffers (ZeRO-2's, also a bf16/fp8 --grad-buffer's) rather than `grads`? */
 static inline int llama_grads_bucketed(const Llama* m) {
     return m->sharding.zero_stage == 2 || m->grad_format != GRAD_FORMAT_FP32;
 }
 
 /* Weights, gradients and optimizer state (this rank's, as sharding lays them out): at most NUM_STATE_BUFFERS. */
-#define NUM_STATE_BUFFERS 13
+#define NUM_STATE_BUFFERS 15
 static inline int llama_state_table(Llama* m, BufferSpec* s) {
     size_t full = m->layout.full, shard = m->layout.shard;
     int z = m->sharding.zero_stage, n = 0;
     const size_t* gb = m->grad_buffer_elems;
     s[n++] = (BufferSpec){"weights", (void**)&m->weights, m->working_elems, sizeof(act_t), "working weights"};
     s[n++] = (BufferSpec){"fp8_weights", (void**)&m->fp8_weights, m->fp8_weight_bytes, 1, "FP8 weight copies"};
-    s[n++] = (BufferSpec){"master", (void**)&m->master, shard, sizeof(float), "master weights"};
+    StoreCodec mc = master_codec(m->master_format);
+    s[n++] = (BufferSpec){"master", (void**)&m->master, shard, store_bytes(mc), "master weights"};
+    s[n++] = (BufferSpec){"master_scale_inv", (void**)&m->master_scale_inv, store_scale_count(mc, shard), sizeof(float), "master weights"};
+    s[n++] = (BufferSpec){"master_scratch", (void**)&m->master_scratch, mc == STORE_FP32 ? 0 : llama_largest_piece(m), sizeof(float),
+                          "master weights"};
     s[n++] = (BufferSpec){"adam_m", (void**)&m->adam_m, shard, adamw_moment_bytes(m->optim_state, 0), "AdamW moments"};
     s[n++] = (BufferSpec){"adam_v", (void**)&m->adam_v, shard, adamw_moment_bytes(m->optim_state, 1), "AdamW moments"};
     s[n++] = (BufferSpec){"adam_scale_inv", (void**)&m->adam_scale_inv, adamw_scale_count(m->optim_state, shard), sizeof(float),
                           "AdamW moments"};
     int buckets = llama_grads_bucketed(m);
-    s[n++] = (BufferSpec){"grads", (void**)&m->grads, z < 2 ? full : 0, grad_format_bytes(m->grad_format), "gradients"};
-    s[n++] = (BufferSpec){"grad_scale_inv", (void**)&m->grad_scale_inv, z < 2 ? grad_scale_count(m->grad_format, full) : 0,
+    s[n++] = (BufferSpec){"grads", (void**)&m->grads, z < 2 ? full : 0, store_bytes(grad_codec(m->grad_format)), "gradients"};
+    s[n++] = (BufferSpec){"grad_scale_inv", (void**)&m->grad_scale_inv, z < 2 ? store_scale_count(grad_codec(m->grad_format), full) : 0,
                           sizeof(float), "gradients"};
     s[n++] = (BufferSpec){"grad_bucket_0", (void**)&m->grad_buffer[GRAD_BUFFER_EVEN], buckets ? gb[GRAD_BUFFER_EVEN] : 0, sizeof(float), "gradients"};
     s[n++] = (BufferSpec){"grad_bucket_1", (void**)&m->grad_buffer[GRAD_BUFFER_ODD], buckets ? gb[GRAD_BUFFER_ODD] : 0, sizeof(float), "gradients"};
@@ -484,6 +498,31 @@ static inline void llama_own_piece(const Llama* m, const ModelSegment* s, size_t
     zero_piece(&s->shard, m->shard_index, begin, count);
 }
 
+/*
+ * Segment s's piece of this rank's master weights as FP32 (s->shard.piece elements, padding zero): the
+ * master itself (fp32), or (fp16) the piece decoded into master_scratch when `decode`, to be overwritten
+ * otherwise; valid until the next call. After writing it, llama_master_store stores it.
+ */
+static inline float* llama_master_piece(Llama* m, const ModelSegment* s, int decode) {
+    if (m->master_format == MASTER_FP32) return (float*)m->master + s->shard.shard_offset;
+    StoreCodec c = master_codec(m->master_format);
+    if (decode)
+        op_store_load(c, m->master_scratch, (char*)m->master + s->shard.shard_offset * store_bytes(c),
+                      m->master_scale_inv + s->shard.shard_offset / ZERO_CHUNK, s->shard.piece, 0);
+    return m->master_scratch;
+}
+
+/* After the FP32 piece of llama_master_piece was written: an fp16 master stores this rank's part of it
+   with its chunks' new scales (fp32: nothing to do). */
+static inline void llama_master_store(Llama* m, const ModelSegment* s) {
+    if (m->master_format == MASTER_FP32) return;
+    StoreCodec c = master_codec(m->master_format);
+    size_t b, n;
+    llama_own_piece(m, s, &b, &n);
+    op_store_add(c, (char*)m->master + s->shard.shard_offset * store_bytes(c), m->master_scale_inv + s->shard.shard_offset / ZERO_CHUNK,
+                 m->master_scratch, n, 0);
+}
+
 /* The working weights of (tensor, layer); stops for an FP8 linear layer's, which has none (llama_bf16_weight). */
 static inline act_t* llama_param(Llama* m, int tensor, int layer) {
     ModelSegment* s = llama_segment(m, tensor, layer);
@@ -504,7 +543,7 @@ static inline float* llama_grad(Llama* m, int tensor, int layer) {
 
 /* Segment s in the full gradients `grads` (format grad_format), and its first chunk's scale_inv (fp8, else NULL). */
 static inline void* llama_stored_grad(Llama* m, const ModelSegment* s) {
-    return (char*)m->grads + s->shard.offset * grad_format_bytes(m->grad_format);
+    return (char*)m->grads + s->shard.offset * store_bytes(grad_codec(m->grad_format));
 }
 static inline float* llama_stored_grad_scale_inv(Llama* m, const ModelSegment* s) {
     return m->grad_scale_inv != NULL ? m->grad_scale_inv + s->shard.offset / ZERO_CHUNK : NULL;
@@ -519,7 +558,7 @@ static inline const float* llama_reduced_grad(Llama* m, const ModelSegment* s) {
     if (m->sharding.zero_stage > 0) return m->grad_shard + s->shard.shard_offset;
     if (m->grad_format == GRAD_FORMAT_FP32) return (const float*)m->grads + s->shard.shard_offset;
     float* out = llama_bucket_grad(m, s);
-    op_grad_load(m->grad_format, out, llama_stored_grad(m, s), llama_stored_grad_scale_inv(m, s), s->param.count, 0);
+    op_store_load(grad_codec(m->grad_format), out, llama_stored_grad(m, s), llama_stored_grad_scale_inv(m, s), s->param.count, 0);
     return out;
 }
 
@@ -549,6 +588,7 @@ static inline void llama_configure(Llama* m, const LlamaConfig* cfg, Precision p
     m->sharding = sharding;
     m->optim_state = formats.optim_state;
     m->grad_format = formats.grad_buffer;
+    m->master_format = formats.master_weights;
     if (m->grad_format != GRAD_FORMAT_FP32 && (sharding.zero_stage == 2 || (sharding.zero_stage == 0 && sharding.world > 1)))
         die("--grad-buffer %s: needs -z 1, or -z 0 on one rank (ZeRO-2 keeps no full buffer; -z 0 on %d ranks would store the "
             "reduced gradient again, use -z 1)", grad_format_name(m->grad_format), sharding.world);
@@ -585,12 +625,15 @@ static inline void llama_build(Llama* m, const LlamaConfig* cfg, Precision preci
     m->acts_bytes = buffers_bytes(acts, nacts);
     m->small_memory = llama_alloc_table(SMALL_TABLE_TITLE, small, nsmall);
     m->fp8_operand = (uint8_t*)m->acts.logits;
-    /* fp8 moments start as zeros with scale_inv 1 (what a chunk's first update decodes, and a valid state) */
-    size_t scales = adamw_scale_count(m->optim_state, shard);
-    if (scales > 0) {
-        float* ones = (float*)mallocCheck(scales * sizeof(float));
-        for (size_t k = 0; k < scales; k++) ones[k] = 1.0f;
-        dev_upload(m->adam_scale_inv, ones, scales * sizeof(float));
+    /* fp8 moments start as zeros with scale_inv 1 (what a chunk's first update decodes, and a valid state);
+       so do an fp16 master's chunks that hold no element of this rank (padding) */
+    size_t scales[2] = {adamw_scale_count(m->optim_state, shard), store_scale_count(master_codec(m->master_format), shard)};
+    float* targets[2] = {m->adam_scale_inv, m->master_scale_inv};
+    for (int k = 0; k < 2; k++) {
+        if (scales[k] == 0) continue;
+        float* ones = (float*)mallocCheck(scales[k] * sizeof(float));
+        for (size_t j = 0; j < scales[k]; j++) ones[j] = 1.0f;
+        dev_upload(targets[k], ones, scales[k] * sizeof(float));
         free(ones);
     }
     m->fp8_operand_t = m->fp8_operand + llama_fp8_operand_bytes(m) / 2;
@@ -692,7 +735,7 @@ static inline void llama_fp8_cast_weights(Llama* m) {
         size_t OC, C, b, n, rows, cols;
         size_t slot = llama_segment_slot(s, &m->cfg, &OC, &C);
         Fp8Scale* sw = fp8_scale(m, slot, FP8_OP_W);
-        const float* master = m->master + s->shard.shard_offset;
+        const float* master = llama_master_piece(m, s, 1);
         if (m->layout.shards == 1) {
             op_cast_transpose_master(llama_segment_fp8_w(m, s), llama_segment_fp8_wt(m, s), master, OC, C, FP8_E4M3, sw,
                                      m->pow2_scales, NULL);
@@ -729,8 +772,9 @@ static inline void llama_refresh_working_weights(Llama* m) {
         ModelSegment* s = &m->segs[i];
         size_t b, n, OC, C;
         llama_own_piece(m, s, &b, &n);
-        if (s->fp8) op_amax_master(fp8_scale(m, llama_segment_slot(s, &m->cfg, &OC, &C), FP8_OP_W), m->master + s->shard.shard_offset, n);
-        else if (n > 0) op_params_from_master(m->weights + s->weight_offset + b, m->master + s->shard.shard_offset, n);
+        const float* master = llama_master_piece(m, s, 1);
+        if (s->fp8) op_amax_master(fp8_scale(m, llama_segment_slot(s, &m->cfg, &OC, &C), FP8_OP_W), master, n);
+        else if (n > 0) op_params_from_master(m->weights + s->weight_offset + b, master, n);
     }
     if (m->layout.shards == 1) llama_fp8_cast_weights(m);
 }
@@ -749,7 +793,9 @@ static inline void llama_set_params(Llama* m, const float* params) {
         ModelSegment* s = &m->segs[i];
         size_t b, n;
         llama_own_piece(m, s, &b, &n);
-        if (n > 0) dev_upload(m->master + s->shard.shard_offset, params + s->param.param_offset + b, n * sizeof(float));
+        if (n == 0) continue;
+        dev_upload(llama_master_piece(m, s, 0), params + s->param.param_offset + b, n * sizeof(float));
+        llama_master_store(m, s);
     }
     llama_refresh_working_weights(m);
 }
@@ -759,7 +805,7 @@ static inline void llama_get_params(Llama* m, float* params) {
     if (m->layout.shards != 1) die("llama_get_params: the master weights are sharded over %d ranks", m->layout.shards);
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* s = &m->segs[i];
-        dev_download(params + s->param.param_offset, m->master + s->shard.shard_offset, s->param.count * sizeof(float));
+        dev_download(params + s->param.param_offset, llama_master_piece(m, s, 1), s->param.count * sizeof(float));
     }
 }
 
@@ -772,7 +818,7 @@ static inline void llama_get_grads(Llama* m, float* grads) {
         const float* g = (const float*)llama_stored_grad(m, s);
         if (m->grad_format != GRAD_FORMAT_FP32) {
             float* out = llama_bucket_grad(m, s);
-            op_grad_load(m->grad_format, out, llama_stored_grad(m, s), llama_stored_grad_scale_inv(m, s), s->param.count, 0);
+            op_store_load(grad_codec(m->grad_format), out, llama_stored_grad(m, s), llama_stored_grad_scale_inv(m, s), s->param.count, 0);
             g = out;
         }
         dev_download(grads + s->param.param_offset, g, s->param.count * sizeof(float));
@@ -838,7 +884,7 @@ static inline const act_t* llama_bf16_weight(Llama* m, int layer, LinearId lin) 
     if (m->bf16_scratch == NULL) m->bf16_scratch = (act_t*)dev_alloc(m->bf16_scratch_elems * sizeof(act_t));
     size_t b, n;
     llama_own_piece(m, s, &b, &n);
-    if (n > 0) op_params_from_master(m->bf16_scratch + b, m->master + s->shard.shard_offset, n);
+    if (n > 0) op_params_from_master(m->bf16_scratch + b, llama_master_piece(m, s, 1), n);
     if (m->layout.shards > 1) {
         if (m->hooks.all_gather == NULL) die("llama_bf16_weight: a sharded model needs the data-parallel driver's all_gather hook");
         m->hooks.all_gather(m->hooks.ctx, m->bf16_scratch, s->shard.piece * sizeof(act_t));
@@ -1196,8 +1242,8 @@ static inline void llama_backward(Llama* m) {
 /* Starts a step: zeroes the gradients the micro-steps accumulate into (ZeRO-0/1; under ZeRO-2 the
    data-parallel driver zeroes its reduced-gradient shard and each bucket buffer before use). */
 static inline void llama_zero_grads(Llama* m) {
-    if (m->grads) dev_zero(m->grads, m->layout.full * grad_format_bytes(m->grad_format));
-    if (m->grad_scale_inv) dev_zero(m->grad_scale_inv, grad_scale_count(m->grad_format, m->layout.full) * sizeof(float));
+    if (m->grads) dev_zero(m->grads, m->layout.full * store_bytes(grad_codec(m->grad_format)));
+    if (m->grad_scale_inv) dev_zero(m->grad_scale_inv, store_scale_count(grad_codec(m->grad_format), m->layout.full) * sizeof(float));
 }
 
 /*
@@ -1251,6 +1297,12 @@ static inline void llama_segment_name(const Llama* m, int index, char* out, size
     param_segment_name(&m->segs[index].param, out, len);
 }
 
+/* The storage formats of the model's state (--optim-state, --grad-buffer, --master-weights). */
+static inline StateFormats llama_state_formats(const Llama* m) {
+    StateFormats f = {m->optim_state, m->grad_format, m->master_format};
+    return f;
+}
+
 /* This rank's AdamW moments (layout.shard elements, optim.h's AdamwMoments). */
 static inline AdamwMoments llama_moments(const Llama* m) {
     AdamwMoments s = {m->optim_state, m->adam_m, m->adam_v, m->adam_scale_inv};
@@ -1273,7 +1325,9 @@ static inline void llama_update(Llama* m, float lr, float weight_decay, int step
         llama_own_piece(m, s, &b, &n);
         if (n == 0) continue;
         float wd = param_is_decayed(s->param.tensor) ? weight_decay : 0.0f;
-        op_adamw(m->master + o, adamw_moments_at(llama_moments(m), o), llama_reduced_grad(m, s), n, lr, wd, bc1, bc2_sqrt, grad_scale);
+        op_adamw(llama_master_piece(m, s, 1), adamw_moments_at(llama_moments(m), o), llama_reduced_grad(m, s), n, lr, wd, bc1, bc2_sqrt,
+                 grad_scale);
+        llama_master_store(m, s);
     }
     llama_refresh_working_weights(m);
 }
@@ -1392,7 +1446,7 @@ static inline void llama_fp8_stats_begin(Llama* m) {
         size_t slot = llama_segment_slot(s, &m->cfg, &OC, &C);
         llama_own_piece(m, s, &b, &n);
         llama_piece_shape(n, &rows, &cols);
-        op_cast_transpose_master(NULL, NULL, m->master + s->shard.shard_offset, rows, cols, FP8_E4M3, fp8_scale(m, slot, FP8_OP_W),
+        op_cast_transpose_master(NULL, NULL, llama_master_piece(m, s, 1), rows, cols, FP8_E4M3, fp8_scale(m, slot, FP8_OP_W),
                                  m->pow2_scales, fp8_counts(m, slot, FP8_OP_W));
     }
 }

@@ -1,8 +1,8 @@
 /*
  * Optimizer pieces shared by both builds: the learning-rate schedule, the global-norm clipping factor,
  * the AdamW element update (the GPU's AdamW kernel calls the same function per element) and the
- * storage formats of the AdamW moments (--optim-state) and of the gradient buffer (--grad-buffer), whose
- * encode and decode both builds share.
+ * storage formats of the AdamW moments (--optim-state), the gradient buffer (--grad-buffer) and the master
+ * weights (--master-weights), whose encode and decode both builds share.
  */
 #pragma once
 
@@ -166,23 +166,66 @@ LLM8_HD static inline float adamw_moment_scale(int which, float amax) {
     return fp8_scale_for(which == 0 ? E4M3_MAX : FP16_MAX, amax, 1);
 }
 
-/* ---------------------------------------------------------------- the gradient buffer (--grad-buffer) */
+/* ---------------------------------------------------------------- stored FP32 arrays (--grad-buffer, --master-weights) */
 
 /*
- * How the gradients that a step's micro-steps accumulate are stored between them (ZeRO-0 on one rank,
- * ZeRO-1: the full, unsharded buffer; MS-AMP O1 keeps weight gradients in FP8 with a scale):
- *   fp32  FP32 (4 bytes per parameter): the backward accumulates into it directly (the default).
- *   bf16  BF16, rounded to nearest even (2 bytes).
- *   fp8   E4M3 with a power-of-two scale per ZERO_CHUNK-element chunk (1 byte, plus a 4-byte scale_inv per
- *         chunk): --grad-reduce fp8's wire format (dist/grad_fp8.h: scale 2^floor(log2(448 / amax)) from
- *         the chunk's new amax, scale_inv NaN for a chunk holding a NaN or an Inf, so the gradient norm
- *         is NaN and the step is skipped).
+ * How an FP32 array is kept between its updates (the gradient buffer, the master weights), chunk by
+ * chunk of ZERO_CHUNK elements, the granule of the shard pieces, so a chunk's scale travels with it:
+ *   STORE_FP32  as is.
+ *   STORE_BF16  rounded to BF16, nearest even; no scale: BF16 has FP32's range.
+ *   STORE_E4M3  E4M3 codes of x * scale, scale = 2^floor(log2(448 / amax)) from the chunk's amax:
+ *               --grad-reduce fp8's wire format (dist/grad_fp8.h grad_fp8_scale).
+ *   STORE_FP16  FP16 of x * scale, scale = 2^floor(log2(65504 / amax)) (as the fp8 AdamW v's).
+ * A scaled chunk keeps scale_inv = 1 / scale (exact: a power of two), NaN when the chunk holds a NaN or an
+ * Inf, so that every element of it decodes to NaN; amax 0 gives scale 1. Error per store: half an ulp of
+ * the format, 2^-8 |x| in BF16 (7 mantissa bits), 2^-4 |x| + 2^-10 / scale in E4M3 (dist/grad_fp8.h),
+ * 2^-11 |x| + 2^-25 / scale in FP16.
+ */
+typedef enum { STORE_FP32, STORE_BF16, STORE_E4M3, STORE_FP16 } StoreCodec;
+
+/* Bytes per element of codec c. */
+LLM8_HD static inline size_t store_bytes(StoreCodec c) { return c == STORE_FP32 ? 4 : c == STORE_E4M3 ? 1 : 2; }
+
+/* Does codec c keep a scale_inv per chunk? */
+LLM8_HD static inline int store_is_scaled(StoreCodec c) { return c == STORE_E4M3 || c == STORE_FP16; }
+
+/* scale_inv values (FP32) that n elements in codec c need: one per ZERO_CHUNK chunk when scaled, else 0. */
+static inline size_t store_scale_count(StoreCodec c, size_t n) { return store_is_scaled(c) ? zero_chunks(n) : 0; }
+
+/* The scale of a chunk whose values have amax `amax` (amax_combine: NaN when one is NaN); 1 unscaled. */
+LLM8_HD static inline float store_scale(StoreCodec c, float amax) {
+    if (c == STORE_E4M3) return grad_fp8_scale(amax);
+    if (c == STORE_FP16) return !(amax > 0.0f) || !fp8_amax_is_finite(amax) ? 1.0f : fp8_scale_for(FP16_MAX, amax, 1);
+    return 1.0f;
+}
+
+/* Element i of an array p in codec c as FP32; sinv: its chunk's scale_inv (ignored unscaled). */
+LLM8_HD static inline float store_load(StoreCodec c, const void* p, size_t i, float sinv) {
+    if (c == STORE_FP32) return ((const float*)p)[i];
+    if (c == STORE_BF16) return bits_float((uint32_t)((const uint16_t*)p)[i] << 16);
+    if (c == STORE_E4M3) return fp8_to_float(((const uint8_t*)p)[i], FP8_E4M3) * sinv;
+    return half_bits_to_float(((const uint16_t*)p)[i]) * sinv;
+}
+
+/* Stores x as element i of p; scale: its chunk's (store_scale; ignored unscaled). */
+LLM8_HD static inline void store_put(StoreCodec c, void* p, size_t i, float x, float scale) {
+    if (c == STORE_FP32) ((float*)p)[i] = x;
+    else if (c == STORE_BF16) ((uint16_t*)p)[i] = (uint16_t)(float_bits(bf16_round(x)) >> 16);
+    else if (c == STORE_E4M3) ((uint8_t*)p)[i] = fp8_quantize(x, scale, FP8_E4M3);
+    else ((uint16_t*)p)[i] = half_bits_from_float(x * scale);
+}
+
+/*
+ * The gradient buffer (--grad-buffer): how the gradients that a step's micro-steps accumulate are stored
+ * between them (ZeRO-0 on one rank, ZeRO-1: the full, unsharded buffer; MS-AMP O1 keeps weight
+ * gradients in FP8 with a scale): fp32 (4 bytes per parameter; the backward accumulates into it
+ * directly: the default), bf16 (2 bytes) or fp8 (STORE_E4M3: 1 byte plus a 4-byte scale_inv per chunk).
  * With bf16 or fp8, each micro-step's backward writes FP32 into a bucket buffer (those of ZeRO-2), and
- * after each bucket the sum stored + new is formed in FP32 and stored again (op_grad_accumulate): one
- * rounding per micro-step. ZeRO-1's last micro-step instead adds the stored sum into the FP32 bucket
- * (op_grad_load) and reduces from there, so the last micro-step's gradients are never rounded. Error per
- * rounding: half an ulp, 2^-8 |x| in BF16, 2^-4 |x| + 2^-10 / scale in E4M3 (dist/grad_fp8.h); over A
- * micro-steps they add up, as a random walk in practice, at most (A - 1) roundings of partial sums.
+ * after each bucket the sum stored + new is formed in FP32 and stored again (op_store_add): one rounding
+ * per micro-step. ZeRO-1's last micro-step instead adds the stored sum into the FP32 bucket
+ * (op_store_load), and reduces from there, so the last micro-step's gradients are never rounded. Over A
+ * micro-steps the error is at most that of the A - 1 (ZeRO-0: A) stored partial sums, a random walk
+ * in practice.
  */
 typedef enum { GRAD_FORMAT_FP32 = 0, GRAD_FORMAT_BF16 = 1, GRAD_FORMAT_FP8 = 2 } GradFormat;
 static const char* const GRAD_FORMAT_NAMES[] = {"fp32", "bf16", "fp8"};
@@ -195,30 +238,37 @@ static inline int grad_format_parse(const char* s) {
         if (strcmp(s, GRAD_FORMAT_NAMES[i]) == 0) return i;
     return -1;
 }
+/* The codec of a gradient buffer in format f. */
+static inline StoreCodec grad_codec(GradFormat f) { return f == GRAD_FORMAT_FP32 ? STORE_FP32 : f == GRAD_FORMAT_BF16 ? STORE_BF16 : STORE_E4M3; }
 
-/* Bytes per element of the gradient buffer in format f. */
-LLM8_HD static inline size_t grad_format_bytes(GradFormat f) { return f == GRAD_FORMAT_FP32 ? 4 : f == GRAD_FORMAT_BF16 ? 2 : 1; }
+/*
+ * The master weights (--master-weights): fp32 (4 bytes per parameter of the shard, the default) or fp16
+ * (STORE_FP16: 2 bytes plus a 4-byte scale_inv per chunk; MS-AMP O3's FP16 master weights with a
+ * scaling factor). An fp16 master is decoded into an FP32 scratch segment by segment wherever it is read
+ * (AdamW, the working and FP8 weights, checkpoints), and AdamW's FP32 result is stored again with the
+ * chunk's new scale: the weights a step uses are always those the stored codes decode to, so a resume
+ * from the stored codes is bit-exact. An update below half an FP16 ulp of its weight (2^-12 relative) is
+ * lost.
+ */
+typedef enum { MASTER_FP32 = 0, MASTER_FP16 = 1 } MasterFormat;
+static const char* const MASTER_FORMAT_NAMES[] = {"fp32", "fp16"};
 
-/* scale_inv values (FP32) that n elements of the buffer need: one per ZERO_CHUNK chunk in fp8, else 0. */
-static inline size_t grad_scale_count(GradFormat f, size_t n) { return f == GRAD_FORMAT_FP8 ? zero_chunks(n) : 0; }
-
-/* Element i of a gradient buffer p in format f as FP32; sinv: its chunk's scale_inv (fp8; ignored otherwise). */
-LLM8_HD static inline float grad_load(GradFormat f, const void* p, size_t i, float sinv) {
-    if (f == GRAD_FORMAT_FP32) return ((const float*)p)[i];
-    if (f == GRAD_FORMAT_BF16) return bits_float((uint32_t)((const uint16_t*)p)[i] << 16);
-    return fp8_to_float(((const uint8_t*)p)[i], GRAD_FP8_FORMAT) * sinv;
+/* --master-weights's spelling of MasterFormat f ("?" for none). */
+static inline const char* master_format_name(int f) { return f >= 0 && f <= MASTER_FP16 ? MASTER_FORMAT_NAMES[f] : "?"; }
+/* --master-weights's value: its MasterFormat, or -1 when it is neither fp32 nor fp16. */
+static inline int master_format_parse(const char* s) {
+    for (int i = 0; i <= MASTER_FP16; i++)
+        if (strcmp(s, MASTER_FORMAT_NAMES[i]) == 0) return i;
+    return -1;
 }
+/* The codec of master weights in format f. */
+static inline StoreCodec master_codec(MasterFormat f) { return f == MASTER_FP16 ? STORE_FP16 : STORE_FP32; }
 
-/* Stores x as element i of p; scale: its chunk's (fp8, grad_fp8_scale; ignored otherwise). */
-LLM8_HD static inline void grad_store(GradFormat f, void* p, size_t i, float x, float scale) {
-    if (f == GRAD_FORMAT_FP32) ((float*)p)[i] = x;
-    else if (f == GRAD_FORMAT_BF16) ((uint16_t*)p)[i] = (uint16_t)(float_bits(bf16_round(x)) >> 16);
-    else ((uint8_t*)p)[i] = fp8_quantize(x, scale, GRAD_FP8_FORMAT);
-}
-
-/* How a run stores its training state: the AdamW moments (--optim-state) and the gradient buffer (--grad-buffer). */
+/* How a run stores its training state: the AdamW moments (--optim-state), the gradient buffer
+   (--grad-buffer) and the master weights (--master-weights). */
 typedef struct {
     OptimState optim_state;
     GradFormat grad_buffer;
+    MasterFormat master_weights;
 } StateFormats;
-static const StateFormats STATE_FORMATS_FP32 = {OPTIM_STATE_FP32, GRAD_FORMAT_FP32};
+static const StateFormats STATE_FORMATS_FP32 = {OPTIM_STATE_FP32, GRAD_FORMAT_FP32, MASTER_FP32};

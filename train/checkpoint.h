@@ -7,8 +7,9 @@
  * weights, the same in every file (step, data position between global batches, sampling RNG, skip
  * counters, the shadow policy's state, the run settings that must not change across a resume, compared
  * field by field so a mismatch names the setting, and a hash of them), then the shard's AdamW moments
- * as they are stored (--optim-state: FP32, BF16, or E4M3/FP16 codes), the FP32 master weights and, for
- * fp8 moments, their scale_inv per chunk, so resume is bit-exact. The layout is recorded (shard count
+ * as they are stored (--optim-state: FP32, BF16, or E4M3/FP16 codes), the master weights as they are stored
+ * (--master-weights: FP32 or FP16 codes) and the scale_inv per chunk of fp8 moments and of an fp16 master,
+ * so resume is bit-exact. The layout is recorded (shard count
  * and ZERO_CHUNK), so a run resumes on another rank count or ZeRO stage by reading each of its new pieces
  * from the files that hold them (train/shard_io.h).
  *
@@ -52,8 +53,8 @@ typedef struct {
     int32_t fp8_recipe, amax_history, amax_algo, fp8_margin;
     /* --optim-state (llama/optim.h OptimState) and --grad-reduce (dist/wire.h CommWire) */
     int32_t optim_state, grad_reduce;
-    /* --grad-buffer (llama/optim.h GradFormat), then 4 bytes of padding (zeroed with the struct) */
-    int32_t grad_buffer;
+    /* --grad-buffer (llama/optim.h GradFormat) and --master-weights (MasterFormat) */
+    int32_t grad_buffer, master_weights;
 } RunIdentity;
 
 /* One setting of RunIdentity besides the model config: the flag that sets it and where it is. */
@@ -82,6 +83,7 @@ static const RunSetting RUN_SETTINGS[] = {
     RUN_SETTING("--optim-state", optim_state),
     RUN_SETTING("--grad-reduce", grad_reduce),
     RUN_SETTING("--grad-buffer", grad_buffer),
+    RUN_SETTING("--master-weights", master_weights),
 };
 #define NUM_RUN_SETTINGS (sizeof(RUN_SETTINGS) / sizeof(RUN_SETTINGS[0]))
 
@@ -112,6 +114,7 @@ static inline void run_setting_text(const RunIdentity* id, const RunSetting* s, 
     else if (s->offset == offsetof(RunIdentity, amax_algo)) snprintf(out, len, "%s", fp8_amax_algo_name((int)v));
     else if (s->offset == offsetof(RunIdentity, optim_state)) snprintf(out, len, "%s", optim_state_name((int)v));
     else if (s->offset == offsetof(RunIdentity, grad_buffer)) snprintf(out, len, "%s", grad_format_name((int)v));
+    else if (s->offset == offsetof(RunIdentity, master_weights)) snprintf(out, len, "%s", master_format_name((int)v));
     else if (s->offset == offsetof(RunIdentity, grad_reduce) && v >= 0 && v < COMM_WIRES)
         snprintf(out, len, "%s", COMM_WIRE_NAMES[v]);
     else snprintf(out, len, "%lld", v);
@@ -223,7 +226,7 @@ static inline void model_path(char* out, size_t len, const char* dir, int step) 
 
 /*
  * Starts a state file: opens "<path>.tmp" (name in tmp) and writes the header and *s; the caller writes
- * the shard's arrays (STATE_M, STATE_V, STATE_MASTER, STATE_SCALE_INV: state_array_offset) and finishes
+ * the shard's arrays (STATE_M .. STATE_MASTER_SCALE_INV: state_array_offset) and finishes
  * with atomic_commit(f, tmp, path).
  */
 static inline FILE* state_write_begin(const char* path, char* tmp, size_t tmp_len, const TrainState* s) {
@@ -247,21 +250,37 @@ static inline size_t state_fp8_bytes(const RunIdentity* id) {
     return fp8_delayed_state_bytes(2 * (size_t)id->cfg.n_layers * 4, id->amax_history);
 }
 
-/* The arrays of a state file, in file order; STATE_ARRAYS, element 0, is where the delayed recipe's state
-   begins (state_fp8_bytes). */
-enum { STATE_M, STATE_V, STATE_MASTER, STATE_SCALE_INV, STATE_ARRAYS };
+/* The arrays of a state file, in file order: the moments, the master weights (each as stored), the
+   moments' scale_inv (fp8: 2 per chunk) and the master's (fp16: 1 per chunk); STATE_ARRAYS, element 0,
+   is where the delayed recipe's state begins (state_fp8_bytes). */
+enum { STATE_M, STATE_V, STATE_MASTER, STATE_SCALE_INV, STATE_MASTER_SCALE_INV, STATE_ARRAYS };
 
-/* Bytes per element of array a in a state file of a run whose moments are stored in format f. */
-static inline size_t state_elem_bytes(OptimState f, int a) { return a <= STATE_V ? adamw_moment_bytes(f, a) : sizeof(float); }
-
-/* Elements of array a in a state file of shard_elems elements per shard (scale_inv: 2 per chunk, fp8 only). */
-static inline uint64_t state_array_elems(OptimState f, uint64_t shard_elems, int a) {
-    return a == STATE_SCALE_INV ? adamw_scale_count(f, shard_elems) : shard_elems;
+/* The storage formats a run identity records. */
+static inline StateFormats run_identity_formats(const RunIdentity* id) {
+    StateFormats f = {(OptimState)id->optim_state, (GradFormat)id->grad_buffer, (MasterFormat)id->master_weights};
+    return f;
 }
+
+/* Bytes per element of array a in a state file of a run storing its state in formats f. */
+static inline size_t state_elem_bytes(StateFormats f, int a) {
+    if (a <= STATE_V) return adamw_moment_bytes(f.optim_state, a);
+    return a == STATE_MASTER ? store_bytes(master_codec(f.master_weights)) : sizeof(float);
+}
+
+/* Index in array a of the value that element i of the shard (a multiple of ZERO_CHUNK for the scale_inv
+   arrays) starts at: i itself, or for a scale_inv array its count of scales before i. */
+static inline uint64_t state_array_index(StateFormats f, int a, uint64_t i) {
+    if (a == STATE_SCALE_INV) return adamw_scale_count(f.optim_state, i);
+    if (a == STATE_MASTER_SCALE_INV) return store_scale_count(master_codec(f.master_weights), i);
+    return i;
+}
+
+/* Elements of array a in a state file of shard_elems elements per shard. */
+static inline uint64_t state_array_elems(StateFormats f, uint64_t shard_elems, int a) { return state_array_index(f, a, shard_elems); }
 
 /* Byte offset of element i of array a (STATE_*) in a state file of run `id` with shard_elems per shard. */
 static inline long state_array_offset(const RunIdentity* id, uint64_t shard_elems, int a, uint64_t i) {
-    OptimState f = (OptimState)id->optim_state;
+    StateFormats f = run_identity_formats(id);
     uint64_t at = HEADER_INTS * sizeof(int32_t) + sizeof(TrainState);
     for (int k = 0; k < a; k++) at += state_array_elems(f, shard_elems, k) * state_elem_bytes(f, k);
     return (long)(at + i * (a < STATE_ARRAYS ? state_elem_bytes(f, a) : 1));
@@ -290,9 +309,9 @@ static inline FILE* state_open(const char* path, TrainState* s, const RunIdentit
     if (s->id.amax_history < 0 || s->id.amax_history > AMAX_HISTORY_MAX || s->id.cfg.n_layers < 0)
         die("%s: bad FP8 recipe settings in training state (corrupt file)", path);
     if (s->id.optim_state < 0 || s->id.optim_state > OPTIM_STATE_FP8 || s->id.grad_reduce < 0 || s->id.grad_reduce >= COMM_WIRES ||
-        s->id.grad_buffer < 0 || s->id.grad_buffer > GRAD_FORMAT_FP8)
-        die("%s: bad --optim-state %d, --grad-reduce %d or --grad-buffer %d in training state (corrupt file)", path,
-            s->id.optim_state, s->id.grad_reduce, s->id.grad_buffer);
+        s->id.grad_buffer < 0 || s->id.grad_buffer > GRAD_FORMAT_FP8 || s->id.master_weights < 0 || s->id.master_weights > MASTER_FP16)
+        die("%s: bad --optim-state %d, --grad-reduce %d, --grad-buffer %d or --master-weights %d in training state (corrupt file)",
+            path, s->id.optim_state, s->id.grad_reduce, s->id.grad_buffer, s->id.master_weights);
     size_t expected = (size_t)state_array_offset(&s->id, s->shard_elems, STATE_ARRAYS, 0) + state_fp8_bytes(&s->id);
     if (bytes != expected) die("%s: truncated or oversized training state: expected %zu bytes, found %zu", path, expected, bytes);
     /* skipped steps count as steps (AdamW's step count is their difference) */

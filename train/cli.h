@@ -50,6 +50,7 @@ typedef struct {
     const char* grad_reduce;    /* --grad-reduce fp32 | bf16 | fp8 (dist/wire.h comm_wire_parse) */
     const char* optim_state;    /* --optim-state fp32 | bf16 | fp8 (llama/optim.h OptimState) */
     const char* grad_buffer;    /* --grad-buffer fp32 | bf16 | fp8 (llama/optim.h GradFormat) */
+    const char* master_weights; /* --master-weights fp32 | fp16 (llama/optim.h MasterFormat) */
     float comm_timeout;         /* --comm-timeout seconds; 0: no watchdog */
     int recompute;              /* -r */
     int precision;              /* -p (Precision) */
@@ -135,6 +136,9 @@ static const ArgSpec TRAIN_ARG_SPECS[] = {
         "gradients accumulated over micro-steps stored as fp32 (4 B/param) | bf16 (2 B, ~2^-8 relative rounding per "
         "micro-step) | fp8 (E4M3, a scale per 4096: 1 B, ~2^-4 per micro-step); -z 1, or -z 0 on one rank; adds FP32 "
         "bucket buffers"),
+    ARG("--master-weights", ARG_STR, master_weights,
+        "master weights stored as fp32 (4 B/param of the shard) | fp16 (2 B, a scale per 4096; MS-AMP O3: updates below "
+        "~2^-12 of a weight are lost)"),
     ARG("--comm-timeout", ARG_FLOAT, comm_timeout, "seconds without progress before a rank aborts the job (0: off)"),
     ARG("-r", ARG_INT, recompute, "recompute in backward: 0 none, 1 norm and SwiGLU outputs, 2 whole blocks"),
     ARG("-p", ARG_PRECISION, precision, "precision recipe: fp8 | bf16 | fp32"),
@@ -204,6 +208,7 @@ static inline TrainArgs train_args_default(void) {
     a.grad_reduce = "fp32";
     a.optim_state = optim_state_name(OPTIM_STATE_FP32);
     a.grad_buffer = grad_format_name(GRAD_FORMAT_FP32);
+    a.master_weights = master_format_name(MASTER_FP32);
     a.comm_timeout = 900.0f;
     a.recompute = 0;
     a.precision = PRECISION_FP8;
@@ -340,9 +345,10 @@ static inline int train_args_grad_accum(const TrainArgs* a, int world) {
     return (int)(total / micro_tokens);
 }
 
-/* The storage formats of the flags (--optim-state, --grad-buffer). */
+/* The storage formats of the flags (--optim-state, --grad-buffer, --master-weights). */
 static inline StateFormats train_args_state_formats(const TrainArgs* a) {
-    StateFormats f = {(OptimState)optim_state_parse(a->optim_state), (GradFormat)grad_format_parse(a->grad_buffer)};
+    StateFormats f = {(OptimState)optim_state_parse(a->optim_state), (GradFormat)grad_format_parse(a->grad_buffer),
+                      (MasterFormat)master_format_parse(a->master_weights)};
     return f;
 }
 
@@ -389,6 +395,7 @@ static inline void train_args_check(const TrainArgs* a) {
     if (comm_wire_parse(a->grad_reduce) < 0) die("flag --grad-reduce: '%s' is not fp32, bf16 or fp8", a->grad_reduce);
     if (optim_state_parse(a->optim_state) < 0) die("flag --optim-state: '%s' is not fp32, bf16 or fp8", a->optim_state);
     if (grad_format_parse(a->grad_buffer) < 0) die("flag --grad-buffer: '%s' is not fp32, bf16 or fp8", a->grad_buffer);
+    if (master_format_parse(a->master_weights) < 0) die("flag --master-weights: '%s' is not fp32 or fp16", a->master_weights);
     if (grad_format_parse(a->grad_buffer) != GRAD_FORMAT_FP32 && a->zero_stage == 2)
         die("flag --grad-buffer %s: -z 2 keeps no full gradient buffer (it accumulates in the FP32 shard); use -z 1", a->grad_buffer);
     if (a->comm_timeout < 0.0f) die("flag --comm-timeout: must be >= 0 seconds");

@@ -81,18 +81,19 @@ static void dp_grads_needed(void* ctx, int bucket) {
  * A bf16/fp8 gradient buffer (--grad-buffer, ZeRO-0 on one rank or ZeRO-1) after bucket b's backward:
  * returns 1 when the bucket is reduced now, from its FP32 bucket buffer, into which the stored sum of the
  * earlier micro-steps has been added (ZeRO-1's last micro-step); else the bucket's FP32 gradients are
- * added to the stored ones (op_grad_accumulate) and it returns 0.
+ * added to the stored ones (op_store_add) and it returns 0.
  */
 static int dp_stage_grads(DataParallel* dp, int bucket) {
     Llama* m = dp->m;
     int reduce = m->sharding.zero_stage == 1 && dp->last_micro;
+    StoreCodec c = grad_codec(m->grad_format);
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* s = &m->segs[i];
         if (s->bucket != bucket) continue;
         void* stored = llama_stored_grad(m, s);
         float* sinv = llama_stored_grad_scale_inv(m, s);
-        if (reduce) op_grad_load(m->grad_format, llama_bucket_grad(m, s), stored, sinv, s->param.count, 1);
-        else op_grad_accumulate(m->grad_format, stored, sinv, llama_bucket_grad(m, s), s->param.count);
+        if (reduce) op_store_load(c, llama_bucket_grad(m, s), stored, sinv, s->param.count, 1);
+        else op_store_add(c, stored, sinv, llama_bucket_grad(m, s), s->param.count, 1);
     }
     return reduce;
 }

@@ -48,7 +48,7 @@ typedef struct {
     int bf16_linears; /* fp8: the flags can run a block linear in BF16 (--bf16-layers, --shadow-every) */
     int fp8_accum;    /* fp8: the GEMMs' Fp8Accum (--fp8-accum) */
     Fp8Settings fp8;  /* fp8: the scaling recipe (the delayed one's history is state) */
-    StateFormats formats;   /* --optim-state, --grad-buffer */
+    StateFormats formats;   /* --optim-state, --grad-buffer, --master-weights */
 } PlanSettings;
 
 /* The FP8 recipe the flags set (llama/model.h Fp8Settings). */
@@ -166,9 +166,9 @@ static inline int memory_plan_main(const TrainArgs* a) {
 
     printf("+-----------------------------------------------------------------------\n");
     printf("| memory plan (--dry-run) of one rank, %s build: %s, -p %s, micro-batch %d x %d, %d rank(s), ZeRO-%d, -r %d, "
-           "gradients reduced in %s, AdamW moments in %s, gradient buffer in %s, %d micro-step(s) per step\n",
+           "gradients reduced in %s, AdamW moments in %s, gradient buffer in %s, master weights in %s, %d micro-step(s) per step\n",
            backend_name(), a->model, precision_name(s.precision), a->B, a->T, ranks, a->zero_stage, a->recompute, a->grad_reduce,
-           a->optim_state, a->grad_buffer, accum);
+           a->optim_state, a->grad_buffer, a->master_weights, accum);
     llama_config_print(&cfg);
     MemoryPlan p = memory_plan(&s, 1);
     printf("| by category (GiB):");
@@ -199,11 +199,11 @@ static inline int memory_plan_main(const TrainArgs* a) {
                largest_leanest, leanest.recompute);
     }
     printf("plan: {\"model\": \"%s\", \"backend\": \"%s\", \"precision\": \"%s\", \"B\": %d, \"T\": %d, \"ranks\": %d, "
-           "\"zero\": %d, \"recompute\": %d, \"grad_accum\": %d, \"grad_reduce\": \"%s\", \"optim_state\": \"%s\", \"grad_buffer\": \"%s\", \"total_bytes\": %zu, \"total_gib\": %.4f, \"memory_gib\": %.4f, "
+           "\"zero\": %d, \"recompute\": %d, \"grad_accum\": %d, \"grad_reduce\": \"%s\", \"optim_state\": \"%s\", \"grad_buffer\": \"%s\", \"master_weights\": \"%s\", \"total_bytes\": %zu, \"total_gib\": %.4f, \"memory_gib\": %.4f, "
            "\"usable_bytes\": %zu, "
            "\"fits\": %d, \"cheapest_recompute\": %d, \"largest_B\": %d, \"largest_B_max_recompute\": %d, \"bytes\": {",
            a->model, backend_name(), precision_name(s.precision), a->B, a->T, ranks, a->zero_stage, a->recompute, accum, a->grad_reduce,
-           a->optim_state, a->grad_buffer, p.total,
+           a->optim_state, a->grad_buffer, a->master_weights, p.total,
            gib(p.total), gib(memory), memory ? plan_usable(memory) : 0, fits, cheapest, largest, largest_leanest);
     for (size_t c = 0; c < NUM_PLAN_CATEGORIES; c++) printf("%s\"%s\": %zu", c ? ", " : "", PLAN_CATEGORIES[c], p.by_category[c]);
     printf("}, \"workspaces\": {");

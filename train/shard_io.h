@@ -3,8 +3,9 @@
  *   - the model file (llama/model_file.h) holds every parameter in checkpoint order; rank 0 writes it,
  *     the other ranks' pieces of the master weights reaching it by all-gather, a bounded chunk at a time;
  *   - every rank that holds a shard of the ZeRO layout writes its state file (train/checkpoint.h): the
- *     global fields and its shard's AdamW moments (in their --optim-state format), master weights and
- *     the moments' scale_inv per chunk (fp8), as laid out in memory;
+ *     global fields and its shard's AdamW moments (in their --optim-state format), master weights (in
+ *     their --master-weights format) and the scale_inv per chunk of fp8 moments and an fp16 master, as
+ *     laid out in memory;
  *   - after a barrier rank 0 writes DONE_<step>, so a checkpoint is either complete or ignored.
  * Loading reads, for each of this rank's pieces, the parts of the saved files that hold it: the saved
  * layout (its shard count, recorded in the files) need not be this run's, so a run saved on N ranks
@@ -42,15 +43,16 @@ static inline void model_save(const char* path, Llama* m) {
         if (S == 1) {
             for (size_t k = 0; lead && k < s->param.count; k += STREAM_CHUNK_FLOATS) {
                 size_t n = s->param.count - k < STREAM_CHUNK_FLOATS ? s->param.count - k : STREAM_CHUNK_FLOATS;
-                dev_download(host, m->master + s->shard.shard_offset + k, n * sizeof(float));
+                dev_download(host, llama_master_piece(m, s, 1) + k, n * sizeof(float));
                 fwriteCheck(host, sizeof(float), n, f, tmp);
             }
             continue;
         }
         /* chunk k of every rank's piece at once: rank r's floats at staging + r * len */
+        const float* piece = llama_master_piece(m, s, 1);
         for (size_t k = 0; k < s->shard.piece; k += step) {
             size_t len = s->shard.piece - k < step ? s->shard.piece - k : step;
-            dev_copy(staging + (size_t)g_dist.rank * len, m->master + s->shard.shard_offset + k, len * sizeof(float));
+            dev_copy(staging + (size_t)g_dist.rank * len, piece + k, len * sizeof(float));
             comm_all_gather(staging, len * sizeof(float));
             comm_wait_all();
             if (!lead) continue;
@@ -79,11 +81,13 @@ static inline void master_fill(Llama* m, ParamSource source, void* ctx) {
         ModelSegment* s = &m->segs[i];
         size_t b, n;
         llama_own_piece(m, s, &b, &n);
+        float* piece = llama_master_piece(m, s, 0);
         for (size_t k = 0; k < n; k += STREAM_CHUNK_FLOATS) {
             size_t len = n - k < STREAM_CHUNK_FLOATS ? n - k : STREAM_CHUNK_FLOATS;
             source(ctx, s->param.param_offset + b + k, len, host);
-            dev_upload(m->master + s->shard.shard_offset + k, host, len * sizeof(float));
+            dev_upload(piece + k, host, len * sizeof(float));
         }
+        if (n > 0) llama_master_store(m, s);
     }
     free(host);
 }
@@ -147,9 +151,10 @@ static inline void checkpoint_save(const char* dir, Llama* m, TrainState* s) {
         state_path(path, sizeof(path), dir, s->step, m->shard_index);
         FILE* f = state_write_begin(path, tmp, sizeof(tmp), s);
         float* host = (float*)mallocCheck(STREAM_CHUNK_FLOATS * sizeof(float));
-        const void* arrays[STATE_ARRAYS] = {m->adam_m, m->adam_v, m->master, m->adam_scale_inv};
+        const void* arrays[STATE_ARRAYS] = {m->adam_m, m->adam_v, m->master, m->adam_scale_inv, m->master_scale_inv};
+        StateFormats formats = llama_state_formats(m);
         for (int a = 0; a < STATE_ARRAYS; a++) {
-            size_t elems = state_array_elems(m->optim_state, m->layout.shard, a), eb = state_elem_bytes(m->optim_state, a);
+            size_t elems = state_array_elems(formats, m->layout.shard, a), eb = state_elem_bytes(formats, a);
             for (size_t k = 0; k < elems; k += STREAM_CHUNK_FLOATS) {
                 size_t n = elems - k < STREAM_CHUNK_FLOATS ? elems - k : STREAM_CHUNK_FLOATS;
                 dev_download(host, (const char*)arrays[a] + k * eb, n * eb);
@@ -204,8 +209,8 @@ static inline void checkpoint_load(const char* dir, int step, Llama* m, const Ru
                                          (unsigned long long)s->shard_elems, s->shards, lay.shard);
     FILE** files = (FILE**)callocCheck((size_t)s->shards, sizeof(FILE*));
     float* host = (float*)mallocCheck(STREAM_CHUNK_FLOATS * sizeof(float));
-    void* arrays[STATE_ARRAYS] = {m->adam_m, m->adam_v, m->master, m->adam_scale_inv};
-    OptimState f = m->optim_state;
+    void* arrays[STATE_ARRAYS] = {m->adam_m, m->adam_v, m->master, m->adam_scale_inv, m->master_scale_inv};
+    StateFormats f = llama_state_formats(m);
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* seg = &m->segs[i];
         size_t b, n;
@@ -227,17 +232,19 @@ static inline void checkpoint_load(const char* dir, int step, Llama* m, const Ru
             uint64_t at = saved[i].shard_offset + (x - (size_t)r * saved[i].piece), to = seg->shard.shard_offset + (x - b);
             for (int a = 0; a < STATE_ARRAYS; a++) {
                 size_t eb = state_elem_bytes(f, a);
-                uint64_t from = a == STATE_SCALE_INV ? adamw_scale_count(f, at) : at, into = a == STATE_SCALE_INV ? adamw_scale_count(f, to) : to;
-                size_t count = a == STATE_SCALE_INV ? adamw_scale_count(f, len) : len;
+                uint64_t from = state_array_index(f, a, at), into = state_array_index(f, a, to);
+                size_t count = (size_t)state_array_index(f, a, len);
                 if (count == 0) continue;
                 fseekCheck(files[r], state_array_offset(&s->id, s->shard_elems, a, from), SEEK_SET, path);
                 freadCheck(host, eb, count, files[r], path);
                 /* a scale_inv is a positive power of two (optim.h): anything else would silently poison the update */
-                for (size_t k = 0; a == STATE_SCALE_INV && k < count; k++) {
+                int scales = a == STATE_SCALE_INV || a == STATE_MASTER_SCALE_INV;
+                for (size_t k = 0; scales && k < count; k++) {
                     int e;
                     if (!(host[k] > 0.0f) || host[k] > FLT_MAX || frexpf(host[k], &e) != 0.5f)
-                        die("%s: AdamW scale_inv %g of chunk %llu is not a positive power of two (corrupt file)", path,
-                            (double)host[k], (unsigned long long)((from + k) / 2));
+                        die("%s: %s scale_inv %g of chunk %llu is not a positive power of two (corrupt file)", path,
+                            a == STATE_SCALE_INV ? "AdamW" : "master weights'", (double)host[k],
+                            (unsigned long long)(a == STATE_SCALE_INV ? (from + k) / 2 : from + k));
                 }
                 dev_upload((char*)arrays[a] + into * eb, host, count * eb);
             }

@@ -113,6 +113,7 @@ static inline RunIdentity trainer_identity(const Trainer* tr) {
     id.optim_state = optim_state_parse(tr->args.optim_state);
     id.grad_reduce = comm_wire_parse(tr->args.grad_reduce);
     id.grad_buffer = grad_format_parse(tr->args.grad_buffer);
+    id.master_weights = master_format_parse(tr->args.master_weights);
     return id;
 }
 
@@ -441,8 +442,8 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaC
     printf("| micro-batch %d x %d, %d rank(s), grad accumulation %d -> %lld tokens per step, %d steps\n", a->B, a->T,
            tr->world, tr->grad_accum_steps, total, tr->steps);
     printf("| lr %g (%s, warmup %d, final x%g), weight decay %g, clip %g, seed %lld, AdamW moments in %s, "
-           "gradient buffer in %s\n", a->lr, a->schedule, a->warmup, a->final_lr_frac, a->weight_decay, a->grad_clip, a->seed,
-           a->optim_state, a->grad_buffer);
+           "gradient buffer in %s, master weights in %s\n", a->lr, a->schedule, a->warmup, a->final_lr_frac, a->weight_decay,
+           a->grad_clip, a->seed, a->optim_state, a->grad_buffer, a->master_weights);
     if (a->output_dir == NULL) printf("| warning: no -o: no logs, checkpoints or final model will be saved\n");
     if (a->precision == PRECISION_FP8) {
         printf("| FP8 GEMMs: accumulation %s%s, fprop fast accumulation %s\n", a->fp8_accum,

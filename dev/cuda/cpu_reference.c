@@ -85,12 +85,12 @@ void cpu_ref_adamw(float* master, AdamwMoments s, const float* grads, size_t n, 
     op_adamw(master, s, grads, n, lr, wd, bc1, bc2_sqrt, grad_scale);
 }
 
-void cpu_ref_grad_accumulate(GradFormat f, void* acc, float* scale_inv, const float* x, size_t n) {
-    op_grad_accumulate(f, acc, scale_inv, x, n);
+void cpu_ref_store_add(StoreCodec c, void* dst, float* scale_inv, const float* x, size_t n, int accumulate) {
+    op_store_add(c, dst, scale_inv, x, n, accumulate);
 }
 
-void cpu_ref_grad_load(GradFormat f, float* out, const void* acc, const float* scale_inv, size_t n, int accumulate) {
-    op_grad_load(f, out, acc, scale_inv, n, accumulate);
+void cpu_ref_store_load(StoreCodec c, float* out, const void* src, const float* scale_inv, size_t n, int accumulate) {
+    op_store_load(c, out, src, scale_inv, n, accumulate);
 }
 
 void cpu_ref_amax(Fp8Scale* s, const float* x, size_t n) { op_amax(s, x, n); }

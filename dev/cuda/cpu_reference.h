@@ -52,8 +52,8 @@ double cpu_ref_sum_f64(const double* x, size_t n);
 void cpu_ref_sum_f32_in_order(double* sum, const float* x, size_t n);
 void cpu_ref_adamw(float* master, AdamwMoments s, const float* grads, size_t n, float lr, float wd, float bc1, float bc2_sqrt,
                    float grad_scale);
-void cpu_ref_grad_accumulate(GradFormat f, void* acc, float* scale_inv, const float* x, size_t n);
-void cpu_ref_grad_load(GradFormat f, float* out, const void* acc, const float* scale_inv, size_t n, int accumulate);
+void cpu_ref_store_add(StoreCodec c, void* dst, float* scale_inv, const float* x, size_t n, int accumulate);
+void cpu_ref_store_load(StoreCodec c, float* out, const void* src, const float* scale_inv, size_t n, int accumulate);
 void cpu_ref_amax(Fp8Scale* s, const float* x, size_t n);
 void cpu_ref_cast_transpose(uint8_t* out, uint8_t* out_t, const float* x, size_t rows, size_t cols, Fp8Format f,
                             Fp8Scale* s, int pow2, Fp8Counts* counts);

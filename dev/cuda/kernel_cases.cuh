@@ -1731,21 +1731,21 @@ static int kc_case_fp8_weight(const KernelShape* s, int iters, uint64_t seed) {
 static inline size_t kc_count_diff_f32(const float* got, const float* ref, size_t n, size_t* first);
 
 /*
- * The gradient buffer (--grad-buffer bf16 / fp8): three micro-steps' FP32 gradients accumulated into a
- * zeroed buffer (op_grad_accumulate) on both sides, then decoded (op_grad_load) alone and into a random
- * FP32 bucket. Tolerance: none. Each element is one FP32 addition of the same decoded value (a code times
- * a power-of-two scale_inv: exact, so an FMA contraction changes nothing), the amax is a max and the
- * scale and rounding are optim.h's functions: bytes, scale_inv and decodes bit-identical. Inputs: a
- * ragged size (a short last chunk), chunk magnitudes 2^U(-40, 40) with a factor 2^U(-12, 0) per element,
- * one zero chunk, a NaN in chunk 2 of the second micro-step: exactly that chunk decodes to NaN in fp8,
- * that element in bf16.
+ * A stored array (optim.h StoreCodec: the gradient buffer's bf16 and E4M3, the master weights' FP16): three
+ * rows of FP32 stored into a poisoned array, the first without reading it (op_store_add), the next two
+ * added, on both sides, then decoded (op_store_load) alone and into a random FP32 bucket. Tolerance:
+ * none. Each element is one FP32 addition of the same decoded value (a code times a power-of-two
+ * scale_inv: exact, so an FMA contraction changes nothing), the amax is a max and the scale and
+ * rounding are optim.h's functions: bytes, scale_inv and decodes bit-identical. Inputs: a ragged size (a
+ * short last chunk), chunk magnitudes 2^U(-40, 40) with a factor 2^U(-12, 0) per element, one zero chunk,
+ * a NaN in chunk 2 of the second row: exactly that chunk decodes to NaN when scaled, that element else.
  */
-static int kc_grad_buffer(const KernelShape* s, int iters, uint64_t seed, GradFormat format) {
+static int kc_store(const KernelShape* s, int iters, uint64_t seed, StoreCodec codec, const char* name) {
     uint64_t stream = seed;
     const int STEPS = 3;
     size_t n = (size_t)s->C * s->F / 2 + 321;
     if (n < 3 * ZERO_CHUNK) n = 3 * ZERO_CHUNK + 321;
-    size_t bytes = n * grad_format_bytes(format), sc = grad_scale_count(format, n);
+    size_t bytes = n * store_bytes(codec), sc = store_scale_count(codec, n);
     float* x = kc_host((size_t)STEPS * n);
     Rng r;
     rng_seed(&r, splitmix64(&stream));
@@ -1757,26 +1757,25 @@ static int kc_grad_buffer(const KernelShape* s, int iters, uint64_t seed, GradFo
     for (int t = 0; t < STEPS; t++)
         for (size_t i = ZERO_CHUNK; i < 2 * ZERO_CHUNK; i++) x[(size_t)t * n + i] = 0.0f;
     x[n + 2 * ZERO_CHUNK + 7] = NAN;
-    void* ref = callocCheck(bytes, 1);
-    float* ref_sinv = sc ? (float*)callocCheck(sc, sizeof(float)) : NULL;
-    void* d_acc = dev_alloc(bytes);
-    float* d_sinv = sc ? (float*)dev_alloc(sc * sizeof(float)) : NULL;
-    dev_zero(d_acc, bytes);
-    if (sc) dev_zero(d_sinv, sc * sizeof(float));
+    uint8_t* ref = (uint8_t*)mallocCheck(bytes);
+    memset(ref, 0x7f, bytes);
+    float* ref_sinv = sc ? kc_host(sc) : NULL;
+    for (size_t k = 0; k < sc; k++) ref_sinv[k] = NAN;
+    void* d_dst = kc_dev_bytes(ref, bytes);
+    float* d_sinv = sc ? kc_dev_f32(ref_sinv, sc) : NULL;
     float* d_x = kc_dev_f32(x, (size_t)STEPS * n);
     for (int t = 0; t < STEPS; t++) {
-        cpu_ref_grad_accumulate(format, ref, ref_sinv, x + (size_t)t * n, n);
-        op_grad_accumulate(format, d_acc, d_sinv, d_x + (size_t)t * n, n);
+        cpu_ref_store_add(codec, ref, ref_sinv, x + (size_t)t * n, n, t > 0);
+        op_store_add(codec, d_dst, d_sinv, d_x + (size_t)t * n, n, t > 0);
     }
     uint8_t* got = (uint8_t*)mallocCheck(bytes);
-    dev_download(got, d_acc, bytes);
-    size_t first = 0, bad = kc_count_diff(got, (const uint8_t*)ref, bytes, &first);
-    size_t bad_sinv = 0;
+    dev_download(got, d_dst, bytes);
+    size_t first = 0, bad = kc_count_diff(got, ref, bytes, &first), bad_sinv = 0;
     float* got_sinv = sc ? kc_get_f32(d_sinv, sc) : NULL;
     if (sc) bad_sinv = kc_count_diff_f32(got_sinv, ref_sinv, sc, &first);
     int failed = bad != 0 || bad_sinv != 0;
-    printf("    --grad-buffer %s: %d accumulations of %zu: %zu bytes and %zu scale_inv differ, tol bit-identical%s\n",
-           grad_format_name(format), STEPS, n, bad, bad_sinv, failed ? "  FAIL" : "");
+    printf("    %s: %d stores of %zu: %zu bytes and %zu scale_inv differ, tol bit-identical%s\n", name, STEPS, n, bad, bad_sinv,
+           failed ? "  FAIL" : "");
 
     float* bucket = kc_host(n);
     kc_fill_normal(bucket, n, splitmix64(&stream), 0.0f, 1.0f, 0);
@@ -1784,30 +1783,30 @@ static int kc_grad_buffer(const KernelShape* s, int iters, uint64_t seed, GradFo
     for (int acc = 0; acc <= 1; acc++) {
         float* want = kc_host(n);
         memcpy(want, bucket, n * sizeof(float));
-        cpu_ref_grad_load(format, want, ref, ref_sinv, n, acc);
+        cpu_ref_store_load(codec, want, ref, ref_sinv, n, acc);
         if (acc) dev_upload(d_out, bucket, n * sizeof(float));
         else kc_poison(d_out, n * sizeof(float));
-        op_grad_load(format, d_out, d_acc, d_sinv, n, acc);
+        op_store_load(codec, d_out, d_dst, d_sinv, n, acc);
         float* out = kc_get_f32(d_out, n);
         size_t bad_out = kc_count_diff_f32(out, want, n, &first), nan = kc_count_nonfinite(out, n);
-        size_t want_nan = format == GRAD_FORMAT_FP8 ? ZERO_CHUNK : 1;
+        size_t want_nan = store_is_scaled(codec) ? ZERO_CHUNK : 1;
         int ok = bad_out == 0 && nan == want_nan;
-        printf("    op_grad_load %s%s: %zu of %zu differ, %zu non-finite (want %zu), tol bit-identical%s\n",
-               grad_format_name(format), acc ? " (accumulate)" : "", bad_out, n, nan, want_nan, ok ? "" : "  FAIL");
+        printf("    op_store_load %s%s: %zu of %zu differ, %zu non-finite (want %zu), tol bit-identical%s\n", name,
+               acc ? " (accumulate)" : "", bad_out, n, nan, want_nan, ok ? "" : "  FAIL");
         if (bad_out) printf("      FAIL: first at %zu: gpu %.9g, cpu %.9g\n", first, out[first], want[first]);
         failed += !ok;
         free(want);
         free(out);
     }
-    kc_time(format == GRAD_FORMAT_FP8 ? "grad_accumulate fp8" : "grad_accumulate bf16", iters,
-            4.0 * n + 2.0 * (double)bytes + 8.0 * (double)sc, 0.0, [&] { op_grad_accumulate(format, d_acc, d_sinv, d_x, n); });
+    kc_time(name, iters, 4.0 * n + 2.0 * (double)bytes + 8.0 * (double)sc, 0.0,
+            [&] { op_store_add(codec, d_dst, d_sinv, d_x, n, 1); });
     free(x);
     free(ref);
     free(ref_sinv);
     free(got);
     free(got_sinv);
     free(bucket);
-    dev_free(d_acc);
+    dev_free(d_dst);
     if (d_sinv) dev_free(d_sinv);
     dev_free(d_x);
     dev_free(d_out);
@@ -1816,7 +1815,9 @@ static int kc_grad_buffer(const KernelShape* s, int iters, uint64_t seed, GradFo
 
 static int kc_case_optimizer(const KernelShape* s, int iters, uint64_t seed) {
     return kc_case_params(s, iters, seed) + kc_case_sum_squares(s, iters, splitmix64(&seed)) +
-           kc_grad_buffer(s, iters, splitmix64(&seed), GRAD_FORMAT_BF16) + kc_grad_buffer(s, iters, splitmix64(&seed), GRAD_FORMAT_FP8);
+           kc_store(s, iters, splitmix64(&seed), STORE_BF16, "store bf16 (--grad-buffer bf16)") +
+           kc_store(s, iters, splitmix64(&seed), STORE_E4M3, "store e4m3 (--grad-buffer fp8)") +
+           kc_store(s, iters, splitmix64(&seed), STORE_FP16, "store fp16 (--master-weights fp16)");
 }
 
 /* ------------------------------------------------------------ grad_fp8: dist/grad_fp8.cuh */
@@ -1914,7 +1915,7 @@ static int kc_case_grad_fp8(const KernelShape* s, int iters, uint64_t seed) {
 /* ------------------------------------------------------------ the table */
 
 static const KernelCase KERNEL_CASES[] = {
-    {"optimizer", "op_params_from_master, op_sum_squares_chunks, op_sum_f64, op_sum_f32_in_order, op_adamw, op_grad_accumulate, op_grad_load",
+    {"optimizer", "op_params_from_master, op_sum_squares_chunks, op_sum_f64, op_sum_f32_in_order, op_adamw, op_store_add, op_store_load",
      kc_case_optimizer},
     {"encoder", "op_encoder_forward, op_encoder_backward", kc_case_encoder},
     {"rmsnorm", "op_rmsnorm_forward, op_residual_rmsnorm_forward, op_rmsnorm_backward", kc_case_rmsnorm},

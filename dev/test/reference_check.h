@@ -62,12 +62,12 @@ static inline RefTolerance gpu_ref_tolerance(RefTolerance cpu_vs_ref, RefToleran
     return t;
 }
 
-/* Loads the reference model into a fresh model of precision p sized for the batch of r, its AdamW moments
-   stored as `optim` (--optim-state). */
+/* Loads the reference model into a fresh model of precision p sized for the batch of r, its state stored
+   as `formats` (--optim-state, --grad-buffer, --master-weights). */
 static inline void reference_model_with(Llama* m, Precision p, const LlamaConfig* cfg, const RefState* r, int B, int recompute,
-                                        OptimState optim) {
+                                        StateFormats formats) {
     backend_init(p);
-    llama_build(m, cfg, p, B, r->T, NULL, recompute, SINGLE_PROCESS, (StateFormats){optim, GRAD_FORMAT_FP32});
+    llama_build(m, cfg, p, B, r->T, NULL, recompute, SINGLE_PROCESS, formats);
     float* params = (float*)mallocCheck(m->num_params * sizeof(float));
     checkpoint_read_params(REF_MODEL_PATH, cfg, params);
     llama_set_params(m, params);
@@ -76,7 +76,7 @@ static inline void reference_model_with(Llama* m, Precision p, const LlamaConfig
 
 /* reference_model_with FP32 moments, the default. */
 static inline void reference_model(Llama* m, Precision p, const LlamaConfig* cfg, const RefState* r, int B, int recompute) {
-    reference_model_with(m, p, cfg, r, B, recompute, OPTIM_STATE_FP32);
+    reference_model_with(m, p, cfg, r, B, recompute, STATE_FORMATS_FP32);
 }
 
 /*
@@ -496,13 +496,32 @@ static inline int check_fused_amax_in(Precision p) {
     return failures != 0;
 }
 
+/* Overwrites this rank's master weights, moments and their scale_inv with 0x7f bytes (3.4e38 as FP32, NaN
+   or a large finite code in the others): whatever a load leaves unrestored then shows in the losses. */
+static inline void poison_state(Llama* m) {
+    StateFormats f = llama_state_formats(m);
+    StoreCodec mc = master_codec(f.master_weights);
+    size_t shard = m->layout.shard;
+    void* arrays[] = {m->master, m->master_scale_inv, m->adam_m, m->adam_v, m->adam_scale_inv};
+    size_t bytes[] = {shard * store_bytes(mc), store_scale_count(mc, shard) * sizeof(float), shard * adamw_moment_bytes(f.optim_state, 0),
+                      shard * adamw_moment_bytes(f.optim_state, 1), adamw_scale_count(f.optim_state, shard) * sizeof(float)};
+    for (int a = 0; a < 5; a++) {
+        if (bytes[a] == 0) continue;
+        void* host = mallocCheck(bytes[a]);
+        memset(host, 0x7f, bytes[a]);
+        dev_upload(arrays[a], host, bytes[a]);
+        free(host);
+    }
+}
+
 /*
  * Save -> load -> continue in precision p: 3 AdamW steps, a checkpoint written with the trainer's
  * functions (train/shard_io.h), 3 more steps; then a fresh model restored from the checkpoint runs the
- * same 3 steps. Losses and final weights must be bit-identical (in fp8 the FP8 copies and scales are
- * rebuilt from the master weights: current scaling has no history), with AdamW moments stored as `optim`.
+ * same 3 steps, its state poisoned before the load. Losses and final weights must be bit-identical (in fp8 the FP8 copies and scales are
+ * rebuilt from the master weights: current scaling has no history), with the AdamW moments and master
+ * weights stored as `formats` says.
  */
-static inline int check_resume_with(Precision p, OptimState optim) {
+static inline int check_resume_with(Precision p, StateFormats formats) {
     LlamaConfig cfg;
     checkpoint_read_config(REF_MODEL_PATH, &cfg);
     RefState r;
@@ -516,13 +535,14 @@ static inline int check_resume_with(Precision p, OptimState optim) {
     id.B = r.B;
     id.T = r.T;
     id.precision = p;
-    id.optim_state = optim;
-    printf("  --optim-state %s:\n", optim_state_name(optim));
+    id.optim_state = formats.optim_state;
+    id.master_weights = formats.master_weights;
+    printf("  --optim-state %s --master-weights %s:\n", optim_state_name(formats.optim_state), master_format_name(formats.master_weights));
     float losses[2][3];
     float* final_weights[2];
     for (int run = 0; run < 2; run++) {
         Llama m;
-        reference_model_with(&m, p, &cfg, &r, r.B, 0, optim);
+        reference_model_with(&m, p, &cfg, &r, r.B, 0, formats);
         int start = 0;
         if (run == 0) { /* a checkpoint before any update (fresh moments) is a valid state too: it loads */
             TrainState s;
@@ -533,6 +553,7 @@ static inline int check_resume_with(Precision p, OptimState optim) {
         }
         if (run == 1) {
             TrainState s;
+            poison_state(&m);
             checkpoint_load(dir, 3, &m, &id, &s);
             llama_refresh_working_weights(&m);
             start = s.step;
@@ -579,10 +600,13 @@ static inline int check_resume_with(Precision p, OptimState optim) {
     return failures != 0;
 }
 
-/* check_resume_with every --optim-state: the moments' codes and scales must come back exactly. */
+/* check_resume_with every --optim-state, then fp16 master weights with fp8 moments: the codes and scales
+   must come back exactly. */
 static inline int check_resume_in(Precision p) {
     int failures = 0;
-    for (int f = OPTIM_STATE_FP32; f <= OPTIM_STATE_FP8; f++) failures += check_resume_with(p, (OptimState)f);
+    for (int f = OPTIM_STATE_FP32; f <= OPTIM_STATE_FP8; f++)
+        failures += check_resume_with(p, (StateFormats){(OptimState)f, GRAD_FORMAT_FP32, MASTER_FP32});
+    failures += check_resume_with(p, (StateFormats){OPTIM_STATE_FP8, GRAD_FORMAT_FP32, MASTER_FP16});
     return failures;
 }
 

@@ -176,10 +176,10 @@ def copy_checkpoint(src, dst, step):
 def test_resume_across_rank_counts(tmp_path, recipe, threads):
     """Saved on 2 ranks: resumed on 2 ranks bit-exact; on 1 and 3 ranks (same global batch) it continues
     exactly as the uninterrupted run (ZeRO-2, whose sums do not depend on how the batch is split). The
-    delayed case also keeps its AdamW moments in fp8 (--optim-state fp8): the amax history and scales
-    come back on any rank count, and so do the moments' codes and per-chunk scales, each chunk read from
-    the shard that saved it."""
-    flags = [*DELAYED, "--optim-state", "fp8"] if recipe == "delayed" else []
+    delayed case also keeps its AdamW moments in fp8 (--optim-state fp8) and its master weights in fp16
+    (--master-weights fp16): the amax history and scales come back on any rank count, and so do the
+    moments' and the master's codes and per-chunk scales, each chunk read from the shard that saved it."""
+    flags = [*DELAYED, "--optim-state", "fp8", "--master-weights", "fp16"] if recipe == "delayed" else []
     full = tmp_path / "full"
     train(2, full, "-z", 2, "-n", 2, *flags, steps=4, global_micro=6, env=mpi_env(threads))
     for ranks, z in [(2, 2), (1, 2), (3, 1)]:

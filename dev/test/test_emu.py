@@ -331,12 +331,13 @@ def test_two_ranks_fp8_wire_matches_cpu(shakespeare):
 def test_two_ranks_every_saving_matches_cpu(shakespeare):
     """Every saving of MS-AMP's levels on the GPU path: ZeRO-1 with two micro-steps per rank into an fp8
     gradient buffer (cuda/optimizer.cuh's requantizing add, then on the last micro-step the stored sum
-    added into the FP32 bucket before its reduce-scatter), the fp8 wire and fp8 moments, against the CPU
+    added into the FP32 bucket before its reduce-scatter), the fp8 wire, fp8 moments and an fp16 master
+    (decoded for AdamW and the weight casts, stored again with new scales), against the CPU
     build's 2-rank run of the same flags: the losses within the two builds' BF16 difference."""
     cpu = REPO / "train_llama_cpu"
     if not cpu.exists():
         pytest.skip("train_llama_cpu is not built")
-    flags = ["-d", "512", "--grad-buffer", "fp8", "--grad-reduce", "fp8", "--optim-state", "fp8"]
+    flags = ["-d", "512", "--grad-buffer", "fp8", "--grad-reduce", "fp8", "--optim-state", "fp8", "--master-weights", "fp16"]
     assert_close_to_cpu(two_ranks("1", *flags, exe=cpu), two_ranks("1", *flags), "bf16 2 ranks ZeRO-1, every saving")
 
 

@@ -64,7 +64,8 @@ def shards(tmp_path, rng):
 
 @pytest.mark.parametrize("flags", [["-p", "fp8"], ["-p", "bf16", "-r", "1"], ["-p", "fp8", "-r", "2"], ["-p", "fp32", "-z", "1"],
                                    ["-p", "fp8", "--optim-state", "fp8"], ["-p", "bf16", "--optim-state", "bf16"],
-                                   ["-p", "fp8", "--grad-buffer", "fp8"], ["-p", "bf16", "--grad-buffer", "bf16"]])
+                                   ["-p", "fp8", "--grad-buffer", "fp8"], ["-p", "bf16", "--grad-buffer", "bf16"],
+                                   ["-p", "fp8", "--master-weights", "fp16"]])
 def test_plan_is_what_a_run_allocates(trainer, tmp_path, shards, flags):
     real = run([trainer, *BASE, *shards, *flags, "-x", "1"])
     assert real.returncode == 0, real.stderr
@@ -75,10 +76,12 @@ def test_plan_is_what_a_run_allocates(trainer, tmp_path, shards, flags):
 
 
 @pytest.mark.skipif(MPIRUN is None, reason="mpirun not found (make setup installs Open MPI)")
-@pytest.mark.parametrize("ranks, zero, extra", [(2, 2, []), (3, 1, []), (2, 1, ["--grad-buffer", "fp8"])])
+@pytest.mark.parametrize("ranks, zero, extra", [(2, 2, []), (3, 1, []),
+                                                 (2, 1, ["--grad-buffer", "fp8", "--master-weights", "fp16"])])
 def test_plan_of_ranks_is_what_rank_0_allocates(trainer, tmp_path, shards, ranks, zero, extra):
     """--ranks N plans rank 0 of an mpirun -np N run: the sharded master weights, moments, gradient shard
-    and bucket buffers (ZeRO-2's, and those of an fp8 gradient buffer), padded pieces included."""
+    and bucket buffers (ZeRO-2's, and those of an fp8 gradient buffer), an fp16 master with its scales
+    and scratch, padded pieces included."""
     flags = [*BASE, *shards, "-p", "fp8", "-z", zero, *extra]
     real = mpirun(ranks, [*flags, "-x", "1"])
     assert real.returncode == 0, real.stderr

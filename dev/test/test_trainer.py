@@ -239,7 +239,8 @@ def test_resume_rejects_changed_settings(trainer, tmp_path, shakespeare):
     assert_one_line_error(run([trainer, *FAST, "-x", "4", "-o", out, "-y", "1", "-p", "bf16"]), "state_00000002_00000.bin", "-p")
     # the moments', the reduction's and the gradient buffer's formats are the run's numerics too (issue 19):
     # named with both values
-    for flag, value, saved in [("--optim-state", "fp8", "fp32"), ("--grad-reduce", "bf16", "fp32"), ("--grad-buffer", "fp8", "fp32")]:
+    for flag, value, saved in [("--optim-state", "fp8", "fp32"), ("--grad-reduce", "bf16", "fp32"), ("--grad-buffer", "fp8", "fp32"),
+                               ("--master-weights", "fp16", "fp32")]:
         assert_one_line_error(run([trainer, *FAST, "-x", "4", "-o", out, "-y", "1", flag, value]), "state_00000002_00000.bin",
                               f"{flag} (checkpoint {saved}, now {value})")
 
@@ -259,6 +260,25 @@ def test_resume_rejects_a_corrupt_moment_scale(trainer, tmp_path, shakespeare):
         state.write_bytes(good[:-4] + np.float32(bad).tobytes())
         assert_one_line_error(run([trainer, *FAST, "-x", "4", "-o", out, "-y", "1", "--optim-state", "fp8"]),
                               "state_00000002_00000.bin", "scale_inv", "not a positive power of two")
+
+
+def test_resume_rejects_a_corrupt_master_scale(trainer, tmp_path, shakespeare):
+    """--master-weights fp16: the state file ends in the master's scale_inv (1 per 4096-element chunk);
+    one that is not a positive power of two stops the resume naming the file and the master weights."""
+    out = tmp_path / "run"
+    r = run([trainer, *FAST, "-x", "2", "-o", out, "--master-weights", "fp16"])
+    assert r.returncode == 0, r.stderr
+    state = out / "state_00000002_00000.bin"
+    good = state.read_bytes()
+    tail = np.frombuffer(good[-4:], dtype=np.float32)
+    assert np.all(tail > 0) and np.all(np.log2(tail) == np.round(np.log2(tail))), tail
+    for bad in (-0.5, np.nan):
+        state.write_bytes(good[:-4] + np.float32(bad).tobytes())
+        assert_one_line_error(run([trainer, *FAST, "-x", "4", "-o", out, "-y", "1", "--master-weights", "fp16"]),
+                              "state_00000002_00000.bin", "master weights' scale_inv", "not a positive power of two")
+    state.write_bytes(good)
+    r = run([trainer, *FAST, "-x", "4", "-o", out, "-y", "1", "--master-weights", "fp16"])
+    assert r.returncode == 0, r.stderr
 
 
 def test_checkpoint_loads_as_a_model(trainer, tmp_path, shakespeare):

@@ -1,19 +1,23 @@
 """
---grad-buffer (llama/optim.h "the gradient buffer", train/data_parallel.h dp_stage_grads): the gradients a
-step's micro-steps accumulate, stored in BF16 or in E4M3 with a scale per 4096-element chunk.
+The stored FP32 arrays of --grad-buffer and --master-weights (llama/optim.h StoreCodec; the gradient
+buffer's accumulation in train/data_parallel.h dp_stage_grads, the master's decode and store in
+llama/model.h llama_master_piece / llama_master_store).
 
-The codec against a numpy / ml_dtypes transcription of its description (not read from the C): after each
-micro-step, stored = round(decoded stored + new), the addition in FP32; bf16 rounds to nearest even; fp8
-gives each chunk scale 2^floor(log2(448 / amax)) of the sums' amax (1 when 0; scale_inv NaN when a sum is
-NaN or Inf) and E4M3 codes of sum * scale (dist/grad_fp8.h's wire format, transcribed in
-test_grad_reduce_fp8.py). The C side is test_llama_cpu's tool mode --grad-buffer (the CPU build's
-op_grad_accumulate and op_grad_load; the GPU kernels are checked against them bit for bit in
-dev/cuda/kernel_cases.cuh, family optimizer). Then the trainer: with one micro-step per step ZeRO-1
-never rounds (the last micro-step's gradients reach the reduction in FP32), so the run is the FP32
-buffer's bit for bit; with several, the gradient norm and the losses stay within the format's rounding
-of the FP32 buffer's; resume is bit-exact on the same rank count; and what the buffer cannot do is
-refused with one line.
+The codecs against a numpy / ml_dtypes transcription of their description (not read from the C): after
+each row, stored = round(decoded stored + new), the addition in FP32; bf16 rounds to nearest even; e4m3
+(the gradient buffer's fp8) gives each 4096-element chunk the scale 2^floor(log2(448 / amax)) of its
+values' amax and E4M3 codes of x * scale (dist/grad_fp8.h's wire format, transcribed in
+test_grad_reduce_fp8.py); fp16 (the master's) the scale 2^floor(log2(65504 / amax)) and numpy's float16
+of x * scale; a scaled chunk holding a NaN or an Inf gets scale_inv NaN. The C side is test_llama_cpu's
+tool mode --store (the CPU build's op_store_add and op_store_load; the GPU kernels are checked against
+them bit for bit in dev/cuda/kernel_cases.cuh, family optimizer). Then the trainer's gradient buffer:
+with one micro-step per step ZeRO-1 never rounds (the last micro-step's gradients reach the reduction
+in FP32), so the run is the FP32 buffer's bit for bit; with several, the gradient norm and the losses
+stay within the format's rounding of the FP32 buffer's; resume is bit-exact on the same rank count; and
+what the buffer cannot do is refused with one line. (The fp16 master's resume: dev/test/reference_check.h
+check_resume_in, and test_distributed.py's resume across rank counts.)
 """
+import math
 import subprocess
 
 import ml_dtypes
@@ -29,36 +33,60 @@ E4M3 = ml_dtypes.float8_e4m3fn
 needs_mpi = pytest.mark.skipif(MPIRUN is None, reason="mpirun not found (make setup installs Open MPI)")
 
 
-def ref_accumulate(fmt, rows):
-    """(stored bytes, scale_inv or None, decoded float32) after adding float32 rows one by one."""
-    n = rows.shape[1]
-    decoded = np.zeros(n, np.float32)
-    stored, scale_inv = None, None
-    for row in rows:
-        total = (decoded + row).astype(np.float32)  # one FP32 addition per element
-        if fmt == "fp32":
-            stored, decoded = total, total
-        elif fmt == "bf16":
-            q = total.astype(ml_dtypes.bfloat16)
-            stored, decoded = q.view(np.uint16), q.astype(np.float32)
-        else:
-            codes, _, scale_inv = ref_pack(total)
-            stored = codes
-            with np.errstate(invalid="ignore"):
-                decoded = codes.view(E4M3).astype(np.float32) * np.repeat(scale_inv, CHUNK)[:n]
-    return stored.tobytes(), scale_inv, decoded
+def ref_scale(seg, max_value):
+    """(scale, scale_inv) of one chunk: 2^floor(log2(max / amax)), 1 for amax 0, scale_inv NaN when not finite."""
+    if not np.all(np.isfinite(seg)):
+        return 1.0, math.nan
+    amax = float(np.max(np.abs(seg))) if seg.size else 0.0
+    if amax == 0.0:
+        return 1.0, 1.0
+    e = min(math.floor(math.log2(max_value / amax)), 127)  # a float32 scale: at most 2^127
+    return 2.0 ** e, 2.0 ** -e
 
 
-def c_grad_buffer(checker, fmt, rows, last, tmp_path):
-    """test_llama_cpu --grad-buffer: (stored bytes, scale_inv, last + decoded, decoded)."""
+def ref_encode(codec, total):
+    """(stored bytes, scale_inv or None, decoded float32) of float32 `total` in `codec`."""
+    if codec == "fp32":
+        return total.tobytes(), None, total
+    if codec == "bf16":
+        q = total.astype(ml_dtypes.bfloat16)
+        return q.tobytes(), None, q.astype(np.float32)
+    if codec == "e4m3":
+        codes, _, scale_inv = ref_pack(total)  # the wire's transcription (test_grad_reduce_fp8.py)
+        with np.errstate(invalid="ignore"):
+            decoded = codes.view(E4M3).astype(np.float32) * np.repeat(scale_inv, CHUNK)[:total.size]
+        return codes.tobytes(), scale_inv, decoded
+    n = total.size
+    halves = np.empty(n, np.float16)
+    scale_inv = np.empty(-(-n // CHUNK), np.float32)
+    for c in range(scale_inv.size):
+        seg = total[c * CHUNK:(c + 1) * CHUNK]
+        sc, scale_inv[c] = ref_scale(seg, 65504.0)
+        halves[c * CHUNK:(c + 1) * CHUNK] = (seg.astype(np.float64) * sc).astype(np.float32).astype(np.float16)
+    with np.errstate(invalid="ignore"):
+        decoded = halves.astype(np.float32) * np.repeat(scale_inv, CHUNK)[:n]
+    return halves.tobytes(), scale_inv, decoded
+
+
+def ref_accumulate(codec, rows):
+    """What storing rows[0] and adding each next row gives: (stored bytes, scale_inv or None, decoded)."""
+    decoded = np.zeros(rows.shape[1], np.float32)
+    for t, row in enumerate(rows):
+        total = (decoded + row).astype(np.float32) if t else row  # one FP32 addition per element
+        stored, scale_inv, decoded = ref_encode(codec, total)
+    return stored, scale_inv, decoded
+
+
+def c_store(checker, codec, rows, last, tmp_path):
+    """test_llama_cpu --store: (stored bytes, scale_inv, last + decoded, decoded)."""
     inp, out = tmp_path / "g.f32", tmp_path / "g.out"
     np.concatenate([rows.ravel(), last]).astype(np.float32).tofile(inp)
-    r = run([checker, "--grad-buffer", fmt, str(rows.shape[0]), inp, out])
+    r = run([checker, "--store", codec, str(rows.shape[0]), inp, out])
     assert r.returncode == 0, r.stderr
     raw = out.read_bytes()
     n = rows.shape[1]
-    nbytes = n * {"fp32": 4, "bf16": 2, "fp8": 1}[fmt]
-    chunks = -(-n // CHUNK) if fmt == "fp8" else 0
+    nbytes = n * {"fp32": 4, "bf16": 2, "e4m3": 1, "fp16": 2}[codec]
+    chunks = -(-n // CHUNK) if codec in ("e4m3", "fp16") else 0
     sinv = np.frombuffer(raw[nbytes:nbytes + 4 * chunks], np.float32)
     tail = np.frombuffer(raw[nbytes + 4 * chunks:], np.float32)
     assert tail.size == 2 * n
@@ -66,8 +94,8 @@ def c_grad_buffer(checker, fmt, rows, last, tmp_path):
 
 
 def wide_rows(rng, steps, n):
-    """Micro-step gradients with a dynamic range of 2^-40 .. 2^40 across chunks and 2^-12 within them,
-    a zero chunk, and in the second micro-step a NaN in chunk 2."""
+    """Rows with a dynamic range of 2^-40 .. 2^40 across chunks and 2^-12 within them, a zero chunk, and
+    in the second row a NaN in chunk 2."""
     rows = np.empty((steps, n), np.float32)
     for t in range(steps):
         mags = 2.0 ** rng.uniform(-40, 40, -(-n // CHUNK))
@@ -77,46 +105,52 @@ def wide_rows(rng, steps, n):
     return rows
 
 
-@pytest.mark.parametrize("fmt", ["fp32", "bf16", "fp8"])
-def test_accumulation_matches_the_description(checker, tmp_path, rng, fmt):
-    """Five micro-steps into a zeroed buffer of 3.6 chunks, added in two calls split at a chunk boundary
-    (as a bucket's segments are): the stored bytes, the scales, the decoded buffer and the last
-    micro-step's FP32 gradients plus the decoded buffer (ZeRO-1's last micro-step) are the
-    transcription's, bit for bit; the NaN poisons its element (bf16, fp32) or its whole chunk (fp8)."""
+@pytest.mark.parametrize("codec", ["fp32", "bf16", "e4m3", "fp16"])
+def test_store_matches_the_description(checker, tmp_path, rng, codec):
+    """A poisoned array of 3.6 chunks stores one row, then adds four more, each in two calls split at a
+    chunk boundary (as a bucket's segments are): the stored bytes, the scales, the decoded array and the
+    last row plus the decoded array (ZeRO-1's last micro-step) are the transcription's, bit for bit; the
+    NaN poisons its element (fp32, bf16) or its whole chunk (scaled codecs). bf16 and e4m3 are the
+    gradient buffer's, fp16 the master weights'."""
     steps, n = 5, int(3.6 * CHUNK)
     rows = wide_rows(rng, steps, n)
     last = rng.standard_normal(n).astype(np.float32)
-    stored, sinv, plus_last, decoded = c_grad_buffer(checker, fmt, rows, last, tmp_path)
-    want_stored, want_sinv, want_decoded = ref_accumulate(fmt, rows)
-    assert stored == want_stored, f"{fmt}: stored bytes differ"
-    if fmt == "fp8":
+    stored, sinv, plus_last, decoded = c_store(checker, codec, rows, last, tmp_path)
+    want_stored, want_sinv, want_decoded = ref_accumulate(codec, rows)
+    if codec in ("e4m3", "fp16"):
         assert np.array_equal(sinv, want_sinv, equal_nan=True), (sinv, want_sinv)
         assert np.isnan(sinv[2]) and np.isfinite(np.delete(sinv, 2)).all()
     assert np.array_equal(decoded, want_decoded, equal_nan=True)
     assert np.array_equal(plus_last, (last + want_decoded).astype(np.float32), equal_nan=True)
     bad = np.flatnonzero(np.isnan(decoded))
-    want_bad = np.arange(2 * CHUNK, 3 * CHUNK) if fmt == "fp8" else np.array([2 * CHUNK + 7])
+    want_bad = np.arange(2 * CHUNK, 3 * CHUNK) if codec in ("e4m3", "fp16") else np.array([2 * CHUNK + 7])
     assert np.array_equal(bad, want_bad)
+    # bytes: the NaN elements' codes may differ in payload; every other byte is the transcription's
+    eb = len(stored) // n
+    ours, want = np.frombuffer(stored, np.uint8).reshape(n, eb), np.frombuffer(want_stored, np.uint8).reshape(n, eb)
+    keep = ~np.isnan(decoded)
+    assert np.array_equal(ours[keep], want[keep]), f"{codec}: stored bytes differ"
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
-def test_accumulation_error_bound(checker, tmp_path, rng, fmt):
-    """Against the float64 sum of the micro-steps: each stored partial sum is off by at most half an ulp
-    of its format (2^-8 relative in BF16: 7 mantissa bits; 2^-4 relative plus 2^-10 / scale in E4M3), so after A
-    micro-steps the error is at most the sum of those bounds over the A rounded partial sums, and the
-    FP32 additions' 2^-24. Finite inputs of one magnitude per chunk, as a layer's gradients are."""
+@pytest.mark.parametrize("codec", ["bf16", "e4m3", "fp16"])
+def test_accumulation_error_bound(checker, tmp_path, rng, codec):
+    """Against the float64 sum of the rows: each stored partial sum is off by at most half an ulp of its
+    codec (2^-8 relative in BF16: 7 mantissa bits; 2^-4 relative plus 2^-10 / scale in E4M3; 2^-11 plus
+    2^-25 / scale in FP16), so after A rows the error is at most the sum of those bounds over the A
+    stored partial sums, plus the FP32 additions' 2^-24. Finite inputs of one magnitude per chunk, as a
+    layer's gradients are."""
     steps, n = 8, 3 * CHUNK
     rows = (rng.standard_normal((steps, n)) * np.repeat(2.0 ** rng.uniform(-20, 0, 3), CHUNK)).astype(np.float32)
-    _, sinv, _, decoded = c_grad_buffer(checker, fmt, rows, np.zeros(n, np.float32), tmp_path)
+    _, _, _, decoded = c_store(checker, codec, rows, np.zeros(n, np.float32), tmp_path)
     exact = rows.astype(np.float64).sum(axis=0)
     partial = np.cumsum(rows.astype(np.float64), axis=0)
-    rel = 2.0 ** -8 if fmt == "bf16" else 2.0 ** -4
-    # the floor of the subnormals: scale_inv of the chunk at each partial sum, bounded by its largest
-    floor = 0.0 if fmt == "bf16" else np.repeat(np.abs(partial).reshape(steps, 3, CHUNK).max(axis=2) / 448 * 2, CHUNK, axis=1)
-    bound = (rel * 1.01 * np.abs(partial) + floor * 2.0 ** -10 + 2.0 ** -23 * np.abs(partial)).sum(axis=0)
+    rel, sub, top = {"bf16": (2.0 ** -8, 0.0, 1.0), "e4m3": (2.0 ** -4, 2.0 ** -10, 448.0), "fp16": (2.0 ** -11, 2.0 ** -25, 65504.0)}[codec]
+    # 1 / scale of each chunk at each partial sum is below 2 amax / max
+    inv_scale = np.repeat(np.abs(partial).reshape(steps, 3, CHUNK).max(axis=2) / top * 2, CHUNK, axis=1)
+    bound = (rel * 1.01 * np.abs(partial) + sub * inv_scale + 2.0 ** -23 * np.abs(partial)).sum(axis=0)
     err = np.abs(decoded - exact)
     assert np.all(err <= bound), f"worst {np.max(err / bound):.3f} of the bound"
-    assert np.max(err / bound) > 0.01, "the buffer does not round at all"
+    assert np.max(err / bound) > 0.01, "nothing is rounded"
 
 
 # ---------------------------------------------------------------- the trainer
