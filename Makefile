@@ -87,8 +87,8 @@ DATA_DIR ?= dev/data/tinyshakespeare
 TRAIN_DATA = $(DATA_DIR)/tiny_shakespeare_train.bin
 
 # One folder per layer (README "Repository layout"); every build depends on all of their headers.
-HEADERS = $(wildcard core/*.h fp8/*.h llama/*.h cpu/*.h dist/*.h train/*.h dataloader/*.h)
-CUDA_HEADERS = $(wildcard core/*.cuh fp8/*.cuh cuda/*.cuh cuda/*.h dist/*.cuh)
+HEADERS = $(wildcard core/*.h fp8/*.h llama/*.h cpu/*.h comm/*.h model/*.h train/*.h dataloader/*.h)
+CUDA_HEADERS = $(wildcard core/*.cuh fp8/*.cuh cuda/*.cuh cuda/*.h comm/*.cuh)
 TEST_HEADERS = $(wildcard dev/test/*.h)
 
 # SANITIZE=1 (`make SANITIZE=1 cpu`): the CPU binaries built with AddressSanitizer + UndefinedBehavior-

@@ -10,7 +10,7 @@
  * Random inputs are drawn from a fresh seed each run (printed; set LLM8_TEST_SEED to replay one).
  */
 #define TESTING
-/* Elements per MPI call, small: --grad-reduce-fp8 then splits its exchanges (dist/comm_mpi.h). */
+/* Elements per MPI call, small: --grad-reduce-fp8 then splits its exchanges (comm/comm_mpi.h). */
 #define MPI_MAX_COUNT ((size_t)1 << 14)
 #include "train_llama.c"              // the CPU trainer: backend, model, training program
 #include "dev/test/reference_check.h" // defines: reference_check, check_*_in (model-level checks, both builds)
@@ -961,7 +961,7 @@ static Fp8Format parse_format(const char* s) {
  * --fp8-gemm ACCUM FMT_X FMT_W M N K FAST SPLITS SCALE_X SCALE_W X W OUT: Y (M, N) float32 =
  * scale_x scale_w X W^T for FP8 codes X (M, K) and W (N, K), row-major, run as an fprop GemmCall with
  * fast accumulation FAST and --fp8-accum ACCUM (hopper with SPLITS > 1: contiguous split-K parts);
- * --grad-fp8-pack IN OUT: the FP8 gradient wire's block of IN's float32s (dist/grad_fp8.h: codes, then
+ * --grad-fp8-pack IN OUT: the FP8 gradient wire's block of IN's float32s (comm/grad_fp8.h: codes, then
  * one scale_inv per chunk); --grad-reduce-fp8 KIND N IN OUT, under mpirun with W ranks: this rank's
  * input from IN.<rank> (float32), the collective on the FP8 wire, its output to OUT.<rank>: KIND
  * reduce_scatter (IN: W * N, OUT: N), reduce_scatter_acc (IN: N initial recv then W * N; OUT: N, the

@@ -4,8 +4,8 @@
  * numerics). See README.md for usage.
  */
 #include "cpu/backend.h"     // defines: act_t = float, dev_* (host memory), op_* (OpenMP loops, the FP8 library's CPU emulation)
-#include "dist/comm_mpi.h"   // defines: comm_* (MPI collectives on host memory, summed in rank order)
-#include "llama/model.h"     // defines: Llama, llama_build, llama_forward, llama_backward, llama_update
+#include "comm/comm_mpi.h"   // defines: comm_* (MPI collectives on host memory, summed in rank order)
+#include "model/model.h"     // defines: Llama, llama_build, llama_forward, llama_backward, llama_update
 #include "train/trainer.h"   // defines: train_main (command line, agreement, data, step loop, ZeRO, checkpoints, logs)
 
 #ifndef TESTING

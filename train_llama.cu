@@ -4,8 +4,8 @@
  * See README.md for usage.
  */
 #include "cuda/backend.cuh"    // defines: act_t = __nv_bfloat16, dev_* (device memory), op_* (kernels, cuBLASLt, cuDNN)
-#include "dist/comm_nccl.cuh"  // defines: comm_* (NCCL on a communication stream; MPI only to bootstrap)
-#include "llama/model.h"       // defines: Llama, llama_build, llama_forward, llama_backward, llama_update
+#include "comm/comm_nccl.cuh"  // defines: comm_* (NCCL on a communication stream; MPI only to bootstrap)
+#include "model/model.h"       // defines: Llama, llama_build, llama_forward, llama_backward, llama_update
 #include "train/trainer.h"     // defines: train_main (command line, agreement, data, step loop, ZeRO, checkpoints, logs)
 
 #ifndef TESTING

@@ -8,7 +8,7 @@
 #pragma once
 
 #include "../core/cuda_utils.cuh"
-#include "../dist/grad_fp8.cuh"
+#include "../comm/grad_fp8.cuh"
 #include "../llama/optim.h"
 
 __global__ void params_from_master_kernel(act_t* out, const float* master, size_t n) {
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(BLOCK_THREADS) adamw_chunk_kernel(float* maste
 
 /*
  * AdamW (optim.h's adamw_update) on n FP32 master weights with moments s (optim.h's formats), gradients
- * multiplied by grad_scale; the BF16 working copy is refreshed afterwards by op_params_from_master (model.h).
+ * multiplied by grad_scale; the BF16 working copy is refreshed afterwards by op_params_from_master (model/model.h).
  */
 static inline void op_adamw(float* master, AdamwMoments s, const float* grads, size_t n, float lr, float wd, float bc1,
                             float bc2_sqrt, float grad_scale) {

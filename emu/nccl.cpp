@@ -1,5 +1,5 @@
 /*
- * The emulated GPU's NCCL, over MPI: the calls dist/comm_nccl.cuh makes (unique id, init, destroy, abort,
+ * The emulated GPU's NCCL, over MPI: the calls comm/comm_nccl.cuh makes (unique id, init, destroy, abort,
  * async error, error strings, all-reduce sum/max/min of float/double/bf16, reduce-scatter, all-gather,
  * broadcast) plus ncclGroupStart/End with ncclSend/ncclRecv for the FP8 gradient all-to-all, compiled
  * against the toolkit's real nccl.h. Emulated device memory is host memory, so MPI moves it directly.

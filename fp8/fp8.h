@@ -161,7 +161,7 @@ LLM8_HD static inline void fp8_scale_set(Fp8Scale* s, float amax, Fp8Format f, i
  * "transformer_engine.common.recipe.DelayedScaling"; its kernel amax_and_scale_update): an activation
  * or gradient is cast with a scale computed before it exists, from a history of amaxes of earlier
  * steps, and the cast records the tensor's amax as it goes (no separate amax read). llm8's history gets
- * one entry per applied optimizer step per operand (TE: one per forward call), see llama/model.h.
+ * one entry per applied optimizer step per operand (TE: one per forward call), see model/model.h.
  */
 typedef enum { FP8_RECIPE_CURRENT = 0, FP8_RECIPE_DELAYED = 1 } Fp8Recipe;
 /* How the delayed recipe reduces its history to one amax (TE's amax_compute_algo). */
@@ -199,7 +199,7 @@ LLM8_HD static inline float fp8_delayed_scale(float amax, float prev_scale, Fp8F
 }
 
 /* Bytes of the delayed recipe's training state for `records` X / dY records with histories of H: the
-   records (Fp8Scale), then the histories (FP32). The model's and the state file's sizes (llama/model.h,
+   records (Fp8Scale), then the histories (FP32). The model's and the state file's sizes (model/model.h,
    train/checkpoint.h) both come from here. */
 static inline size_t fp8_delayed_state_bytes(size_t records, int H) {
     return records * sizeof(Fp8Scale) + records * (size_t)H * sizeof(float);

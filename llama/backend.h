@@ -1,5 +1,5 @@
 /*
- * The backend contract: every function the model (llama/model.h) and the training program (train/)
+ * The backend contract: every function the model (model/model.h) and the training program (train/)
  * call on a backend, with shapes, types and error behaviour. Each backend (cpu/backend.h,
  * cuda/backend.cuh) defines `act_t` and LLM8_BACKEND, includes this header, then defines every function
  * below, so a definition whose signature drifts from its prototype is a compile error: "conflicting

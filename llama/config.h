@@ -68,7 +68,7 @@ static inline const char* precision_name(Precision p) {
     return p == PRECISION_FP8 ? "fp8" : p == PRECISION_BF16 ? "bf16" : "fp32";
 }
 
-/* -r: what backward rebuilds instead of reading it from memory (llama/model.h "Recompute"). */
+/* -r: what backward rebuilds instead of reading it from memory (model/model.h "Recompute"). */
 enum { RECOMPUTE_NONE, RECOMPUTE_NORMS, RECOMPUTE_BLOCKS, RECOMPUTE_LEVELS };
 
 /* Parses "fp8" | "bf16" | "fp32"; returns -1 for anything else. */

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "../core/common.h"
-#include "../dist/grad_fp8.h"
+#include "../comm/grad_fp8.h"
 #include "../fp8/fp8.h"
 
 #define ADAMW_BETA1 0.9f
@@ -83,7 +83,7 @@ LLM8_HD static inline void adamw_update(float* p, float* m, float* v, float g, f
 typedef enum { OPTIM_STATE_FP32 = 0, OPTIM_STATE_BF16 = 1, OPTIM_STATE_FP8 = 2 } OptimState;
 static const char* const OPTIM_STATE_NAMES[] = {"fp32", "bf16", "fp8"};
 
-/* Elements per scale of the fp8 format: dist/zero.h's ZERO_CHUNK (llama/model.h checks that they agree). */
+/* Elements per scale of the fp8 format: comm/zero.h's ZERO_CHUNK (model/model.h checks that they agree). */
 #define ADAMW_CHUNK ((size_t)4096)
 #define FP16_MAX 65504.0f
 
@@ -174,11 +174,11 @@ LLM8_HD static inline float adamw_moment_scale(int which, float amax) {
  *   STORE_FP32  as is.
  *   STORE_BF16  rounded to BF16, nearest even; no scale: BF16 has FP32's range.
  *   STORE_E4M3  E4M3 codes of x * scale, scale = 2^floor(log2(448 / amax)) from the chunk's amax:
- *               --grad-reduce fp8's wire format (dist/grad_fp8.h grad_fp8_scale).
+ *               --grad-reduce fp8's wire format (comm/grad_fp8.h grad_fp8_scale).
  *   STORE_FP16  FP16 of x * scale, scale = 2^floor(log2(65504 / amax)) (as the fp8 AdamW v's).
  * A scaled chunk keeps scale_inv = 1 / scale (exact: a power of two), NaN when the chunk holds a NaN or an
  * Inf, so that every element of it decodes to NaN; amax 0 gives scale 1. Error per store: half an ulp of
- * the format, 2^-8 |x| in BF16 (7 mantissa bits), 2^-4 |x| + 2^-10 / scale in E4M3 (dist/grad_fp8.h),
+ * the format, 2^-8 |x| in BF16 (7 mantissa bits), 2^-4 |x| + 2^-10 / scale in E4M3 (comm/grad_fp8.h),
  * 2^-11 |x| + 2^-25 / scale in FP16.
  */
 typedef enum { STORE_FP32, STORE_BF16, STORE_E4M3, STORE_FP16 } StoreCodec;

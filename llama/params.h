@@ -67,7 +67,7 @@ static inline int param_is_per_layer(int tensor) { return tensor != P_TOK_EMBEDD
 
 /*
  * A segment of the parameter vector: one tensor, or one layer of a per-layer tensor. Segments are the
- * unit of gradient norms and error messages, of ZeRO sharding (dist/zero.h) and of the communication
+ * unit of gradient norms and error messages, of ZeRO sharding (comm/zero.h) and of the communication
  * buckets; listed in checkpoint order they tile the vector.
  */
 typedef struct {

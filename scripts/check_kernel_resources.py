@@ -42,7 +42,7 @@ DYNAMIC_SMEM = {
     "rmsnorm_backward_kernel": lambda s: s["C"] * 4,  # cuda/rmsnorm.cuh: C floats
 }
 
-SOURCE_DIRS = ["core", "cuda", "fp8", "dist", "llama", "train", "dev/cuda"]
+SOURCE_DIRS = ["core", "cuda", "fp8", "comm", "llama", "model", "train", "dev/cuda"]
 SOURCE_FILES = ["train_llama.cu", "test_llama.cu"]
 
 

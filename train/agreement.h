@@ -12,7 +12,7 @@
 #pragma once
 
 #include "checkpoint.h"
-#include "../dist/comm.h"
+#include "../comm/comm.h"
 
 /* Longest text setting compared (git describe of the build, backend_math_identity). */
 #define SETTING_TEXT_LEN 128

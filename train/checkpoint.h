@@ -2,7 +2,7 @@
  * Training checkpoints, read and written by both builds (README "File formats"): a step's model
  * checkpoint (llama/model_file.h), every rank's training state and the DONE marker.
  *
- * A step's training state is one file per shard of the ZeRO layout it was saved in (dist/zero.h: one
+ * A step's training state is one file per shard of the ZeRO layout it was saved in (comm/zero.h: one
  * file under ZeRO-0, one per rank under ZeRO-1/2). Each file holds what exact resume needs beyond the
  * weights, the same in every file (step, data position between global batches, sampling RNG, skip
  * counters, the shadow policy's state, the run settings that must not change across a resume, compared
@@ -24,7 +24,7 @@
 #include "shadow_policy.h"
 #include "../core/rng.h"
 #include "../dataloader/dataloader.h"
-#include "../dist/wire.h"
+#include "../comm/wire.h"
 #include "../fp8/gemm.h"
 #include "../llama/model_file.h"
 #include "../llama/optim.h"
@@ -51,7 +51,7 @@ typedef struct {
     uint64_t bf16_blocks[RUN_BF16_BLOCK_WORDS]; /* --bf16-layers: bit l set = block l runs BF16 in -p fp8 */
     /* --fp8-recipe (Fp8Recipe) and the delayed recipe's --amax-history, --amax-algo (Fp8AmaxAlgo), --fp8-margin */
     int32_t fp8_recipe, amax_history, amax_algo, fp8_margin;
-    /* --optim-state (llama/optim.h OptimState) and --grad-reduce (dist/wire.h CommWire) */
+    /* --optim-state (llama/optim.h OptimState) and --grad-reduce (comm/wire.h CommWire) */
     int32_t optim_state, grad_reduce;
     /* --grad-buffer (llama/optim.h GradFormat) and --master-weights (MasterFormat) */
     int32_t grad_buffer, master_weights;
@@ -202,7 +202,7 @@ static inline int run_identity_diff(const RunIdentity* a, const RunIdentity* b, 
 typedef struct {
     int32_t step;              /* optimizer steps done */
     int32_t shard;             /* the shard of the saved layout this file holds */
-    int32_t shards;            /* shards of the saved layout (dist/zero.h): ranks under ZeRO-1/2, 1 under ZeRO-0 */
+    int32_t shards;            /* shards of the saved layout (comm/zero.h): ranks under ZeRO-1/2, 1 under ZeRO-0 */
     int32_t chunk;             /* ZERO_CHUNK of the writer */
     int32_t world;             /* ranks of the run that wrote it */
     int32_t zero_stage;        /* its -z */
@@ -242,11 +242,11 @@ static inline FILE* state_write_begin(const char* path, char* tmp, size_t tmp_le
     return f;
 }
 
-/* Bytes of the delayed recipe's state after the arrays of a state file of run `id` (llama/model.h
+/* Bytes of the delayed recipe's state after the arrays of a state file of run `id` (model/model.h
    llama_fp8_state_bytes: the X and dY scale records, then their amax histories); 0 for other runs. */
 static inline size_t state_fp8_bytes(const RunIdentity* id) {
     if (id->precision != PRECISION_FP8 || id->fp8_recipe != FP8_RECIPE_DELAYED) return 0;
-    /* X and dY of the 4 linears of each block (llama/model.h LIN_PER_LAYER) */
+    /* X and dY of the 4 linears of each block (model/model.h LIN_PER_LAYER) */
     return fp8_delayed_state_bytes(2 * (size_t)id->cfg.n_layers * 4, id->amax_history);
 }
 

@@ -11,7 +11,7 @@
 #include <limits.h>
 #include <math.h>
 
-#include "../dist/wire.h"
+#include "../comm/wire.h"
 #include "../fp8/gemm.h"
 #include "../llama/config.h"
 #include "../llama/model_file.h"
@@ -47,7 +47,7 @@ typedef struct {
     int ckpt_every;             /* -n; 0: only at the end (when -o is given); NO_CHECKPOINTS: never */
     int resume;                 /* -y */
     int zero_stage;             /* -z */
-    const char* grad_reduce;    /* --grad-reduce fp32 | bf16 | fp8 (dist/wire.h comm_wire_parse) */
+    const char* grad_reduce;    /* --grad-reduce fp32 | bf16 | fp8 (comm/wire.h comm_wire_parse) */
     const char* optim_state;    /* --optim-state fp32 | bf16 | fp8 (llama/optim.h OptimState) */
     const char* grad_buffer;    /* --grad-buffer fp32 | bf16 | fp8 (llama/optim.h GradFormat) */
     const char* master_weights; /* --master-weights fp32 | fp16 (llama/optim.h MasterFormat) */

@@ -1,5 +1,5 @@
 /*
- * Data-parallel training with ZeRO (DESIGN.md section 6): the driver of llama/model.h's bucket hooks.
+ * Data-parallel training with ZeRO (DESIGN.md section 6): the driver of model/model.h's bucket hooks.
  *
  *   -z 0  every rank holds everything; on the step's last micro-step each bucket's gradients are
  *         all-reduced as soon as the backward has written them; every rank runs AdamW on all of it.
@@ -7,7 +7,7 @@
  *         rank's gradient shard; AdamW updates the rank's shard of the master weights and moments; the
  *         new weights are all-gathered bucket by bucket, in the order the next forward needs them: BF16
  *         working copies, and the E4M3 bytes of the FP8 linear layers, cast by every rank from its pieces
- *         with scales whose amax is MAX-all-reduced first, one collective for all of them (llama/model.h
+ *         with scales whose amax is MAX-all-reduced first, one collective for all of them (model/model.h
  *         "FP8 weights"), so they are bit-identical to one rank's.
  *   -z 2  gradients sharded too: every micro-step reduce-scatters each bucket, added into the shard
  *         (the model's gradients for a bucket live in one of three reused buffers), then as -z 1.
@@ -16,21 +16,21 @@
  * each bucket is then added into the stored sum, and on ZeRO-1's last micro-step the stored sum is added
  * into the bucket buffer instead, which is reduce-scattered as under -z 2 (dp_stage_grads).
  * Gradients are summed in FP32 (Megatron's grad_reduce_in_fp32) or, with --grad-reduce bf16, sent as
- * BF16, or with --grad-reduce fp8 as E4M3 blocks with a scale per chunk (dist/grad_fp8.h), dequantized
- * and summed in FP32 (under ZeRO-0 a reduce-scatter then an FP32 all-gather, dist/comm.h); the loss was
+ * BF16, or with --grad-reduce fp8 as E4M3 blocks with a scale per chunk (comm/grad_fp8.h), dequantized
+ * and summed in FP32 (under ZeRO-0 a reduce-scatter then an FP32 all-gather, comm/comm.h); the loss was
  * scaled by 1 / (global tokens) at its source, so the sum is the global mean gradient. On the GPU the collectives overlap the backward (a layer is reduced while the next one
  * computes) and the next step's forward (a layer's weights are gathered ahead of its use); the time the
  * compute stream still waits is what the trainer reports as exposed communication.
  *
- * Included after a backend, a communication implementation (dist/comm_mpi.h or dist/comm_nccl.cuh) and
- * llama/model.h.
+ * Included after a backend, a communication implementation (comm/comm_mpi.h or comm/comm_nccl.cuh) and
+ * model/model.h.
  */
 #pragma once
 
-#include "../dist/comm.h"
-#include "../llama/model.h"
+#include "../comm/comm.h"
+#include "../model/model.h"
 
-/* Communication slots (dist/comm.h comm_mark): a bucket's weight all-gather, and its gradient reduction. */
+/* Communication slots (comm/comm.h comm_mark): a bucket's weight all-gather, and its gradient reduction. */
 #define SLOT_GATHER(bucket) (bucket)
 #define SLOT_REDUCE(bucket) (COMM_SLOTS / 2 + (bucket))
 

@@ -12,8 +12,8 @@
 #pragma once
 
 #include "../dataloader/eval_sets.h"
-#include "../dist/watchdog.h"
-#include "../llama/model.h"
+#include "../comm/watchdog.h"
+#include "../model/model.h"
 
 #define EVAL_DUMP_MAGIC 20261203    /* --eval-dump files */
 

@@ -14,11 +14,11 @@
  * outliers (on tiny-shakespeare it moves 300x between statistics steps 5 apart at the end of warmup,
  * where no forward operand moves 2x). The growth baseline is the previous statistics step of this process: the first statistics step of a
  * run, or of a resumed run, raises no growth alert.
- * Included after llama/model.h.
+ * Included after model/model.h.
  */
 #pragma once
 
-#include "../llama/model.h"
+#include "../model/model.h"
 
 /* The thresholds; 0 turns a kind off. */
 typedef struct {

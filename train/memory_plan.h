@@ -2,7 +2,7 @@
  * The memory plan (--dry-run 1): what one rank of a run with the given flags holds, by buffer and by
  * category, against the memory it would run on, with the cheapest recompute level and the largest
  * micro-batch that fit. The buffers are summed from the tables llama_build allocates (llama_state_table,
- * llama_acts_table, llama_small_table, laid out by llama_configure with dist/zero.h's shard layout for
+ * llama_acts_table, llama_small_table, laid out by llama_configure with comm/zero.h's shard layout for
  * --ranks N), printed exactly as a run prints them, so a plan and the run it describes can be compared
  * line by line; what the backend's ops and the communication library allocate outside the tables comes
  * from backend_workspaces and comm_workspaces (sizes, bounds, or estimates marked "~"; the JSON line has
@@ -11,13 +11,13 @@
  * allocates nothing of the model, reads no data, starts no communication and needs no GPU when
  * --gpu-mem is given. Each binary plans its own backend: train_llama a GPU run (BF16 activations),
  * train_llama_cpu a CPU run (FP32 activations, attention probabilities) against host RAM.
- * Included by train/trainer.h after a backend, a communication implementation and llama/model.h.
+ * Included by train/trainer.h after a backend, a communication implementation and model/model.h.
  */
 #pragma once
 
 #include "cli.h"
-#include "../dist/comm.h"
-#include "../llama/model.h"
+#include "../comm/comm.h"
+#include "../model/model.h"
 
 /* The categories of the summary, in print order; a table entry's category is one of them. */
 static const char* const PLAN_CATEGORIES[] = {"master weights", "working weights", "FP8 weight copies", "gradients",
@@ -51,7 +51,7 @@ typedef struct {
     StateFormats formats;   /* --optim-state, --grad-buffer, --master-weights */
 } PlanSettings;
 
-/* The FP8 recipe the flags set (llama/model.h Fp8Settings). */
+/* The FP8 recipe the flags set (model/model.h Fp8Settings). */
 static inline Fp8Settings train_args_fp8(const TrainArgs* a) {
     Fp8Settings f = {a->pow2_scales, fp8_recipe_parse(a->fp8_recipe), a->amax_history, fp8_amax_algo_parse(a->amax_algo),
                      a->fp8_margin};

@@ -30,13 +30,13 @@
  * only the BF16 weight scratch (llama_bf16_weight, in the memory plan; the norm's chunk partials are
  * reused), one double per gradient chunk and three per parameter segment on the host. Under ZeRO-1/2
  * each BF16 GEMM of the check waits for an all-gather of its weight.
- * Included after a backend, a communication implementation and llama/model.h.
+ * Included after a backend, a communication implementation and model/model.h.
  */
 #pragma once
 
 #include "shadow_policy.h"
-#include "../dist/comm.h"
-#include "../llama/model.h"
+#include "../comm/comm.h"
+#include "../model/model.h"
 
 /* The three sums of squares of a segment, in the order the passes make them. */
 enum { SQ_BF16, SQ_DIFF, SQ_FP8, SQ_KINDS };

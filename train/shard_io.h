@@ -12,13 +12,13 @@
  * resumes on M ranks or another ZeRO stage. Shard pieces are whole ZERO_CHUNK chunks, which is the moments'
  * scale granule (llama/optim.h ADAMW_CHUNK), so each chunk's scales travel with it. Weights and state stream between files and backend memory
  * through STREAM_CHUNK_FLOATS-float host buffers: no host copy of the model is ever made.
- * Included after a backend, a communication implementation and llama/model.h.
+ * Included after a backend, a communication implementation and model/model.h.
  */
 #pragma once
 
 #include "checkpoint.h"
-#include "../dist/comm.h"
-#include "../llama/model.h"
+#include "../comm/comm.h"
+#include "../model/model.h"
 
 /* Host staging buffer between files and backend memory: 64 MiB, so checkpointing a 13B model needs no
    host copy of it. */

@@ -2,8 +2,8 @@
  * The training program both builds run: arguments, the ranks' start-up agreement, model and data
  * set-up, the step loop (validation, samples, checkpoints, gradient accumulation, the data-parallel
  * reduction, clipping, AdamW, skip of non-finite steps), logging and exact resume. Included after a
- * backend and a communication implementation (cpu/backend.h + dist/comm_mpi.h, or cuda/backend.cuh +
- * dist/comm_nccl.cuh): train_llama.c and train_llama.cu are this file plus those two.
+ * backend and a communication implementation (cpu/backend.h + comm/comm_mpi.h, or cuda/backend.cuh +
+ * comm/comm_nccl.cuh): train_llama.c and train_llama.cu are this file plus those two.
  *
  * Step k (0-based) of -x K: validation when k % -v == 0 or k == K; at k == K also the final checkpoint;
  * then, for k < K, grad_accum_steps micro-steps of forward + backward on every rank, the global
@@ -31,8 +31,8 @@
 #include "../dataloader/dataloader.h"
 #include "../dataloader/manifest.h"
 #include "../dataloader/tokenizer.h"
-#include "../dist/watchdog.h"
-#include "../llama/model.h"
+#include "../comm/watchdog.h"
+#include "../model/model.h"
 
 /* Identifies the build in the start-up agreement (the Makefile passes git describe). */
 #ifndef LLM8_BUILD_ID

@@ -13,7 +13,7 @@
  * reads BF16 so that both sides see identical inputs, poisons the outputs (0xFF bytes on the GPU = NaN
  * in BF16 and FP32; NaN on the CPU), runs both ops, compares every output against a stated tolerance
  * and prints one line per output; with iters > 0 it then times the GPU op with CUDA events. A case
- * returns its number of failed comparisons. This header must not include llama/model.h or trainer.h:
+ * returns its number of failed comparisons. This header must not include model/model.h or trainer.h:
  * test_llama.cu includes it after train_llama.cu.
  */
 #pragma once
@@ -24,8 +24,8 @@
 #include "cpu_reference.h"
 #include "../../core/rng.h"
 #include "../../cuda/backend.cuh"
-#include "../../dist/grad_fp8.cuh"
-#include "../../dist/zero.h"
+#include "../../comm/grad_fp8.cuh"
+#include "../../comm/zero.h"
 
 /* Shape of a case: batch, sequence, model width, query heads, kv heads, SwiGLU hidden size, vocabulary. */
 typedef struct {
@@ -1820,7 +1820,7 @@ static int kc_case_optimizer(const KernelShape* s, int iters, uint64_t seed) {
            kc_store(s, iters, splitmix64(&seed), STORE_FP16, "store fp16 (--master-weights fp16)");
 }
 
-/* ------------------------------------------------------------ grad_fp8: dist/grad_fp8.cuh */
+/* ------------------------------------------------------------ grad_fp8: comm/grad_fp8.cuh */
 
 /* Floats of got and ref that are not bit-identical (two NaNs are equal); the first in *first. */
 static inline size_t kc_count_diff_f32(const float* got, const float* ref, size_t n, size_t* first) {
@@ -1927,7 +1927,7 @@ static const KernelCase KERNEL_CASES[] = {
     {"fp8_cast_vec", "the element-wise and vectorized cast-transpose kernels", kc_case_fp8_cast_vec},
     {"fp8_weight", "op_amax_master, op_cast_transpose_master, op_transpose_fp8", kc_case_fp8_weight},
     {"gemm", "op_gemm (BF16 and FP8 fprop, dgrad, wgrad)", kc_case_gemm},
-    {"grad_fp8", "the FP8 gradient wire's pack and sum kernels (dist/grad_fp8.cuh)", kc_case_grad_fp8},
+    {"grad_fp8", "the FP8 gradient wire's pack and sum kernels (comm/grad_fp8.cuh)", kc_case_grad_fp8},
 };
 #define NUM_KERNEL_CASES ((int)(sizeof(KERNEL_CASES) / sizeof(KERNEL_CASES[0])))
 

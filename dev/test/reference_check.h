@@ -13,7 +13,7 @@
 #pragma once
 
 #include "testing.h"
-#include "../../llama/model.h"
+#include "../../model/model.h"
 #include "../../train/data_parallel.h"
 #include "../../train/shadow.h"
 #include "../../train/shard_io.h"

@@ -315,7 +315,7 @@ def test_two_ranks_match_one_rank(one_rank, zero):
 
 @pytest.mark.skipif(MPIRUN is None, reason="mpirun not found (make setup installs Open MPI)")
 def test_two_ranks_fp8_wire_matches_cpu(shakespeare):
-    """--grad-reduce fp8 under ZeRO-0 through the NCCL double (dist/grad_fp8.cuh's pack kernel, a group of
+    """--grad-reduce fp8 under ZeRO-0 through the NCCL double (comm/grad_fp8.cuh's pack kernel, a group of
     ncclSend / ncclRecv, the sum kernel, the FP32 all-gather), with the AdamW moments in fp8 (MS-AMP O2:
     the chunk kernel of cuda/optimizer.cuh), against the CPU build's 2-rank run of the same flags: the
     losses within the two builds' BF16 difference (step 2's loss depends on step 1's reduced gradients

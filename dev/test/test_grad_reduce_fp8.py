@@ -1,5 +1,5 @@
 """
---grad-reduce fp8 (dist/grad_fp8.h, dist/comm_mpi.h): the FP8 gradient wire of the CPU build against an
+--grad-reduce fp8 (comm/grad_fp8.h, comm/comm_mpi.h): the FP8 gradient wire of the CPU build against an
 independent numpy / ml_dtypes transcription of its description, and against the float64 exact sum with
 the error bound the header derives.
 

@@ -51,7 +51,7 @@ def test_kernels_within_sm90_limits(tmp_path):
     # every kernel of the source is in the reports, the classifier at its 1024 threads
     kernels = {line.split()[0].split("<")[0] for line in r.stdout.splitlines()[1:-1]}
     source_kernels = set()
-    for p in list(REPO.glob("*.cu")) + [p for d in ("core", "cuda", "fp8", "dist") for p in (REPO / d).glob("*.cuh")]:
+    for p in list(REPO.glob("*.cu")) + [p for d in ("core", "cuda", "fp8", "comm") for p in (REPO / d).glob("*.cuh")]:
         for line in p.read_text().splitlines():
             if line.startswith("__global__"):
                 source_kernels.add(line.split("(")[-2].split()[-1] if "__launch_bounds__" in line else line.split("(")[0].split()[-1])

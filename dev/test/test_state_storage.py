@@ -1,12 +1,12 @@
 """
 The stored FP32 arrays of --grad-buffer and --master-weights (llama/optim.h StoreCodec; the gradient
 buffer's accumulation in train/data_parallel.h dp_stage_grads, the master's decode and store in
-llama/model.h llama_master_piece / llama_master_store).
+model/model.h llama_master_piece / llama_master_store).
 
 The codecs against a numpy / ml_dtypes transcription of their description (not read from the C): after
 each row, stored = round(decoded stored + new), the addition in FP32; bf16 rounds to nearest even; e4m3
 (the gradient buffer's fp8) gives each 4096-element chunk the scale 2^floor(log2(448 / amax)) of its
-values' amax and E4M3 codes of x * scale (dist/grad_fp8.h's wire format, transcribed in
+values' amax and E4M3 codes of x * scale (comm/grad_fp8.h's wire format, transcribed in
 test_grad_reduce_fp8.py); fp16 (the master's) the scale 2^floor(log2(65504 / amax)) and numpy's float16
 of x * scale; a scaled chunk holding a NaN or an Inf gets scale_inv NaN. The C side is test_llama_cpu's
 tool mode --store (the CPU build's op_store_add and op_store_load; the GPU kernels are checked against

@@ -1,6 +1,6 @@
 /*
  * Drives the NCCL double (emu/nccl.cpp) for dev/test/test_emu_libs.py, bootstrapped as llm8 does it
- * (dist/comm_nccl.cuh: rank 0's unique id over MPI_Bcast, MPI_Barrier, ncclCommInitRank). Modes:
+ * (comm/comm_nccl.cuh: rank 0's unique id over MPI_Bcast, MPI_Barrier, ncclCommInitRank). Modes:
  *   collectives DIR  every collective llm8 uses plus a grouped send/recv all-to-all, on a non-blocking
  *                    stream; writes each rank's inputs and outputs to DIR/r<rank>_<name>.bin for numpy
  *   stream_wait W    an out-of-place all-reduce on a non-blocking stream, read back on the legacy stream

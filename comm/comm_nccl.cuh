@@ -1,5 +1,5 @@
 /*
- * dist/comm.h on NCCL, for the GPU build (DESIGN.md section 6). MPI only bootstraps: MPI_Init_thread,
+ * comm/comm.h on NCCL, for the GPU build (DESIGN.md section 6). MPI only bootstraps: MPI_Init_thread,
  * the local rank from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), cudaSetDevice(local rank), rank 0's
  * ncclUniqueId sent by MPI_Bcast, then MPI_Barrier before ncclCommInitRank (a broadcast still in flight
  * can deadlock against the blocking init: NVIDIA/cuDecomp#24). Every collective of the step loop is
@@ -17,7 +17,7 @@
  * the FP32 <-> BF16 conversions of --grad-reduce bf16, for the blocks of --grad-reduce fp8 and for
  * accumulating reductions is used by one collective at a time (they are serialized on the stream).
  *
- * --grad-reduce fp8 (dist/grad_fp8.h): NCCL has no FP8 sum (and a sum in FP8 could overflow), so each
+ * --grad-reduce fp8 (comm/grad_fp8.h): NCCL has no FP8 sum (and a sum in FP8 could overflow), so each
  * rank packs its W destination pieces into E4M3 blocks (grad_fp8_pack_cuda), a group of ncclSend /
  * ncclRecv exchanges them with every rank (an all-to-all), and each rank sums the W blocks it received,
  * dequantized, in rank order in FP32 (grad_fp8_sum_cuda): the CPU build's comm_mpi.h bit for bit.

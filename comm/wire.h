@@ -2,7 +2,7 @@
  * What goes over the wire in gradient reductions (--grad-reduce), on its own so that the command line
  * (train/cli.h) can parse the flag without the communication layer: FP32 (the default, exact rank-order
  * sums), BF16 (each contribution rounded to BF16) or FP8 (E4M3 codes with one FP32 scale_inv per
- * ZERO_CHUNK-element chunk, summed in FP32 after dequantization: dist/grad_fp8.h).
+ * ZERO_CHUNK-element chunk, summed in FP32 after dequantization: comm/grad_fp8.h).
  */
 #pragma once
 

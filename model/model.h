@@ -14,7 +14,7 @@
  * activation type; N = B*T tokens; C, QKV = C + 2*KVC, F as in config.h.
  *
  * Data parallelism (DESIGN.md section 6). The parameter vector is held segment by segment (params.h) in
- * dist/zero.h's layouts: the working weights and full gradients in the padded full layout, the FP32
+ * comm/zero.h's layouts: the working weights and full gradients in the padded full layout, the FP32
  * master weights, AdamW moments and reduced gradients in this rank's shard (all of it under ZeRO-0).
  * The model itself never communicates: around each bucket of segments (the embedding, each layer, the
  * final norm and output layer) it calls the hooks a data-parallel driver (train/data_parallel.h) sets,
@@ -25,12 +25,12 @@
 
 #include <math.h>
 
-#include "backend.h"
-#include "config.h"
-#include "optim.h"
-#include "params.h"
+#include "../llama/backend.h"
+#include "../llama/config.h"
+#include "../llama/optim.h"
+#include "../llama/params.h"
 #include "../core/buffers.h"
-#include "../dist/zero.h"
+#include "../comm/zero.h"
 #include "../fp8/fp8.h"
 #include "../fp8/gemm.h"
 
@@ -98,7 +98,7 @@ typedef struct {
     uint8_t* xt8;      /* (L, N (2 C + F)) E4M3 X^T of wqkv, w13 and w2 saved by fprop for wgrad (fp8, -r 0) */
 } Acts;
 
-/* The moments' scale granule must be the shard pieces' (optim.h ADAMW_CHUNK, dist/zero.h ZERO_CHUNK): a
+/* The moments' scale granule must be the shard pieces' (optim.h ADAMW_CHUNK, comm/zero.h ZERO_CHUNK): a
    compile-time check (an array of size -1 does not compile). */
 typedef char adamw_chunk_is_zero_chunk[ADAMW_CHUNK == ZERO_CHUNK ? 1 : -1];
 
@@ -123,7 +123,7 @@ enum { GRAD_BUFFER_EVEN, GRAD_BUFFER_ODD, GRAD_BUFFER_OTHER, GRAD_BUFFERS };
  */
 typedef struct {
     ParamSegment param;   /* tensor, layer, checkpoint offset, count */
-    ShardSegment shard;   /* full / shard / chunk layouts (dist/zero.h) */
+    ShardSegment shard;   /* full / shard / chunk layouts (comm/zero.h) */
     int bucket;           /* the bucket it belongs to */
     int grad_buffer;      /* ZeRO-2: the gradient buffer of its bucket */
     size_t buffer_offset; /* ZeRO-2: its offset there */
@@ -140,7 +140,7 @@ typedef struct {
     void (*grads_needed)(void* ctx, int bucket);   /* before the backward first writes its gradients */
     void (*grads_ready)(void* ctx, int bucket);    /* after the backward last writes them */
     /* in place: buf holds one piece of `bytes` per rank, this rank's at rank * bytes; returns when every
-       rank's piece is there (dist/comm.h comm_all_gather, waited for) */
+       rank's piece is there (comm/comm.h comm_all_gather, waited for) */
     void (*all_gather)(void* ctx, void* buf, size_t bytes);
 } ModelHooks;
 
@@ -1189,7 +1189,7 @@ static inline void llama_forward_deferred(Llama* m, const int* inputs, const int
  * into the gradients (FP32, += so that micro-steps add up; llama_zero_grads starts a step; under ZeRO-2
  * the grads_needed hook hands out a zeroed bucket buffer instead). Every accumulation is
  * grad = grad + (this micro-step's contribution, summed on its own), so accumulating micro-steps on one
- * rank adds in the order a rank-ordered reduction over ranks would (dist/comm.h, Determinism). Calls the
+ * rank adds in the order a rank-ordered reduction over ranks would (comm/comm.h, Determinism). Calls the
  * grads_needed / grads_ready hooks around each bucket, in backward order (head, layers L-1..0, embedding).
  * Rebuilds what the run does not keep (see Recompute).
  */

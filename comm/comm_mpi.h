@@ -1,9 +1,9 @@
 /*
- * dist/comm.h on MPI, for the CPU build: collectives on host memory, each finished before it returns.
+ * comm/comm.h on MPI, for the CPU build: collectives on host memory, each finished before it returns.
  * Sums over ranks are computed here, in rank order, rather than by MPI_Allreduce / MPI_Reduce_scatter
  * (whose order MPI leaves open): the pieces are exchanged with MPI_Alltoall / MPI_Allgather and added
- * one rank after the other, so results do not depend on the rank count (dist/comm.h, Determinism).
- * --grad-reduce fp8 exchanges dist/grad_fp8.h's blocks (E4M3 codes and per-chunk scale_inv) with
+ * one rank after the other, so results do not depend on the rank count (comm/comm.h, Determinism).
+ * --grad-reduce fp8 exchanges comm/grad_fp8.h's blocks (E4M3 codes and per-chunk scale_inv) with
  * MPI_Alltoall and sums them dequantized, in rank order, in FP32 (deterministic for a fixed rank count;
  * the quantization itself depends on how the ranks split the gradient).
  * Built without MPI (make USE_MPI=0) the job is one rank; a launcher announcing more is an error.

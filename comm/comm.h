@@ -1,7 +1,7 @@
 /*
  * The communication contract of data-parallel training (DESIGN.md section 6), implemented twice: with MPI
- * collectives on host memory for the CPU build (dist/comm_mpi.h) and with NCCL on device memory for the GPU
- * build (dist/comm_nccl.cuh, MPI only to bootstrap). Each implementation includes this header and then
+ * collectives on host memory for the CPU build (comm/comm_mpi.h) and with NCCL on device memory for the GPU
+ * build (comm/comm_nccl.cuh, MPI only to bootstrap). Each implementation includes this header and then
  * defines every function below, so a drifting signature fails to compile as llama/backend.h's contract does.
  *
  * Ordering. A collective is issued after all work queued so far (on the GPU: it runs on the
@@ -54,7 +54,7 @@ static inline int comm_async_error(char* why, size_t len);
 /*
  * recv (n) = sum over ranks of rank r's send[rank * n .. (rank + 1) * n), added to recv when accumulate
  * (send: world * n FP32 on every rank). With WIRE_BF16 every rank's contribution travels as BF16; with
- * WIRE_FP8 as dist/grad_fp8.h's blocks (E4M3 codes, one scale_inv per ZERO_CHUNK chunk of the piece),
+ * WIRE_FP8 as comm/grad_fp8.h's blocks (E4M3 codes, one scale_inv per ZERO_CHUNK chunk of the piece),
  * dequantized and summed in FP32 in rank order, so the result is deterministic for a fixed rank count
  * and bit-identical between the two builds. With one rank the FP8 wire sends and quantizes nothing, so
  * it gives the FP32 result (the BF16 wire still rounds each contribution to BF16).

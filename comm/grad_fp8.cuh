@@ -1,10 +1,10 @@
 /*
- * The GPU's kernels of the FP8 gradient wire (dist/grad_fp8.h, which defines the format and its error):
+ * The GPU's kernels of the FP8 gradient wire (comm/grad_fp8.h, which defines the format and its error):
  * grad_fp8_pack_cuda quantizes pieces into blocks (one thread block per ZERO_CHUNK chunk: amax by block
  * reduction, then the codes and the chunk's scale_inv), grad_fp8_sum_cuda dequantizes W blocks and sums
  * them in rank order in FP32. Both call grad_fp8.h's per-element functions (fp8.h's cast and decode), so
  * the bytes and the sums are those of the CPU build's grad_fp8_pack / grad_fp8_sum, bit for bit; the
- * amax is a max, exact in any order. Used by dist/comm_nccl.cuh and checked against the CPU functions by
+ * amax is a max, exact in any order. Used by comm/comm_nccl.cuh and checked against the CPU functions by
  * dev/cuda/kernel_cases.cuh (family grad_fp8).
  */
 #pragma once

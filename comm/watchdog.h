@@ -6,7 +6,7 @@
  * communicator and exits non-zero (comm_abort), never destroying or finalizing anything: those can hang
  * on a broken communicator. The main thread names its phase with watchdog_phase at every boundary that
  * can block (collectives, synchronizations, checkpoint writes), which also restarts the clock.
- * Included after a communication implementation (dist/comm_mpi.h or dist/comm_nccl.cuh).
+ * Included after a communication implementation (comm/comm_mpi.h or comm/comm_nccl.cuh).
  */
 #pragma once
 

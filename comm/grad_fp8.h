@@ -1,7 +1,7 @@
 /*
  * The FP8 wire format of gradient reductions (--grad-reduce fp8; issue 19, after FP8-LM / MS-AMP "FP8
- * gradient communication"), shared by the host code of both builds (dist/comm_mpi.h packs and sums with
- * these functions; dist/grad_fp8.cuh's kernels call the same per-element functions, so the GPU's bytes
+ * gradient communication"), shared by the host code of both builds (comm/comm_mpi.h packs and sums with
+ * these functions; comm/grad_fp8.cuh's kernels call the same per-element functions, so the GPU's bytes
  * and sums are the CPU's bit for bit).
  *
  * A piece of n FP32 gradient elements travels as one block: n E4M3 code bytes, then one FP32 scale_inv
