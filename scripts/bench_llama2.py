@@ -80,12 +80,15 @@ def dry_run(binary, flags):
     return json.loads(r.stdout.strip().splitlines()[-1][len("plan: "):])
 
 
-def choose_settings(binary, base, gpus, model_key, gpu_mem, levels):
+def choose_settings(binary, base, gpus, model_key, gpu_mem, levels, grad_buffer):
     """The lowest ZeRO stage (up to DESIGN.md's for the model) and the cheapest recompute with which both
     precisions fit one GPU at micro-batch 1, per the memory plan (bf16 needs at least fp8's memory);
-    levels: each precision's extra trainer flags."""
+    levels: each precision's extra trainer flags. A bf16/fp8 --grad-buffer (the fp8 run's) takes only the
+    stages the trainer allows it: ZeRO-1, or ZeRO-0 on one GPU."""
     memory = ["--gpu-mem", gpu_mem] if gpu_mem else []
     stages = [0] if gpus == 1 else list(range(ZERO_OF[model_key] + 1))
+    if grad_buffer != "fp32":
+        stages = [z for z in stages if z == 1 or (z == 0 and gpus == 1)]
     for zero in stages:
         plans = {p: dry_run(binary, [*base, "-p", p, *levels[p], "--ranks", gpus, "-z", zero, *memory]) for p in ("bf16", "fp8")}
         if plans["bf16"]["memory_gib"] == 0:
@@ -225,6 +228,11 @@ def main():
                     help="the fp8 run's gradient reduction (FP8-LM/MS-AMP O1: fp8); the bf16 run keeps fp32")
     ap.add_argument("--optim-state", default="fp32", choices=["fp32", "bf16", "fp8"],
                     help="the fp8 run's AdamW moments (MS-AMP O2: fp8); the bf16 run keeps fp32")
+    ap.add_argument("--grad-buffer", default="fp32", choices=["fp32", "bf16", "fp8"],
+                    help="the fp8 run's accumulated gradients (MS-AMP O1: fp8; ZeRO-1, or ZeRO-0 on one GPU, which "
+                         "both runs then use); the bf16 run keeps fp32")
+    ap.add_argument("--master-weights", default="fp32", choices=["fp32", "fp16"],
+                    help="the fp8 run's master weights (MS-AMP O3: fp16); the bf16 run keeps fp32")
     args = ap.parse_args()
     if args.gpus < 1:
         ap.error("argument gpus: must be at least 1")
@@ -242,8 +250,9 @@ def main():
     model = CPU_MODEL if args.cpu else PRESETS[args.model]
     base = ["-e", model, "-b", 1, "-t", T, "-d", global_tokens, *(["--n-layers", args.layers] if args.layers else [])]
     # the FP8-LM levels apply to the fp8 run: bf16 stays the baseline the published speedups compare with
-    levels = {"bf16": [], "fp8": ["--grad-reduce", args.grad_reduce, "--optim-state", args.optim_state]}
-    zero, recompute, plans = choose_settings(binary, base, args.gpus, args.model, args.gpu_mem, levels)
+    levels = {"bf16": [], "fp8": ["--grad-reduce", args.grad_reduce, "--optim-state", args.optim_state,
+                                  "--grad-buffer", args.grad_buffer, "--master-weights", args.master_weights]}
+    zero, recompute, plans = choose_settings(binary, base, args.gpus, args.model, args.gpu_mem, levels, args.grad_buffer)
     print(f"bench_llama2: {model}{f' ({args.layers} layers)' if args.layers else ''}, T {T}, global batch {global_tokens} tokens, "
           f"{args.gpus} GPU(s): ZeRO-{zero}, -r {recompute}, {plans['bf16']['grad_accum']} micro-steps per step (memory plan: "
           f"bf16 {plans['bf16']['total_gib']:.1f} GiB, fp8 {plans['fp8']['total_gib']:.1f} GiB of {plans['bf16']['memory_gib']:.1f})")
@@ -267,6 +276,8 @@ def main():
              "recompute": recompute, "gpus": args.gpus, "planned_gib": plans[precision]["total_gib"], "run_dir": str(run_dir),
              "grad_reduce": args.grad_reduce if precision == "fp8" else "fp32",
              "optim_state": args.optim_state if precision == "fp8" else "fp32",
+             "grad_buffer": args.grad_buffer if precision == "fp8" else "fp32",
+             "master_weights": args.master_weights if precision == "fp8" else "fp32",
              "command": " ".join(cmd), **measure(run_dir, args.warmup, args.gpus)}
         flops = {"llmc": pm.flops_per_token_llmc(shape, T), "megatron": pm.flops_per_token_megatron(shape, T)}
         peak = gpu_peak(output, precision)

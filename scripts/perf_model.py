@@ -5,7 +5,7 @@ on one or two nodes of 8 H100 or H800 GPUs, op by op, and where the time goes.
     python3 scripts/perf_model.py --calibrate build/device_check   # rates measured by the device check
     python3 scripts/perf_model.py --models llama2-7b --gpus H100 --topologies 1x8 --json
 
-The step is the one llama/model.h runs (DESIGN.md sections 3, 6 and 9): per micro-step the embedding, per
+The step is the one model/model.h runs (DESIGN.md sections 3, 6 and 9): per micro-step the embedding, per
 layer RMSNorm, the fused q/k/v, o, w1|w3 and w2 linear layers (fprop, dgrad, wgrad GEMMs; in fp8 with
 an amax pass and a cast-transpose pass of X and of dY before them), RoPE, causal attention (cuDNN flash
 attention), SwiGLU and the residual adds, then the BF16 output layer and classifier and the same
@@ -13,12 +13,16 @@ backward; per optimizer step the gradient zeroing, the gradient norm, AdamW on t
 the BF16 working-weight refresh and the FP8 weight casts; the ZeRO collectives (reduce-scatter of the
 gradients, all-gather of the updated weights) over NVLink and InfiniBand with NCCL's ring formulas,
 overlapped with backward and forward layer by layer, and the element-wise kernels of a BF16 or FP8
-reduction. `--grad-reduce fp8` (issue 19, after FP8-LM / MS-AMP; the trainer's dist/grad_fp8.h): E4M3
-pieces with their own scales exchanged by all-to-all (its own formula: no ring, half of each bucket over
-InfiniBand on 2 nodes), dequantized and summed in FP32. GEMMs and attention run at a fraction of the
-tensor-core peak, memory-bound ops at a fraction of the HBM bandwidth; every such number is a named
-assumption below, with its source or reasoning. Multi-GPU training is designed but not built yet
-(README "Status"), so its rows model DESIGN.md section 6, not measured code.
+reduction. `--grad-reduce fp8` (issue 19, after FP8-LM / MS-AMP; the trainer's comm/grad_fp8.h): E4M3
+pieces with a scale per 4096-element chunk exchanged by all-to-all (its own formula: no ring, half of each
+bucket over InfiniBand on 2 nodes), dequantized and summed in FP32. `--grad-buffer bf16|fp8` stores the
+gradients the micro-steps accumulate in BF16 or E4M3 (ZeRO-0 on one GPU, ZeRO-1): FP32 bucket buffers
+beside them, and a requantizing add after each bucket's backward; `--master-weights fp16` stores the
+master weights in FP16, decoded into FP32 for AdamW and the weight refreshes and stored again. GEMMs and
+attention run at a fraction of the tensor-core peak, memory-bound ops at a fraction of the HBM bandwidth;
+every such number is a named assumption below, with its source or reasoning. Multi-GPU training is built
+and tested on the CPU build but has not run on GPUs (README "Status"), so its rows model the code as
+written (DESIGN.md section 6), not measurements.
 
 Calibration (--calibrate PATH ...: files or directories, read recursively, and the logs inside .tar.gz
 archives such as the device check's logs.tar.gz) takes what the device check writes and replaces the datasheet-derived rates with measured ones: `test_llama --bench-gemm` lines
@@ -39,6 +43,7 @@ Exit status 0; 2 with a one-line message on stderr for bad flags or unreadable c
 """
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -107,32 +112,30 @@ COLLECTIVE_LATENCY_S = {"intra": 20e-6, "inter": 40e-6}  # per NCCL call, large 
 # HBM bandwidth from the kernels it overlaps: those kernels are taken to run this fraction slower.
 COMM_OVERLAP_SLOWDOWN = 0.08
 # The element-wise kernels a gradient reduction runs on the communication stream (the BF16 conversions of
-# dist/comm_nccl.cuh; FP8's quantize and dequantize-and-sum) are HBM-bound like the compute stream's own
+# comm/comm_nccl.cuh; FP8's quantize and dequantize-and-sum) are HBM-bound like the compute stream's own
 # memory-bound kernels and take SMs at full grid: beside compute they are taken to delay it by their
 # whole duration, not hidden the way a link transfer is.
 COMM_KERNEL_OVERLAP_COST = 1.0
 
 # Gradient reductions (--grad-reduce). fp32 and bf16 are the trainer's: NCCL ring reduce-scatter (ZeRO-1/2)
 # or all-reduce (ZeRO-0) of FP32 or BF16 gradients. fp8 is the trainer's too (issue 19 item 1, after FP8-LM /
-# MS-AMP O1; dist/grad_fp8.h, dist/comm_nccl.cuh): every rank quantizes its bucket piece by piece (piece r: the 1/W of the bucket rank r
-# reduces) to E4M3 with one FP32 scale per piece from that piece's amax, exchanges the pieces by all-to-all
-# (grouped ncclSend/ncclRecv), and each rank dequantizes the W pieces of its chunk and sums them in FP32 in
-# rank order; ZeRO-0 then all-gathers the sums as BF16. Format: E4M3, as MS-AMP quantizes weight gradients
-# for its FP8 all-reduce (msamp/nn/distributed.py, Dtypes.kfloat8_e4m3). MS-AMP needs a scale shared by
-# all ranks (amax MAX-all-reduced, times 1/sqrt(W)) because its NCCL sums the FP8 bytes; here the sum is
-# FP32 after dequantization, so it cannot overflow and each piece can take its own amax scale, with no
-# amax all-reduce. With the top of the range set by the piece's own amax, E4M3 keeps normals down to
-# 2^-14.8 of it (E5M2 2^-29.8) and rounds them to 2^-4 relative, not E5M2's 2^-3: the format follows MS-AMP,
-# and the numerics tests of issue 19 decide whether it holds (the model's bytes are the same for both).
-# ZeRO-0's all-gather is BF16, not FP8: a second FP8 rounding of the sums would double the error, BF16
-# adds 2^-9. The numbers below model that design; the trainer as built differs in two details the model
-# keeps out of its numbers: one FP32 scale per 4096-element chunk (ZERO_CHUNK) rather than per piece (1 +
-# 4/4096 bytes per element, +0.1%), and ZeRO-0 all-gathers the sums in FP32 (4 bytes per element, not 2:
-# every rank's gradients then equal the reduce-scatter's bit for bit, which ZeRO-0 = ZeRO-1 relies on).
+# MS-AMP O1; comm/grad_fp8.h, comm/comm_nccl.cuh): every rank quantizes its bucket piece by piece (piece r:
+# the 1/W of the bucket rank r reduces) to E4M3 with one FP32 scale per ZERO_CHUNK-element chunk from that
+# chunk's amax, exchanges the pieces by all-to-all (grouped ncclSend/ncclRecv), and each rank dequantizes the
+# W pieces of its chunk and sums them in FP32 in rank order; ZeRO-0 then all-gathers the sums in FP32, so
+# that every rank's gradients equal the reduce-scatter's bit for bit (ZeRO-0 = ZeRO-1 relies on it).
+# Format: E4M3, as MS-AMP quantizes weight gradients for its FP8 all-reduce (msamp/nn/distributed.py,
+# Dtypes.kfloat8_e4m3). MS-AMP needs a scale shared by all ranks (amax MAX-all-reduced, times 1/sqrt(W))
+# because its NCCL sums the FP8 bytes; here the sum is FP32 after dequantization, so it cannot overflow and
+# each chunk can take its own amax scale, with no amax all-reduce. With the top of the range set by the
+# chunk's own amax, E4M3 keeps normals down to 2^-14.8 of it (E5M2 2^-29.8) and rounds them to 2^-4
+# relative, not E5M2's 2^-3: the format follows MS-AMP, and the numerics tests of issue 19 decide whether it
+# holds (the model's bytes are the same for both).
 GRAD_REDUCTIONS = ("fp32", "bf16", "fp8")
 GRAD_WIRE_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1}   # bytes per gradient element, scales aside
-FP8_GRAD_SCALE_BYTES = 4                              # one FP32 scale per piece (W per bucket per rank)
-ZERO0_FP8_GATHER_BYTES = 2                            # BF16 all-gather of the FP8 reduction's sums (ZeRO-0)
+ZERO_CHUNK = 4096            # elements per chunk: the granule of the shard pieces and of every scale (comm/zero.h)
+CHUNK_SCALE_BYTES = 4        # one FP32 scale_inv per chunk: the fp8 wire's, a stored array's (llama/optim.h)
+ZERO0_FP8_GATHER_BYTES = 4                            # FP32 all-gather of the FP8 reduction's sums (ZeRO-0)
 # NCCL's all-to-all is W-1 point-to-point sends, no ring: a rank's piece for a rank on its node crosses
 # NVLink once, its piece for a rank on another node crosses InfiniBand once. With PXN (NCCL_P2P_PXN_LEVEL,
 # default 2 since NCCL 2.12: always) an off-node piece first crosses NVLink to the local GPU on the
@@ -144,16 +147,26 @@ ZERO0_FP8_GATHER_BYTES = 2                            # BF16 all-gather of the F
 # each blocking copy (a synchronization) drains the stream and then refills it.
 KERNEL_GAP_S = 1.0e-6
 HOST_SYNC_S = 20e-6
-# Blocking transfers per micro-step in train/trainer.h + llama/model.h: inputs and targets uploaded,
+# Blocking transfers per micro-step in train/trainer.h + model/model.h: inputs and targets uploaded,
 # losses downloaded, and in fp8 the FP8 amax check's download of the scales.
 SYNCS_PER_MICRO_STEP = {"bf16": 3, "fp8": 4}
 
 # Memory: CUDA context, cuBLASLt/cuDNN workspaces, NCCL buffers and allocator slack beside the model's
 # own buffers (a rough figure; it only decides how much recompute the automatic plan needs).
 MEMORY_OVERHEAD_GIB = 3.0
-# ZeRO-2 keeps full-size FP32 gradients of the layers being reduced: one being reduce-scattered while the
-# next accumulates.
+# ZeRO-2, and a bf16/fp8 gradient buffer, keep full-size FP32 gradients of the buckets in flight: one being
+# reduced while the next accumulates. Counted as two of the largest bucket; model/model.h has three
+# (grad_bucket_*: two for alternating blocks, one for the embedding and the head), 0.5 / 0.6 GiB more at 7B /
+# 13B, left out so that the ZeRO-2 rows stay the ones README quotes until they are next refreshed.
 ZERO2_GRAD_BUCKETS = 2
+
+# Stored FP32 arrays (llama/optim.h StoreCodec): bytes per element, and the codecs that keep a
+# CHUNK_SCALE_BYTES scale_inv per ZERO_CHUNK chunk. --grad-buffer (GradFormat) and --master-weights
+# (MasterFormat) name their codecs.
+STORE_BYTES = {"fp32": 4, "bf16": 2, "e4m3": 1, "fp16": 2}
+STORE_SCALED = ("e4m3", "fp16")
+GRAD_BUFFER_CODEC = {"fp32": "fp32", "bf16": "bf16", "fp8": "e4m3"}
+MASTER_CODEC = {"fp32": "fp32", "fp16": "fp16"}
 
 # The plans (DESIGN.md section 9): 8xH100/H800 at sequence 4096, micro-batch 1; 7B with ZeRO-1, 13B with
 # ZeRO-2; the global batch of NVIDIA's published NeMo Llama-2 runs (24.07/24.09 performance summary:
@@ -273,6 +286,8 @@ class Plan:
     fused_amax: bool = False  # amax computed by the producing kernels (a lever, not llm8 today)
     fp8_recipe: str = "current"  # "delayed" (--fp8-recipe): X and dY cast with the history's scale, no amax pass
     optim_state: str = "fp32"    # --optim-state: how the AdamW moments are stored (MOMENT_BYTES)
+    grad_buffer: str = "fp32"    # --grad-buffer: how the accumulated gradients are stored (GRAD_BUFFER_CODEC)
+    master_weights: str = "fp32"  # --master-weights: how the master weights are stored (MASTER_CODEC)
 
     @property
     def world(self):
@@ -290,6 +305,11 @@ class Plan:
     def grad_bytes(self):
         """Bytes of one gradient element on the wire, scales aside (GRAD_WIRE_BYTES)."""
         return GRAD_WIRE_BYTES[self.grad_reduce]
+
+    @property
+    def shard_params(self):
+        """Parameters of this rank's master weights and moments: a 1/W shard under ZeRO-1/2, all under ZeRO-0."""
+        return self.shape.params() / self.world if self.zero >= 1 else self.shape.params()
 
     def label(self):
         return f"{self.nodes}x{self.gpus_per_node} {self.gpu}"
@@ -338,7 +358,7 @@ AMAX_FROM_PRODUCER_DY = ("wqkv", "wo", "w13", "w2")
 
 
 def linear_forward_ops(plan, lin, OC, Cin, N):
-    """linear_forward of llama/model.h: in fp8 amax + cast-transpose of X (E4M3), then the GEMM."""
+    """linear_forward of model/model.h: in fp8 amax + cast-transpose of X (E4M3), then the GEMM."""
     if not plan.fp8 or lin == "output":
         return [gemm_op("bf16", "fprop", OC, N, Cin, f"{lin} fprop")]
     ops = []
@@ -350,7 +370,7 @@ def linear_forward_ops(plan, lin, OC, Cin, N):
 
 
 def linear_backward_ops(plan, lin, OC, Cin, N):
-    """linear_backward of llama/model.h: in fp8 amax + cast-transpose of dY (E5M2), then dgrad and wgrad."""
+    """linear_backward of model/model.h: in fp8 amax + cast-transpose of dY (E5M2), then dgrad and wgrad."""
     precision = "fp8" if plan.fp8 and lin != "output" else "bf16"
     ops = []
     if precision == "fp8":
@@ -364,6 +384,8 @@ def linear_backward_ops(plan, lin, OC, Cin, N):
 
 # Bytes of the memory-bound ops, counted as dev/cuda/kernel_cases.cuh counts them (what each call must move
 # at least), so that a GB/s it measured applies here unchanged. Ops streaming one tensor: bytes per element.
+# A scaled stored array's scale_inv adds CHUNK_SCALE_BYTES per ZERO_CHUNK elements for each read or write.
+CHUNK_SCALE_PER_ELEMENT = CHUNK_SCALE_BYTES / ZERO_CHUNK
 BYTES_PER_ELEMENT = {
     "params_from_master": 6,     # FP32 master read, BF16 weight written
     "adamw": 28,                 # FP32 gradient read; master, adam_m, adam_v read and written
@@ -375,6 +397,19 @@ BYTES_PER_ELEMENT = {
     "cast_transpose E5M2": 4,
     "cast E4M3": 3,              # BF16 read, FP8 written
     "transpose E4M3": 2,         # FP8 read and written
+    # --grad-buffer (cuda/optimizer.cuh op_store_add, op_store_load): the stored sum plus a bucket's FP32
+    # gradients, stored again (E4M3: one block per chunk, its amax in registers, the scale_inv read and written)
+    "store_add bf16": 8,                                        # BF16 read, FP32 read, BF16 written
+    "store_add e4m3": 6 + 2 * CHUNK_SCALE_PER_ELEMENT,          # E4M3 read, FP32 read, E4M3 written
+    # ZeRO-1's last micro-step: the stored sum added into the FP32 bucket
+    "store_load bf16 accumulate": 10,                           # BF16 read, FP32 read and written
+    "store_load e4m3 accumulate": 9 + CHUNK_SCALE_PER_ELEMENT,  # E4M3 read, FP32 read and written
+    # ZeRO-0: the stored sum decoded into a bucket buffer for a reader of the reduced gradient
+    "store_load bf16": 6,                                       # BF16 read, FP32 written
+    "store_load e4m3": 5 + CHUNK_SCALE_PER_ELEMENT,             # E4M3 read, FP32 written
+    # --master-weights fp16 (model/model.h llama_master_piece, llama_master_store)
+    "master decode fp16": 6 + CHUNK_SCALE_PER_ELEMENT,          # FP16 read, FP32 scratch written
+    "master store fp16": 6 + CHUNK_SCALE_PER_ELEMENT,           # FP32 scratch read, FP16 and the new scale_inv written
 }
 ACTIVATION_OPS = ("encoder_forward", "rmsnorm_forward", "residual_rmsnorm_forward", "rmsnorm_backward", "rope_forward",
                   "rope_backward", "swiglu_forward", "swiglu_backward", "classifier")
@@ -456,7 +491,34 @@ class MicroStepOps:
     backward: list   # [output layer + final norm, block L-1, ..., block 0, embedding]
 
 
-def micro_step_ops(plan):
+def store_bytes(codec, elements):
+    """Bytes of elements stored in codec (STORE_BYTES), with their scale_inv per chunk when it keeps them."""
+    scales = CHUNK_SCALE_BYTES * elements / ZERO_CHUNK if codec in STORE_SCALED else 0.0
+    return STORE_BYTES[codec] * elements + scales
+
+
+def grad_bucket_elements(shape):
+    """Gradients per bucket in backward order: the output layer with the final norm, each block, the embedding."""
+    return [shape.V * shape.C + shape.C] + [shape.layer_params()] * shape.L + [shape.V * shape.C]
+
+
+def grad_buffer_ops(plan, elements, last):
+    """(before, after) a bucket's backward of `elements` gradients: what a bf16/fp8 gradient buffer adds on
+    the compute stream (train/data_parallel.h dp_grads_needed, dp_stage_grads): the FP32 bucket buffer the
+    backward writes is zeroed first, and afterwards added into the stored sum (op_store_add), or on ZeRO-1's
+    last micro-step (last) the stored sum is added into it (op_store_load), to be reduced from there. fp32:
+    nothing, the wgrad GEMMs accumulate into the buffer itself. (ZeRO-2 zeroes its bucket buffers too; left
+    out, as reduction_kernel_ops leaves out its comm_store_kernel.)"""
+    if plan.grad_buffer == "fp32":
+        return [], []
+    codec = GRAD_BUFFER_CODEC[plan.grad_buffer]
+    store = f"store_load {codec} accumulate" if last and plan.zero == 1 else f"store_add {codec}"
+    return [mem_op("memset", BYTES["fp32"] * elements, "optimizer")], [stream_op(store, elements, "optimizer")]
+
+
+def micro_step_ops(plan, last=False):
+    """One micro-step's ops; last: the step's last micro-step, which under ZeRO-1 reads a bf16/fp8 gradient
+    buffer back into the buckets it reduces (grad_buffer_ops)."""
     s, N = plan.shape, plan.N
     forward = [[act_op("encoder_forward", plan), act_op("rmsnorm_forward", plan)]]
     forward += [layer_forward_ops(plan) for _ in range(s.L)]
@@ -466,6 +528,9 @@ def micro_step_ops(plan):
     backward += [layer_backward_ops(plan, layer) for layer in reversed(range(s.L))]
     distinct = min(N, s.V)  # rows of the FP32 embedding gradient a micro-batch reads and writes, at most
     backward.append([mem_op("encoder_backward", 2 * N * s.C + 8 * distinct * s.C)])
+    for i, elements in enumerate(grad_bucket_elements(s)):
+        before, after = grad_buffer_ops(plan, elements, last)
+        backward[i] = before + backward[i] + after
     return MicroStepOps(forward, backward)
 
 
@@ -486,7 +551,7 @@ def weight_cast_ops(plan):
 # Bytes per parameter of the AdamW moments m + v (--optim-state; llama/optim.h), per-chunk scales aside
 # (fp8: two FP32 scale_inv per ADAMW_CHUNK elements).
 MOMENT_BYTES = {"fp32": 8, "bf16": 4, "fp8": 3}
-ADAMW_CHUNK = 4096
+ADAMW_CHUNK = ZERO_CHUNK  # llama/optim.h: the fp8 moments' chunk is the shard's
 ADAMW_OP = {"fp32": "adamw", "bf16": "adamw bf16 state", "fp8": "adamw fp8 state"}
 # The fp8 and bf16 state kernel checks run on a w1|w3 weight less a third of a 4096-element chunk (a
 # partial last chunk: kc_adamw_lowp).
@@ -494,13 +559,32 @@ KERNEL_ADAMW_LOWP_SHORT = ADAMW_CHUNK // 3
 
 
 def optimizer_ops(plan):
-    """Per optimizer step: gradients zeroed, the gradient norm, AdamW and the working-weight refresh on
-    the rank's shard (trainer_step, llama_update)."""
-    P = plan.shape.params()
-    shard = P / plan.world if plan.zero >= 1 else P
-    grads = P / plan.world if plan.zero >= 2 else P
-    return [mem_op("memset", BYTES["fp32"] * grads, "optimizer"), stream_op("sum_squares", shard, "optimizer"),
-            stream_op(ADAMW_OP[plan.optim_state], shard, "optimizer"), stream_op("params_from_master", shard, "optimizer")]
+    """Per optimizer step: gradients zeroed (the stored buffer under ZeRO-0/1 in its --grad-buffer codec,
+    llama_zero_grads; the FP32 shard under ZeRO-2), the gradient norm, AdamW and the working-weight refresh
+    on the rank's shard (trainer_step, llama_update). A bf16/fp8 buffer under ZeRO-0 is decoded for each of
+    its two readers, the norm and AdamW (llama_reduced_grad). An fp16 master is decoded by AdamW, by the
+    working-weight refresh and, in fp8, by the FP8 weight cast of the linear layers (llama_master_piece),
+    and stored once after AdamW (llama_master_store); AdamW reads and writes the FP32 scratch as it would
+    the FP32 master."""
+    P, P_lin, shard = plan.shape.params(), plan.shape.linear_params(), plan.shard_params
+    if plan.zero >= 2:
+        zeroed = BYTES["fp32"] * P / plan.world
+    else:
+        zeroed = store_bytes(GRAD_BUFFER_CODEC[plan.grad_buffer], P)
+    grad_decode = []
+    if plan.zero == 0 and plan.grad_buffer != "fp32":
+        grad_decode = [stream_op(f"store_load {GRAD_BUFFER_CODEC[plan.grad_buffer]}", P, "optimizer")]
+    decode, store = [], []
+    if plan.master_weights != "fp32":
+        codec = MASTER_CODEC[plan.master_weights]
+        decode = [stream_op(f"master decode {codec}", shard, "optimizer")]
+        store = [stream_op(f"master store {codec}", shard, "optimizer")]
+    cast_decode = []
+    if decode and plan.fp8:
+        cast_decode = [stream_op(decode[0].name, P_lin / plan.world if plan.zero >= 1 else P_lin, "optimizer")]
+    return ([mem_op("memset", zeroed, "optimizer")] + grad_decode + [stream_op("sum_squares", shard, "optimizer")]
+            + grad_decode + decode + [stream_op(ADAMW_OP[plan.optim_state], shard, "optimizer")] + store
+            + decode + [stream_op("params_from_master", shard, "optimizer")] + cast_decode)
 
 
 def grad_segments(shape):
@@ -620,11 +704,17 @@ def link_rates(plan):
             plan.nics_per_node * plan.nic_bytes_s * NIC_EFFICIENCY)
 
 
+def fp8_scale_bytes(plan, elements):
+    """Bytes of the FP32 scales of a bucket of elements gradients sent as W E4M3 pieces: one per ZERO_CHUNK
+    chunk of each piece of elements / W, rounded up per piece (comm/grad_fp8.h grad_fp8_block_bytes)."""
+    return plan.world * CHUNK_SCALE_BYTES * math.ceil(elements / plan.world / ZERO_CHUNK)
+
+
 def grad_wire_bytes_per_element(plan, elements):
     """Bytes a rank puts on the wire per gradient element it sends, reducing a bucket of elements: FP32 4,
-    BF16 2, FP8 1 plus one FP32 scale per piece of elements / W (ZeRO-0's BF16 all-gather after the FP8
-    exchange is ZERO0_FP8_GATHER_BYTES more, not counted here)."""
-    scales = FP8_GRAD_SCALE_BYTES * plan.world / elements if plan.grad_reduce == "fp8" else 0.0
+    BF16 2, FP8 1 plus the scales (fp8_scale_bytes: 4 / 4096 per element; ZeRO-0's FP32 all-gather after
+    the FP8 exchange is ZERO0_FP8_GATHER_BYTES more, not counted here)."""
+    scales = fp8_scale_bytes(plan, elements) / elements if plan.grad_reduce == "fp8" else 0.0
     return plan.grad_bytes + scales
 
 
@@ -646,7 +736,7 @@ def inter_node_bytes_per_element(plan):
 
 def reduction_kernel_ops(plan, elements):
     """The element-wise kernels the reduction of a bucket of elements gradients runs on the communication
-    stream, bytes as dist/comm_nccl.cuh moves them. n = elements / W is the rank's chunk; ZeRO-2 adds it
+    stream, bytes as comm/comm_nccl.cuh moves them. n = elements / W is the rank's piece; ZeRO-2 adds it
     into the sharded FP32 accumulator (reads it too), ZeRO-1 writes it, ZeRO-0 writes the whole bucket.
     fp32: none (NCCL reduces in the buffers). Not counted: ZeRO-2's comm_store_kernel adding the
     reduce-scattered FP32 chunk into the shard (12 bytes per chunk element), which would cost 13B fp8 1.4%
@@ -654,30 +744,31 @@ def reduction_kernel_ops(plan, elements):
     quotes until they are next refreshed.
     bf16: comm_to_bf16_kernel over the bucket (FP32 read, BF16 written) and comm_store_kernel of the
     result (BF16 read, FP32 written, + FP32 read when accumulating).
-    fp8: the quantize, an amax pass per piece (FP32 read) and the cast (FP32 read, E4M3 written), and the
-    dequantize-and-sum of the chunk's W pieces (E4M3 and W scales read, FP32 written, + read when
-    accumulating); ZeRO-0 writes the sums as BF16 for the all-gather and widens the gathered BF16 bucket
-    into the FP32 gradients."""
-    W, n = plan.world, elements / plan.world
+    fp8: the quantize, an amax pass per chunk (FP32 read) and the cast (FP32 read, E4M3 written), and the
+    dequantize-and-sum of the W pieces of the rank's piece (E4M3 and their scales read, FP32 written, + read
+    when accumulating); ZeRO-0 (comm_all_reduce) first copies the bucket into a padded scratch (FP32 read
+    and written), writes its piece's sums as FP32, all-gathers them in place and copies the bucket back."""
+    n = elements / plan.world
     accumulate = plan.zero >= 2
     if plan.grad_reduce == "bf16":
         result = elements if plan.zero == 0 else n
         return [mem_op("grad_to_bf16", 6 * elements, "comm"),
                 mem_op("grad_store", (10 if accumulate else 6) * result, "comm")]
     if plan.grad_reduce == "fp8":
-        ops = [mem_op("grad_amax", 4 * elements, "comm"), mem_op("grad_cast E4M3", 5 * elements, "comm")]
+        ops = [mem_op("grad_amax", 4 * elements, "comm"), mem_op("grad_cast E4M3", 5 * elements, "comm"),
+               mem_op("grad_dequantize_sum", elements + fp8_scale_bytes(plan, elements) + (8 if accumulate else 4) * n,
+                      "comm")]
         if plan.zero == 0:
-            return ops + [mem_op("grad_dequantize_sum", elements + FP8_GRAD_SCALE_BYTES * W + 2 * n, "comm"),
-                          mem_op("grad_store", 6 * elements, "comm")]
-        return ops + [mem_op("grad_dequantize_sum", elements + FP8_GRAD_SCALE_BYTES * W + (8 if accumulate else 4) * n,
-                             "comm")]
+            copy = mem_op("grad_copy", 8 * elements, "comm")
+            return [copy] + ops + [copy]
+        return ops
     return []
 
 
 def reduction_time(plan, elements, rates):
     """(link seconds, kernel seconds) of reducing one bucket of elements gradients, one after the other on
     the communication stream. fp32 / bf16: the ring reduce-scatter (ZeRO-1/2) or all-reduce (ZeRO-0);
-    fp8: the all-to-all of the E4M3 pieces and their scales, and under ZeRO-0 the BF16 ring all-gather."""
+    fp8: the all-to-all of the E4M3 pieces and their scales, and under ZeRO-0 the FP32 ring all-gather."""
     n, bus, lat = plan.world, bus_bandwidth(plan), collective_latency(plan)
     kernels = sum(rates.time(op) for op in reduction_kernel_ops(plan, elements))
     if plan.grad_reduce != "fp8":
@@ -743,19 +834,28 @@ def activation_bytes(plan):
 def memory_gib(plan):
     """Device memory of the plan: weights and optimizer state under its ZeRO stage, FP8 weight copies,
     activations and MEMORY_OVERHEAD_GIB. With an E4M3 all-gather the rank keeps BF16 copies of its shard of
-    the linear weights only (fp8 reads only their E4M3 W and W^T)."""
+    the linear weights only (fp8 reads only their E4M3 W and W^T). Gradients: ZeRO-0/1 the full buffer in
+    its --grad-buffer codec, plus (bf16, fp8) the FP32 bucket buffers the backward writes; ZeRO-2 its FP32
+    shard and those bucket buffers. Master: the shard in its --master-weights codec, plus (fp16) the FP32
+    scratch a segment's piece is decoded into, the largest piece (the embedding's or the output layer's)."""
     s, n = plan.shape, plan.world
     a, f = BYTES["bf16"], BYTES["fp32"]
-    P, P_lin = s.params(), s.linear_params()
-    shard = P / n if plan.zero >= 1 else P
+    P, P_lin, shard = s.params(), s.linear_params(), plan.shard_params
     working = P
     if plan.weight_gather == "e4m3" and n > 1:
         working = P - P_lin + P_lin / n
-    grads = P
+    bucket_buffers = f * ZERO2_GRAD_BUCKETS * max(s.layer_params(), s.V * s.C)
     if plan.zero >= 2:
-        grads = P / n + ZERO2_GRAD_BUCKETS * max(s.layer_params(), s.V * s.C)
-    moments = MOMENT_BYTES[plan.optim_state] * shard + (8 * shard / ADAMW_CHUNK if plan.optim_state == "fp8" else 0)
-    total = (a * working + f * grads + f * shard + moments  # working weights, gradients, master, adam_m + adam_v
+        grads = f * P / n + bucket_buffers
+    else:
+        grads = store_bytes(GRAD_BUFFER_CODEC[plan.grad_buffer], P) + (bucket_buffers if plan.grad_buffer != "fp32" else 0)
+    master = store_bytes(MASTER_CODEC[plan.master_weights], shard)
+    if plan.master_weights != "fp32":
+        largest_segment = max(s.V * s.C, *(oc * c for oc, c in s.linear_dims().values()))
+        master += f * largest_segment / (n if plan.zero >= 1 else 1)
+    moments = MOMENT_BYTES[plan.optim_state] * shard + (2 * CHUNK_SCALE_BYTES * shard / ADAMW_CHUNK
+                                                        if plan.optim_state == "fp8" else 0)
+    total = (a * working + grads + master + moments  # working weights, gradients, master, adam_m + adam_v
              + (2 * BYTES["fp8"] * P_lin if plan.fp8 else 0)  # E4M3 W and W^T
              + activation_bytes(plan))
     return total / 2**30 + MEMORY_OVERHEAD_GIB
@@ -795,22 +895,25 @@ def add_ops(totals, ops, rates, times=1.0):
 def predict(plan, rates):
     """Predicted step of the plan: seconds per category, tokens/s/GPU, MFU, memory."""
     s, G = plan.shape, plan.grad_accum
-    micro = micro_step_ops(plan)  # every micro-step runs the same ops
+    micro = micro_step_ops(plan)  # the micro-steps before the last
+    last = micro_step_ops(plan, last=True)  # the last, which ZeRO-0/1 reduce from
     casts = weight_cast_ops(plan)
     optim = optimizer_ops(plan)
     totals = dict.fromkeys(CATEGORIES, 0.0)
-    for seg in micro.forward + micro.backward:
-        add_ops(totals, seg, rates, G)
+    for ops, times in ((micro, G - 1), (last, 1)):
+        for seg in ops.forward + ops.backward:
+            add_ops(totals, seg, rates, times)
     add_ops(totals, casts, rates, s.L)
     add_ops(totals, optim, rates)
-    forward_s = segment_times(micro.forward, rates)
-    backward_s = segment_times(micro.backward, rates)
-    micro_s = sum(forward_s) + sum(backward_s)
+    forward_s = segment_times(last.forward, rates)
+    backward_s = segment_times(last.backward, rates)
+    micro_s = ((G - 1) * sum(segment_times(micro.forward + micro.backward, rates)) + sum(forward_s) + sum(backward_s)) / G
 
     comm_total, comm_exposed, overlap_cost, reduction_kernels = communication(
         plan, forward_s, backward_s, sum(rates.time(op) for op in casts), rates)
     totals["comm"] = comm_exposed + overlap_cost
-    launches = G * sum(len(seg) for seg in micro.forward + micro.backward) + s.L * len(casts) + len(optim)
+    launches = sum(times * len(seg) for ops, times in ((micro, G - 1), (last, 1)) for seg in ops.forward + ops.backward)
+    launches += s.L * len(casts) + len(optim)
     syncs = G * SYNCS_PER_MICRO_STEP[plan.precision] + grad_segments(s)
     totals["other"] = launches * KERNEL_GAP_S + syncs * HOST_SYNC_S
     step_s = sum(totals.values())
@@ -823,6 +926,7 @@ def predict(plan, rates):
         "micro_batch": plan.B, "seq_len": plan.T, "grad_accum": G, "zero": plan.zero,
         "recompute": recompute_label(plan), "weight_gather": plan.weight_gather,
         "grad_reduce": plan.grad_reduce, "grad_reduce_built": True, "optim_state": plan.optim_state,
+        "grad_buffer": plan.grad_buffer, "master_weights": plan.master_weights,
         "grad_wire_bytes_per_element": grad_wire_bytes_per_element(plan, s.layer_params()),
         "grad_inter_node_bytes_per_element_per_nic": inter_node_bytes_per_element(plan), "overlap": plan.overlap,
         "memory_gib": memory, "fits": memory <= GPUS[plan.gpu].memory_gib,
@@ -851,8 +955,7 @@ def communication(plan, forward_s, backward_s, cast_s_per_layer, rates):
         return 0.0, 0.0, 0.0, 0.0
     s, bus, lat = plan.shape, bus_bandwidth(plan), collective_latency(plan)
     out_params, layer_params, emb_params = s.V * s.C + s.C, s.layer_params(), s.V * s.C
-    grad_buckets = [out_params] + [layer_params] * s.L + [emb_params]
-    grad = [reduction_time(plan, p, rates) for p in grad_buckets]
+    grad = [reduction_time(plan, p, rates) for p in grad_bucket_elements(s)]
     grad_s = [link + kernels for link, kernels in grad]
     ready, t = [], 0.0
     for seg in backward_s:
@@ -913,12 +1016,15 @@ def make_plan(args, shape, precision, gpu, nodes, gpus_per_node):
             raise InputError(f"flag --recompute: full:{k} is not 1..{shape.L} blocks of {shape.name}")
     if recompute == "cheap" and precision == "fp8":
         raise InputError("flag --recompute: cheap is bf16 only (the trainer refuses -r 1 with fp8)")
+    if args.grad_buffer != "fp32" and (zero == 2 or (zero == 0 and world > 1)):
+        raise InputError(f"flag --grad-buffer {args.grad_buffer}: the trainer needs ZeRO-1, or ZeRO-0 on one GPU; "
+                         f"{shape.name} on {world} GPUs runs ZeRO-{zero} (give --zero 1)")
     plan = Plan(shape=shape, precision=precision, gpu=gpu, nodes=nodes, gpus_per_node=gpus_per_node,
                 B=args.micro_batch, T=args.seq_len, grad_accum=args.global_batch // per_step, zero=zero,
                 recompute="none" if recompute == "auto" else recompute, recompute_layers=layers,
                 grad_reduce=args.grad_reduce, weight_gather=gather,
                 overlap=not args.no_overlap, nics_per_node=args.nics_per_node, nic_bytes_s=args.nic_gbits * 1e9 / 8,
-                optim_state=args.optim_state)
+                optim_state=args.optim_state, grad_buffer=args.grad_buffer, master_weights=args.master_weights)
     return fit_recompute(plan) if args.recompute == "auto" else plan
 
 
@@ -939,8 +1045,11 @@ TRAIN_BATCH = re.compile(r"^\| micro-batch (\d+) x (\d+), (\d+) rank\(s\), grad 
 TRAIN_STEP = re.compile(r"^step\s+\d+/\d+ \|.*\| ([0-9.]+) ms \| [0-9.]+ tok/s")
 DEVICE_NAME = re.compile(r"\bNVIDIA (H100|H800|H200)\b([^,;]*)")
 # bench_kernels' timed op names -> the op names above (the cast cases time their (N, C) tensor "x").
+# kc_store times the accumulating op_store_add of --grad-buffer: the model's store_add ops (its fp16 line,
+# accumulating too, is not the non-accumulating store of an fp16 master, and is left out).
 KERNEL_OP_NAMES = {"amax x": "amax", "cast_transpose x E4M3": "cast_transpose E4M3",
-                   "cast_transpose x E5M2": "cast_transpose E5M2"}
+                   "cast_transpose x E5M2": "cast_transpose E5M2", "store bf16 (--grad-buffer bf16)": "store_add bf16",
+                   "store e4m3 (--grad-buffer fp8)": "store_add e4m3"}
 MEMORY_OPS = ACTIVATION_OPS + tuple(BYTES_PER_ELEMENT) + ("encoder_backward",)
 
 
@@ -1180,6 +1289,8 @@ def block_gemm_ops(shape, precision, N):
 BENCH_GEMM_TOKENS = 4096
 # kc_case_sum_squares adds a ragged tail to its w1|w3-sized gradient.
 KERNEL_SUM_SQUARES_TAIL = 12345
+# kc_store: half a w1|w3 weight plus a ragged tail, at least three chunks.
+KERNEL_STORE_TAIL = 321
 
 
 def kernel_op(name, shape):
@@ -1188,8 +1299,11 @@ def kernel_op(name, shape):
     B, T, C, NH, NKV, F, V = shape
     s = Shape("bench_kernels", C, 1, NH, NKV, F, V)
     weight = 2 * C * F  # kc_case_params, kc_case_sum_squares: one w1|w3 weight
+    store = weight // 4 + KERNEL_STORE_TAIL
+    store = store if store >= 3 * ZERO_CHUNK else 3 * ZERO_CHUNK + KERNEL_STORE_TAIL
     elements = {"params_from_master": weight, "adamw": weight, "sum_squares": weight + KERNEL_SUM_SQUARES_TAIL,
-                "adamw bf16 state": weight - KERNEL_ADAMW_LOWP_SHORT, "adamw fp8 state": weight - KERNEL_ADAMW_LOWP_SHORT}
+                "adamw bf16 state": weight - KERNEL_ADAMW_LOWP_SHORT, "adamw fp8 state": weight - KERNEL_ADAMW_LOWP_SHORT,
+                "store_add bf16": store, "store_add e4m3": store}
     if name in ACTIVATION_OPS:
         return mem_op(name, activation_op_bytes(name, B, T, s))
     if name in BYTES_PER_ELEMENT:
@@ -1362,12 +1476,14 @@ def print_report(results, calibration, comparison, takes, args):
           f"scripts/perf_model.py")
     print(f"seq {args.seq_len}, global batch {args.global_batch:,} tokens; ZeRO-1 for 7B, ZeRO-2 for 13B "
           f"(DESIGN.md 9) unless --zero; collectives {'overlapped' if not args.no_overlap else 'not overlapped'}; "
-          f"{args.nics_per_node}x {args.nic_gbits:g} Gb/s NICs per node")
+          f"{args.nics_per_node}x {args.nic_gbits:g} Gb/s NICs per node; gradients reduced in {args.grad_reduce}, "
+          f"AdamW moments in {args.optim_state}, gradient buffer in {args.grad_buffer}, master weights in "
+          f"{args.master_weights}")
     print("MFU: model FLOPs/token x tokens/s over the precision's dense peak (FP8 peak for fp8, as the trainer "
           "reports it); llm.c: 6N + 12LCT; Megatron: 6L(hQKV + h^2 + 3hF + 2sh) + 6hV")
     print("step split, % of the step: GEMM (all linear layers), attn (cuDNN SDPA), mem (norms, RoPE, SwiGLU, residual,"
           " embedding, classifier), cast (FP8 amax + cast-transpose of X, dY, W), optim (zeroing, norm, AdamW, "
-          "weight refresh), comm (exposed collectives + overlap slowdown + a bf16/fp8 reduction's conversion kernels), "
+          "weight refresh, a bf16/fp8 gradient buffer's and an fp16 master's stores and decodes), comm (exposed collectives + overlap slowdown + a bf16/fp8 reduction's conversion kernels), "
           "other (launch gaps, host syncs); "
           "mem GiB (>) = does not fit\n")
     print(predictions_table(results))
@@ -1429,9 +1545,9 @@ def print_what_it_takes(t):
 
 def print_grad_reduce_comparison(rows):
     print("\n== Gradient reduction, fp8 training (every multi-GPU row models DESIGN.md 6)")
-    print("wire B/el: bytes per gradient element sent (fp8: E4M3 + one FP32 scale per piece; ZeRO-0 adds a BF16 "
-          "all-gather; as modelled: the trainer sends a scale per 4096-element chunk and gathers FP32); IB B/el/NIC: bytes per element each NIC sends out of the node; comm stream: link time + "
-          "the reduction's kernels (BF16 conversions, FP8 quantize and dequantize-and-sum); exposed: comm stream "
+    print("wire B/el: bytes per gradient element sent (fp8: E4M3 + one FP32 scale per 4096-element chunk; ZeRO-0 adds "
+          "an FP32 all-gather); IB B/el/NIC: bytes per element each NIC sends out of the node; comm stream: link time "
+          "+ the reduction's kernels (BF16 conversions, FP8 quantize and dequantize-and-sum); exposed: comm stream "
           "past compute; comm %: exposed + the cost of what overlaps")
     table, skipped = [], set()
     for r in rows:
@@ -1458,7 +1574,8 @@ def assumptions():
             "nvlink_efficiency": NVLINK_EFFICIENCY, "nic_efficiency": NIC_EFFICIENCY,
             "collective_latency_s": COLLECTIVE_LATENCY_S, "comm_overlap_slowdown": COMM_OVERLAP_SLOWDOWN,
             "comm_kernel_overlap_cost": COMM_KERNEL_OVERLAP_COST, "grad_wire_bytes": GRAD_WIRE_BYTES,
-            "fp8_grad_scale_bytes": FP8_GRAD_SCALE_BYTES, "zero0_fp8_gather_bytes": ZERO0_FP8_GATHER_BYTES,
+            "zero_chunk": ZERO_CHUNK, "chunk_scale_bytes": CHUNK_SCALE_BYTES,
+            "zero0_fp8_gather_bytes": ZERO0_FP8_GATHER_BYTES,
             "kernel_gap_s": KERNEL_GAP_S, "host_sync_s": HOST_SYNC_S, "memory_overhead_gib": MEMORY_OVERHEAD_GIB,
             "gpus": {k: vars(g) for k, g in GPUS.items()}}
 
@@ -1484,6 +1601,13 @@ def parse_args(argv):
     p.add_argument("--optim-state", default="fp32", choices=list(MOMENT_BYTES),
                    help="AdamW moments as the trainer's --optim-state stores them: fp32 (8 bytes per parameter), "
                         "bf16 (4), fp8 (E4M3 m and FP16 v with per-chunk scales: 3)")
+    p.add_argument("--grad-buffer", default="fp32", choices=list(GRAD_BUFFER_CODEC),
+                   help="gradients accumulated over micro-steps as the trainer's --grad-buffer stores them: fp32 (4 "
+                        "bytes per parameter), bf16 (2), fp8 (E4M3 with per-chunk scales: 1); bf16 and fp8 add FP32 "
+                        "bucket buffers and a requantizing add per bucket and micro-step; ZeRO-1, or ZeRO-0 on one GPU")
+    p.add_argument("--master-weights", default="fp32", choices=list(MASTER_CODEC),
+                   help="master weights as the trainer's --master-weights stores them: fp32 (4 bytes per parameter of "
+                        "the shard), fp16 (2, with per-chunk scales; decoded 2-3 times and stored once per step)")
     p.add_argument("--no-overlap", action="store_true", help="collectives do not overlap compute")
     p.add_argument("--nics-per-node", type=int, default=DEFAULT_NICS_PER_NODE)
     p.add_argument("--nic-gbits", type=float, default=DEFAULT_NIC_GBITS, help="Gb/s per NIC")

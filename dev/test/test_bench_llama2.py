@@ -2,7 +2,8 @@
 Smoke test of scripts/bench_llama2.sh on the CPU build (--cpu: the tiny model, short sequences) on two
 ranks under mpirun: both precisions run with the settings the memory plan chose, warm-up steps are left
 out of the means, the FLOP counts and the speed-up are what their formulas give (written out here from
-the model's shape), and the table, bench.json and bench.png are written.
+the model's shape), the FP8-LM levels (--grad-reduce, --optim-state, --grad-buffer, --master-weights)
+reach the fp8 run only, and the table, bench.json and bench.png are written.
 """
 import json
 import os
@@ -31,7 +32,8 @@ def flops_llmc():
 def test_bench_script_on_the_cpu_build(trainer, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     r = subprocess.run(["bash", str(REPO / "scripts" / "bench_llama2.sh"), "7b", str(RANKS), "--cpu", "--steps", str(STEPS),
-                        "--warmup", str(WARMUP), "--out", str(tmp_path), "--grad-reduce", "fp8", "--optim-state", "fp8"],
+                        "--warmup", str(WARMUP), "--out", str(tmp_path), "--grad-reduce", "fp8", "--optim-state", "fp8",
+                        "--grad-buffer", "fp8", "--master-weights", "fp16"],
                        cwd=REPO, env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -43,11 +45,17 @@ def test_bench_script_on_the_cpu_build(trainer, tmp_path):
     for key in ["B", "T", "grad_accum", "zero", "recompute", "gpus"]:
         assert bf16[key] == fp8[key], key
     assert bf16["grad_accum"] == 4 // RANKS and bf16["gpus"] == RANKS
+    # the trainer takes a bf16/fp8 gradient buffer under ZeRO-1 only on two ranks: both runs use it
+    assert bf16["zero"] == 1
     # the FP8-LM levels reach the fp8 run only: bf16 is the baseline
-    assert (fp8["grad_reduce"], fp8["optim_state"], bf16["grad_reduce"], bf16["optim_state"]) == ("fp8", "fp8", "fp32", "fp32")
-    for run, moments in ((bf16, "fp32"), (fp8, "fp8")):
+    levels = ("grad_reduce", "optim_state", "grad_buffer", "master_weights")
+    assert [fp8[k] for k in levels] == ["fp8", "fp8", "fp8", "fp16"]
+    assert [bf16[k] for k in levels] == ["fp32"] * 4
+    for run, moments, buffer, master in ((bf16, "fp32", "fp32", "fp32"), (fp8, "fp8", "fp8", "fp16")):
         log = (tmp_path / f"train_{run['precision']}.log").read_text()
-        assert f"AdamW moments in {moments}" in log, run["precision"]
+        assert f"AdamW moments in {moments}, gradient buffer in {buffer}, master weights in {master}" in log, run["precision"]
+        assert ("--grad-buffer fp8 --master-weights fp16" in run["command"]) == (run["precision"] == "fp8")
+        assert ("--grad-buffer" in run["command"]) == (run["precision"] == "fp8")
     for run in (bf16, fp8):
         rows = [json.loads(line) for line in (tmp_path / run["precision"] / "metrics.jsonl").read_text().splitlines()]
         steps = [row for row in rows if "loss" in row]

@@ -167,16 +167,21 @@ def test_grad_wire_and_inter_node_bytes_by_hand():
     elements = 16 * 2**20
     assert pm.grad_wire_bytes_per_element(p, elements) == 4
     assert pm.grad_wire_bytes_per_element(replace(p, grad_reduce="bf16"), elements) == 2
-    # fp8: 1 byte, and one 4-byte scale per piece of 1 M elements
-    assert pm.grad_wire_bytes_per_element(replace(p, grad_reduce="fp8"), elements) == pytest.approx(1 + 4 / 2**20)
+    # fp8: 1 byte, and one 4-byte scale per 4096-element chunk (comm/grad_fp8.h): pieces of 1 M elements
+    # are 256 whole chunks each
+    assert pm.grad_wire_bytes_per_element(replace(p, grad_reduce="fp8"), elements) == pytest.approx(1 + 4 / 4096,
+                                                                                                    rel=1e-12)
+    # a bucket of 16 x 4097 elements: pieces of 4097, two chunks each (rounded up per piece)
+    assert pm.grad_wire_bytes_per_element(replace(p, grad_reduce="fp8"), 16 * 4097) == pytest.approx(
+        1 + 16 * 2 * 4 / (16 * 4097), rel=1e-12)
     # per NIC out of the node, per element: a ring reduce-scatter 15/16 of the buffer over 8 NICs; an
     # all-reduce twice that; the all-to-all 8 GPUs x 8 off-node pieces of 1/16 over 8 NICs = 1/2
     assert pm.inter_node_bytes_per_element(p) == pytest.approx(4 * 15 / 16 / 8)
     assert pm.inter_node_bytes_per_element(replace(p, grad_reduce="bf16")) == pytest.approx(2 * 15 / 16 / 8)
     assert pm.inter_node_bytes_per_element(replace(p, grad_reduce="bf16", zero=0)) == pytest.approx(2 * 2 * 15 / 16 / 8)
     assert pm.inter_node_bytes_per_element(replace(p, grad_reduce="fp8")) == pytest.approx(0.5)
-    # ZeRO-0 adds the BF16 ring all-gather of the sums
-    assert pm.inter_node_bytes_per_element(replace(p, grad_reduce="fp8", zero=0)) == pytest.approx(0.5 + 2 * 15 / 16 / 8)
+    # ZeRO-0 adds the ring all-gather of the sums, in FP32 (comm/comm_nccl.cuh comm_all_reduce)
+    assert pm.inter_node_bytes_per_element(replace(p, grad_reduce="fp8", zero=0)) == pytest.approx(0.5 + 4 * 15 / 16 / 8)
     assert pm.inter_node_bytes_per_element(replace(p, nodes=1, grad_reduce="fp8")) == 0.0
 
 
@@ -192,23 +197,25 @@ def test_grad_reduction_kernels_by_hand():
     # bf16: FP32 -> BF16 of the bucket (4 + 2), the chunk's BF16 added into the FP32 shard (2 + 4 + 4)
     assert kernel_bytes(grad_reduce="bf16") == 6 * elements + 10 * n
     assert kernel_bytes(grad_reduce="bf16", zero=1) == 6 * elements + 6 * n
-    # fp8: amax (4) and cast (4 + 1) of the bucket; the chunk's 16 E4M3 pieces and scales read, the FP32
-    # shard read and written (ZeRO-2) or written (ZeRO-1)
-    assert kernel_bytes(grad_reduce="fp8") == 9 * elements + elements + 16 * 4 + 8 * n
-    assert kernel_bytes(grad_reduce="fp8", zero=1) == 9 * elements + elements + 16 * 4 + 4 * n
-    # ZeRO-0: the sums written as BF16 for the all-gather, the gathered bucket widened to FP32 (2 + 4)
-    assert kernel_bytes(grad_reduce="fp8", zero=0) == 9 * elements + elements + 16 * 4 + 2 * n + 6 * elements
+    # fp8: amax (4) and cast (4 + 1) of the bucket; the 16 E4M3 pieces of the rank's piece and their scales
+    # read (16 pieces x 256 chunks x 4 bytes), the FP32 shard read and written (ZeRO-2) or written (ZeRO-1)
+    scales = 16 * 256 * 4
+    assert kernel_bytes(grad_reduce="fp8") == 9 * elements + elements + scales + 8 * n
+    assert kernel_bytes(grad_reduce="fp8", zero=1) == 9 * elements + elements + scales + 4 * n
+    # ZeRO-0: the bucket copied into the padded scratch and back (4 + 4 each way), the sums written as FP32
+    assert kernel_bytes(grad_reduce="fp8", zero=0) == 8 * elements + 9 * elements + elements + scales + 4 * n + 8 * elements
     # at the model's HBM efficiency, on the communication stream after the link time
     rates = pm.Rates(pm.GPUS["H800"])
     link, kernels = pm.reduction_time(replace(p, gpu="H800", grad_reduce="fp8"), elements, rates)
     assert kernels == pytest.approx(kernel_bytes(grad_reduce="fp8") / (pm.HBM_EFFICIENCY * 3.35e12))
     nvlink, nics = 200e9 * pm.NVLINK_EFFICIENCY, 8 * 50e9 * pm.NIC_EFFICIENCY
     assert nics == pytest.approx(320e9)
-    assert link == pytest.approx(pm.all_to_all_time(elements + 16 * 4, 2, 8, nvlink, nics, pm.COLLECTIVE_LATENCY_S["inter"]))
+    assert link == pytest.approx(pm.all_to_all_time(elements + scales, 2, 8, nvlink, nics, pm.COLLECTIVE_LATENCY_S["inter"]))
     link0, _ = pm.reduction_time(replace(p, gpu="H800", grad_reduce="fp8", zero=0), elements, rates)
     bus = pm.bus_bandwidth(replace(p, gpu="H800"))
     assert bus == pytest.approx(160e9)  # NVLink-bound ring
-    assert link0 == pytest.approx(link + pm.ring_time("all_gather", 2 * elements, 16, bus, 40e-6))
+    # ZeRO-0's all-gather of the sums is FP32: 4 bytes per element, 15/16 of the bucket over the ring
+    assert link0 == pytest.approx(link + 40e-6 + 4 * elements * 15 / 16 / 160e9)
 
 
 def grad_reduce_results(nodes, shape="llama2-13b", gpu="H800", **kw):
@@ -237,9 +244,9 @@ def test_grad_reduce_orderings_13b_h800():
     rates = pm.Rates(pm.GPUS["H800"])
     fp8_link = pm.reduction_time(replace(p, grad_reduce="fp8"), layer, rates)[0] - 40e-6
     bf16_link = pm.reduction_time(replace(p, grad_reduce="bf16"), layer, rates)[0] - 40e-6
-    assert fp8_link == pytest.approx((layer + 16 * 4) * 0.5 / 40e9, rel=1e-9)
+    assert fp8_link == pytest.approx(layer * (1 + 4 / 4096) * 0.5 / 40e9, rel=1e-4)
     assert bf16_link == pytest.approx(layer * 2 * 15 / 16 / 160e9, rel=1e-9)
-    assert fp8_link / bf16_link == pytest.approx((0.5 / 40) / (2 * 15 / 16 / 160), rel=1e-6)
+    assert fp8_link / bf16_link == pytest.approx((0.5 * (1 + 4 / 4096) / 40) / (2 * 15 / 16 / 160), rel=1e-4)
 
 
 def test_grad_reduce_overlap_and_fp32_unchanged():
@@ -492,6 +499,117 @@ def test_optim_state_memory_and_adamw_bytes():
         assert b["memory_gib"] < a["memory_gib"] and b["tokens_per_s_per_gpu"] >= a["tokens_per_s_per_gpu"], (a, b)
 
 
+# --- stored state (--grad-buffer, --master-weights) ---------------------------------------------------
+
+# Llama-2 7B by hand: per block wqkv 3 x 4096^2 = 50331648, wo 4096^2 = 16777216, w13 2 x 11008 x 4096 =
+# 90177536, w2 45088768 (202375168 linear) and two norms of 4096: 202383360; the embedding and the output
+# layer 32000 x 4096 = 131072000 each; the final norm 4096.
+LAYER_7B, LINEAR_7B, VC_7B = 202383360, 202375168, 131072000
+P_7B = 32 * LAYER_7B + 2 * VC_7B + 4096
+
+
+def plan_7b_zero1(precision="fp8", **kw):
+    """7B (fp8 unless told), ZeRO-1 on 8 GPUs, 16 micro-steps of 4096 tokens."""
+    return plan(shape=pm.PRESETS["llama2-7b"], precision=precision, per_node=8, T=4096, accum=16, zero=1, **kw)
+
+
+def op_bytes(ops, prefix):
+    return sum(op.bytes for op in ops if op.name.startswith(prefix))
+
+
+def test_grad_buffer_and_master_memory_by_hand():
+    """7B ZeRO-1 on 8 GPUs: the gradient buffer takes 4, 2 or 1 (+ 4 per 4096) bytes per parameter, bf16 and
+    fp8 adding two FP32 bucket buffers of the largest bucket (a block); an fp16 master takes 2 (+ 4 per
+    4096) bytes per parameter of the shard instead of 4, plus an FP32 scratch of the largest piece (the
+    embedding's 1/8)."""
+    assert P_7B == 6738415616 == pm.PRESETS["llama2-7b"].params()
+    p = plan_7b_zero1()
+    shard, buckets = P_7B / 8, 2 * 4 * LAYER_7B
+
+    def delta(**kw):
+        return (pm.memory_gib(replace(p, **kw)) - pm.memory_gib(p)) * 2**30
+
+    assert delta(grad_buffer="bf16") == pytest.approx((2 - 4) * P_7B + buckets)
+    assert delta(grad_buffer="fp8") == pytest.approx((1 + 4 / 4096 - 4) * P_7B + buckets)
+    assert delta(master_weights="fp16") == pytest.approx((2 + 4 / 4096 - 4) * shard + 4 * VC_7B / 8)
+    # the savings add up, and nothing else moves
+    both = delta(grad_buffer="fp8", master_weights="fp16")
+    assert both == pytest.approx(delta(grad_buffer="fp8") + delta(master_weights="fp16"))
+
+
+def test_grad_buffer_ops_by_hand():
+    """--grad-buffer bf16 / fp8 under ZeRO-1: every bucket of every micro-step zeroes its FP32 bucket buffer
+    (4 bytes per element) and, after its backward, adds it into the stored sum (bf16 2 + 4 + 2, fp8 1 + 4 + 1
+    bytes per element and the chunk's scale read and written); the last micro-step instead adds the stored
+    sum into the bucket (2 + 4 + 4, 1 + 4 + 4 + a scale read), which is reduced from there. Per step the
+    buffer is zeroed in its own format; ZeRO-1 reduces into its FP32 shard, so nothing decodes it."""
+    buckets = [VC_7B + 4096] + [LAYER_7B] * 32 + [VC_7B]  # backward order: head, blocks, embedding
+    assert sum(buckets) == P_7B
+    for buffer, add, load, zeroed in (("bf16", 2 + 4 + 2, 2 + 4 + 4, 2),
+                                      ("fp8", 1 + 4 + 1 + 8 / 4096, 1 + 4 + 4 + 4 / 4096, 1 + 4 / 4096)):
+        q = plan_7b_zero1(grad_buffer=buffer)
+        micro = pm.micro_step_ops(q).backward
+        last = pm.micro_step_ops(q, last=True).backward
+        for seg, last_seg, elements in zip(micro, last, buckets):  # in the bucket's own backward segment
+            assert op_bytes(seg, "store_add") == pytest.approx(add * elements), buffer
+            assert op_bytes(seg, "store_load") == 0
+            assert op_bytes(last_seg, "store_load") == pytest.approx(load * elements), buffer
+            assert op_bytes(last_seg, "store_add") == 0
+            zeroing = [op for op in seg if op.name == "memset" and op.category == "optimizer"]
+            assert len(zeroing) == 1 and zeroing[0].bytes == 4 * elements
+        optim = pm.optimizer_ops(q)
+        assert optim[0].name == "memset" and optim[0].bytes == pytest.approx(zeroed * P_7B)
+        assert op_bytes(optim, "store") == 0
+    fp32 = plan_7b_zero1()
+    ops = [op for seg in pm.micro_step_ops(fp32, last=True).backward for op in seg]
+    assert op_bytes(ops, "store") == 0 and not any(op.category == "optimizer" for op in ops)
+    assert pm.optimizer_ops(fp32)[0].bytes == 4 * P_7B
+
+
+def test_grad_buffer_lengthens_the_step_by_hand():
+    """One GPU (ZeRO-0), 7B bf16, 4 micro-steps: --grad-buffer bf16 adds per micro-step 4 + 8 bytes per
+    parameter (bucket zeroed, stored again), zeroes 2 bytes per parameter a step instead of 4, and decodes
+    the buffer (2 + 4) for each of its two readers, the norm and AdamW; every added op is a launch."""
+    p = plan(shape=pm.PRESETS["llama2-7b"], precision="bf16", T=4096, accum=4, zero=0)
+    rates = pm.Rates(pm.GPUS["H100"])
+    base = pm.predict(p, rates)
+    for buffer, add, decode, zeroed in (("bf16", 8, 6, 2), ("fp8", 6 + 8 / 4096, 5 + 4 / 4096, 1 + 4 / 4096)):
+        r = pm.predict(replace(p, grad_buffer=buffer), rates)
+        extra = 4 * (4 + add) * P_7B + (zeroed - 4) * P_7B + 2 * decode * P_7B
+        seconds = extra / (pm.HBM_EFFICIENCY * 3.35e12)
+        assert r["split_ms"]["optimizer"] - base["split_ms"]["optimizer"] == pytest.approx(1e3 * seconds, rel=1e-9)
+        launches = 4 * 2 * 34 + 2  # two ops per bucket and micro-step, two decodes
+        assert r["step_ms"] - base["step_ms"] == pytest.approx(1e3 * (seconds + launches * pm.KERNEL_GAP_S), rel=1e-9)
+        assert r["memory_gib"] < base["memory_gib"] and r["grad_buffer"] == buffer
+
+
+def test_master_fp16_ops_by_hand():
+    """--master-weights fp16, 7B fp8 ZeRO-1 on 8 GPUs: the shard is decoded (2 + 4 bytes per element and a
+    scale read) by AdamW and by the working-weight refresh, and its linear layers' part once more by the
+    FP8 weight cast; stored once (4 + 2 and a scale written). AdamW's own bytes do not change."""
+    shard, linear = P_7B / 8, 32 * LINEAR_7B / 8
+    per_element = 6 + 4 / 4096
+    ops = pm.optimizer_ops(plan_7b_zero1(master_weights="fp16"))
+    assert op_bytes(ops, "master decode fp16") == pytest.approx(per_element * (2 * shard + linear))
+    stores = [op for op in ops if op.name == "master store fp16"]
+    assert len(stores) == 1 and stores[0].bytes == pytest.approx(per_element * shard)
+    assert op_bytes(ops, "adamw") == pytest.approx(28 * shard)
+    # bf16 training casts no FP8 weights: two decodes
+    bf16 = pm.optimizer_ops(plan_7b_zero1("bf16", master_weights="fp16"))
+    assert op_bytes(bf16, "master decode fp16") == pytest.approx(per_element * 2 * shard)
+    assert op_bytes(pm.optimizer_ops(plan_7b_zero1()), "master") == 0
+
+
+def test_store_calibration_lines():
+    """bench_kernels' store lines (kc_store: the accumulating op_store_add of n = C F / 2 + 321 elements,
+    counted as 4 n + 2 n bytes of the codec + 8 bytes per 4096) calibrate the model's store_add ops."""
+    shape = (1, 4096, 4096, 32, 32, 11008, 32000)
+    n = 4096 * 11008 // 2 + 321
+    assert pm.kernel_op("store_add bf16", shape).bytes == 4 * n + 2 * 2 * n
+    assert pm.kernel_op("store_add e4m3", shape).bytes == pytest.approx(4 * n + 2 * n + 8 * math.ceil(n / 4096), rel=1e-6)
+    assert pm.KERNEL_OP_NAMES["store e4m3 (--grad-buffer fp8)"] == "store_add e4m3"
+
+
 # --- the command line ---------------------------------------------------------------------------------
 
 def test_default_report():
@@ -522,7 +640,7 @@ def test_grad_reduce_flag_and_comparison():
     result = json.loads(out.stdout)
     for r in result["predictions"]:
         assert r["grad_reduce"] == "fp8" and r["grad_reduce_built"]
-        assert r["grad_wire_bytes_per_element"] == pytest.approx(1, abs=1e-5)
+        assert r["grad_wire_bytes_per_element"] == pytest.approx(1 + 4 / 4096, abs=1e-5)  # E4M3 + chunk scales
     rows = result["grad_reduce_comparison"]
     assert [(r["model"], r["gpus"], r["grad_reduce"]) for r in rows] == [
         (m, f"{n}x{g} {gpu}", red) for m, gpu, n, g in pm.GRAD_REDUCE_PLANS for red in pm.GRAD_REDUCTIONS]
@@ -539,8 +657,32 @@ def test_grad_reduce_flag_and_comparison():
     assert "design" not in text.stdout.split("== Gradient reduction")[1]
 
 
+def test_grad_buffer_and_master_flags():
+    args = ["--models", "llama2-7b", "--gpus", "H800", "--precisions", "fp8", "--json"]
+    out = run("--grad-buffer", "fp8", "--master-weights", "fp16", "--topologies", "1x8,1x1", *args)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    base = json.loads(run("--topologies", "1x8,1x1", *args).stdout)
+    for r, b in zip(result["predictions"], base["predictions"]):
+        assert (r["grad_buffer"], r["master_weights"], b["grad_buffer"], b["master_weights"]) == ("fp8", "fp16", "fp32", "fp32")
+        assert r["memory_gib"] < b["memory_gib"]
+    assert [r["zero"] for r in result["predictions"]] == [1, 0]  # one GPU: ZeRO-0, which --grad-buffer allows
+    # the comparison's 13B plans run ZeRO-2, which --grad-buffer refuses: skipped, saying why
+    skipped = [r for r in result["grad_reduce_comparison"] if "skipped" in r]
+    assert {r["model"] for r in skipped} == {"llama2-13b"}
+    assert all("flag --grad-buffer fp8" in r["skipped"] for r in skipped)
+    text = run("--grad-buffer", "bf16", "--master-weights", "fp16", "--models", "llama2-7b", "--topologies", "1x8")
+    assert "gradient buffer in bf16, master weights in fp16" in text.stdout
+
+
 @pytest.mark.parametrize("args,message", [
     (["--grad-reduce", "fp16"], "flag --grad-reduce: 'fp16' is not fp32, bf16 or fp8"),
+    (["--grad-buffer", "bf16", "--models", "llama2-13b"],
+     "flag --grad-buffer bf16: the trainer needs ZeRO-1, or ZeRO-0 on one GPU; llama2-13b on 8 GPUs runs ZeRO-2"),
+    (["--grad-buffer", "fp8", "--models", "llama2-7b", "--zero", "0"],
+     "flag --grad-buffer fp8: the trainer needs ZeRO-1, or ZeRO-0 on one GPU; llama2-7b on 8 GPUs runs ZeRO-0"),
+    (["--grad-buffer", "fp16"], "argument --grad-buffer: invalid choice"),
+    (["--master-weights", "bf16"], "argument --master-weights: invalid choice"),
     (["--models", "llama2-8b"], "flag --models: unknown 'llama2-8b'"),
     (["--topologies", "8"], "flag --topologies: '8'"),
     (["--global-batch", "1000"], "flag --global-batch: 1000 tokens"),
@@ -550,5 +692,5 @@ def test_grad_reduce_flag_and_comparison():
 def test_bad_flags(args, message):
     out = run(*args)
     assert out.returncode == 2 and message in out.stderr, out.stderr
-    if args[0] == "--grad-reduce":
+    if args[0] == "--grad-reduce" or message.startswith("flag --grad-buffer"):
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr
