@@ -117,7 +117,7 @@ FUZZ_BINS = $(FUZZ_HARNESSES:%=build/fuzz/fuzz_%)
 FUZZ_SEEDS = build/fuzz/seeds/.done
 FUZZ_SECONDS ?= 60
 
-.PHONY: all cpu gpu train test setup data clean help fp8-vs-bf16 fuzz fuzz-build test-build device-prepare
+.PHONY: all cpu gpu train test setup data clean help fp8-vs-bf16 figures fuzz fuzz-build test-build device-prepare
 
 all: $(CPU_TARGETS) $(GPU_TARGETS)
 cpu: $(CPU_TARGETS)
@@ -128,6 +128,7 @@ help:
 	@echo "make test         build everything and run the test suite"
 	@echo "make all          build train_llama_cpu test_llama_cpu (+ train_llama test_llama with nvcc)"
 	@echo "make fp8-vs-bf16  train the same seed in bf16 and fp8 on tiny-shakespeare and compare the losses"
+	@echo "make figures      retrain bf16 and fp8 (CPU build, 2 runs of 7-20 min) and redraw docs/images/loss_fp8_vs_bf16.png"
 	@echo "make fuzz FUZZ_SECONDS=N  run each libFuzzer harness (dev/fuzz) for N seconds (default 60)"
 	@echo "make SANITIZE=1 cpu  build train_llama_cpu and test_llama_cpu with ASan + UBSan into build/sanitize/"
 	@echo "make setup        install the Debian and PyPI packages llm8 needs"
@@ -270,6 +271,20 @@ test: test-build
 
 fp8-vs-bf16: train_llama_cpu $(TRAIN_DATA)
 	bash scripts/fp8_vs_bf16.sh
+
+# The README's loss figure: bf16 and fp8 (current scaling) trained with the trainer's defaults (the tiny
+# preset, one epoch of tiny-shakespeare) by the CPU build, so that it can be redrawn on any machine
+# (TRAINER=./train_llama for the GPU build); fp8_vs_bf16.sh's 1% check must pass before the figure is
+# redrawn (a failing run leaves its plot in runs/cmp_fp8/compare_loss.png). --dpi 80 keeps it < 200 KB.
+TRAINER ?= ./train_llama_cpu
+LOSS_FIGURE = docs/images/loss_fp8_vs_bf16.png
+figures: train_llama_cpu $(TRAIN_DATA)
+	RECIPES=current EVALS= TRAINER=$(TRAINER) PYTHON=$(PYTHON) bash scripts/fp8_vs_bf16.sh
+	@mkdir -p $(dir $(LOSS_FIGURE))
+	$(PYTHON) scripts/compare_loss.py runs/cmp_fp8 runs/cmp_bf16 --labels "fp8 (current scaling)" bf16 \
+		--title "Llama-2 'tiny' (9.0M params), tiny-shakespeare, 1 epoch, $(if $(filter %_cpu,$(TRAINER)),CPU,GPU) build" \
+		--dpi 80 --out $(LOSS_FIGURE)
+	@ls -l $(LOSS_FIGURE)
 
 # What the device check needs and the GPU machine cannot make (no network, no cuDNN frontend headers, no
 # OpenBLAS), made here into build/device: the cuDNN glue object, the shards, the CPU build's fp8 curve.

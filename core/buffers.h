@@ -23,7 +23,7 @@ typedef struct {
 #define BUFFER_ALIGN 256
 
 /*
- * The emulated GPU (emu/, README "The emulated GPU") puts a poisoned redzone of BUFFER_REDZONE bytes after
+ * The emulated GPU (emu/, docs/emulated-gpu.md) puts a poisoned redzone of BUFFER_REDZONE bytes after
  * every sub-buffer, and poisons each one's alignment tail too, so that an off-by-one store lands in
  * poisoned memory (an AddressSanitizer report naming the kernel) instead of in the next tensor. The
  * redzones count in buffers_bytes; elsewhere BUFFER_REDZONE is 0.

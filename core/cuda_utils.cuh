@@ -17,7 +17,7 @@
 #include "cuda_check.h"
 
 /*
- * The two spellings that let the emulated GPU (emu/, README "The emulated GPU") build this source with
+ * The two spellings that let the emulated GPU (emu/, docs/emulated-gpu.md) build this source with
  * g++: LAUNCH(kernel, grid, block[, smem[, stream]])(args...) is kernel<<<grid, block, smem, stream>>>(args...),
  * and DYNAMIC_SHARED(T, name) declares the launch's dynamic shared memory as T name[]. emu/cuda_runtime.h
  * defines both for itself.

@@ -1,5 +1,5 @@
 /*
- * The multi-rank data loader for llm.c-format token shards (README "Token shards").
+ * The multi-rank data loader for llm.c-format token shards (docs/formats.md "Token shards").
  *
  * A shard of n tokens holds S = (n - 1) / T samples; sample s is the T + 1 tokens starting at s * T
  * (inputs are the first T, targets the last T). A global batch (one optimizer step) is

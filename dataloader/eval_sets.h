@@ -1,7 +1,7 @@
 /*
  * The downstream-evaluation sets (HellaSwag, LAMBADA, WikiText), read from their files and laid out as
  * the rows the trainer scores (train/evals.h runs them), and the scores from the rows' log-likelihoods;
- * README "Downstream evaluation" and "File formats". The files come from dev/data/hellaswag.py (llm.c's
+ * docs/evaluation.md and docs/formats.md. The files come from dev/data/hellaswag.py (llm.c's
  * eval format), dev/data/lambada.py and dev/data/wikitext.py (llm8's continuation format).
  *
  * Every set becomes rows: a token sequence of at most T + 1 tokens whose last n_score tokens are

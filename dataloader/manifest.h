@@ -1,5 +1,5 @@
 /*
- * The data set manifest (README "Data set manifest", written by dev/data/tokenize.py beside the shards):
+ * The data set manifest (docs/formats.md, written by dev/data/tokenize.py beside the shards):
  * at start-up the trainer prints what each data folder's manifest says and checks the shards a glob
  * matched against it: each file listed with the split it is read as (-i: train, -j: val), its header's
  * token count and version as listed, the vocabulary no larger than the model's. A glob that matches only

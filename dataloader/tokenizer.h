@@ -1,8 +1,8 @@
 /*
- * Token decoding for printed samples. Reads the decode table `tokenizer.bin` that the data scripts
- * export from the SentencePiece model (README "Tokenizer decode table"): each id maps to the bytes it
- * stands for, with SentencePiece's conventions already applied. Decoding is a table lookup; the only
- * rule left is SentencePiece's: the piece right after BOS loses its leading space.
+ * Token decoding for printed samples. Reads the decode table `tokenizer.bin` that the data scripts export
+ * from the SentencePiece model (docs/formats.md "Tokenizer decode table"): each id maps to the bytes it
+ * stands for, with SentencePiece's conventions already applied. Decoding is a table lookup; the only rule
+ * left is SentencePiece's: the piece right after BOS loses its leading space.
  */
 #pragma once
 

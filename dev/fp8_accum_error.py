@@ -1,10 +1,10 @@
 """
-Per-GEMM output error of the FP8 accumulation models at Llama-2 7B / 13B reduction lengths (the README's
-"FP8 accumulation" table; a measurement, not a test). For each K, an FP8 GEMM of a small M x N slice is
-computed by test_llama_cpu --fp8-gemm three ways: `exact` (FP32 accumulation, today's CPU emulation),
-`hopper` with fast accumulation (fprop's setting) and `hopper` without (dgrad's and wgrad's), and
-rounded to BF16 as the GPU stores it. Each is compared with the float64 product of the same FP8
-operands: relative RMS error, and the fraction of BF16 outputs that differ from `exact`'s.
+Per-GEMM output error of the FP8 accumulation models at Llama-2 7B / 13B reduction lengths
+(docs/precision.md's "FP8 accumulation" table; a measurement, not a test). For each K, an FP8 GEMM of a
+small M x N slice is computed by test_llama_cpu --fp8-gemm three ways: `exact` (FP32 accumulation,
+today's CPU emulation), `hopper` with fast accumulation (fprop's setting) and `hopper` without (dgrad's
+and wgrad's), and rounded to BF16 as the GPU stores it. Each is compared with the float64 product of the
+same FP8 operands: relative RMS error, and the fraction of BF16 outputs that differ from `exact`'s.
 
 Operands, cast with the current-scaling policy (amax -> fp8 max): fprop X (M, K) E4M3 ~ N(0, 1) with one
 outlier channel in 256 scaled by 30 (as LLM activations have them) times W (N, K) E4M3 ~ N(0, 0.02);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Loss of fp8 with exact accumulation, fp8 with the Hopper model (fast accumulation on and off) and bf16
-# on the same short run (the README's "FP8 accumulation" loss table; a measurement, not a test). The
+# on the same short run (docs/precision.md's "FP8 accumulation" loss table; a measurement, not a test). The
 # Hopper model has no BLAS, so keep runs short: with the defaults (stories42m's widths, 2 of its 8
 # layers, 48 steps of 256 tokens) a hopper run takes ~10 minutes of one core.
 #   usage: dev/fp8_accum_runs.sh OUT_DIR [extra train_llama_cpu flags, e.g. -i/-j of another corpus]

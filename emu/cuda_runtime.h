@@ -1,6 +1,6 @@
 /*
  * The emulated GPU's cuda_runtime.h: what nvcc's cuda_runtime.h gives our CUDA sources, for g++ (see
- * README "The emulated GPU"). The toolkit's own headers still declare the runtime API (cuda_runtime_api.h,
+ * docs/emulated-gpu.md). The toolkit's own headers still declare the runtime API (cuda_runtime_api.h,
  * implemented by emu/runtime.cpp) and provide the host paths of cuda_bf16.h and cuda_fp8.h. This header
  * adds what only nvcc provides: the execution-space keywords, threadIdx/blockIdx/blockDim/gridDim (per
  * emulated thread, kept in the fiber's own state), __syncthreads, the intrinsics the project uses, the
@@ -46,7 +46,8 @@
  * __launch_bounds__(max_threads, ...): the kernel goes into a code section named after its bound, which
  * the runtime reads from the executable's section headers to refuse a launch with more threads per block
  * (emu_launch_spec). g++ drops section attributes from template instantiations, so a template kernel's
- * bound is not enforced (README, limits). The bound must be an integer literal or a macro of one.
+ * bound is not enforced (docs/emulated-gpu.md, limits). The bound must be an integer literal or a macro
+ * of one.
  */
 #define EMU_STR2(x) #x
 #define EMU_STR(x) EMU_STR2(x)

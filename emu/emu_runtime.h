@@ -1,7 +1,7 @@
 /*
  * The emulated GPU's runtime interface for the vendor-library doubles (emu/cublaslt.cpp, emu/nccl.cpp):
  * how a double runs its work in stream order, checks that a pointer is emulated device memory, and
- * reports a broken contract. Implemented by emu/runtime.cpp (see README "The emulated GPU").
+ * reports a broken contract. Implemented by emu/runtime.cpp (see docs/emulated-gpu.md).
  */
 #pragma once
 

@@ -1,5 +1,5 @@
 /*
- * The emulated GPU's runtime (README "The emulated GPU"): the CUDA runtime API calls llm8 makes, on host
+ * The emulated GPU's runtime (docs/emulated-gpu.md): the CUDA runtime API calls llm8 makes, on host
  * memory, and kernel launches that run every thread of every block as its own fiber (Boost.Context's
  * fcontext: user-space switches) with real __syncthreads barriers. Streams are lazy: queued work runs
  * only when CUDA's ordering rules force it, so a missing wait gives a wrong result instead of a lucky

@@ -1,7 +1,7 @@
 /*
  * The model checkpoint format, read and written by both builds and by scripts/llm8_checkpoint.py
- * (README "Model checkpoint"): a header of HEADER_INTS int32 words (magic, version, every config field,
- * the parameters' dtype; unused words 0) followed by the float32 parameters in params.h's order.
+ * (docs/formats.md "Model checkpoint"): a header of HEADER_INTS int32 words (magic, version, every config
+ * field, the parameters' dtype; unused words 0) followed by the float32 parameters in params.h's order.
  * Writes go through core/common.h's atomic_open / atomic_commit, so a crash never leaves half a file.
  */
 #pragma once

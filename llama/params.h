@@ -1,6 +1,6 @@
 /*
  * The parameter layout: nine tensors packed back to back in one buffer, in the order the checkpoint
- * stores them (README "Model checkpoint"). q/k/v are fused row-wise into wqkv = [wq; wk; wv] and the
+ * stores them (docs/formats.md "Model checkpoint"). q/k/v are fused row-wise into wqkv = [wq; wk; wv] and the
  * SwiGLU gate/up projections into w13 = [w1; w3], as Megatron-LM does, so each block runs four linear
  * layers (four FP8 GEMMs per pass) whose weights each get one FP8 scale.
  * Shared by both builds; also the Llama-style initialisation, which runs on the host so that the CPU

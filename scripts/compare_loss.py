@@ -15,12 +15,16 @@ the relative difference at a step is |run - baseline| / |baseline|. The train lo
 curve (the table's max rel and its step, and the plot) is first smoothed by a centred moving average over
 --smooth W aligned steps (moving_average: unlike a trailing mean, which lags the loss by (W - 1) / 2
 steps, it does not lag; near the ends the window shrinks symmetrically, so the last step's smoothed value
-is its raw one); the val loss is compared as logged. The final train values are not that one noisy raw
-step but each run's mean over the last W aligned steps (all of them when fewer; last_window_mean): the
-train row's final columns show those two means and their relative difference. Both runs are averaged over
-the same steps, so the window's lag does not bias the comparison. A run agrees with the baseline when its
-FINAL val-loss relative difference (at the last aligned val step) and its FINAL smoothed train-loss
-relative difference (of the last-W means) are both <= --tolerance (DESIGN.md section 9 asks for 1%).
+is its raw one). On a short run the curve's window is at most a quarter of the aligned steps
+(curve_window: a 40-step run is smoothed over 10, not 20): a centred window still bends a curved loss
+(the steep start of training) by about its second derivative times W^2 / 24, and one as wide as the run
+would flatten it to the run's mean; a line under the table says when this happens. The val loss is
+compared as logged. The final train values are not that one noisy raw step but each run's mean over the
+last W aligned steps (all of them when fewer; last_window_mean): the train row's final columns show those
+two means and their relative difference. Both runs are averaged over the same steps, so the window's lag
+does not bias the comparison. A run agrees with the baseline when its FINAL val-loss relative difference
+(at the last aligned val step) and its FINAL smoothed train-loss relative difference (of the last-W
+means) are both <= --tolerance (DESIGN.md section 9 asks for 1%).
 Each run gets the same summary (table and PASS/FAIL line); with more than one run to check, a last
 `overall` line names the runs that do not agree. The plot shows every run's curves and each run's relative
 difference.
@@ -59,6 +63,8 @@ STEP_FIELD = re.compile(r"s:(\d+)$")
 KEY_VALUE_FIELD = re.compile(r"([A-Za-z_]+):(\S+)$")
 TRAIN_KEY = "trl"
 VAL_KEY = "tel"
+# The train curve's centred window is at most this fraction of the run's aligned steps (curve_window).
+CURVE_WINDOW_MAX_FRACTION = 0.25
 # The relative-difference panel is linear below this fraction of the tolerance and logarithmic above.
 REL_LINEAR_BELOW = 1e-3
 BASELINE_COLOR = "tab:blue"
@@ -73,6 +79,7 @@ ACCURACY_PREFIX = "acc"
 # The score drawn per set in the plot; a set not named here draws its first score.
 MAIN_METRIC = {"hellaswag": "acc_norm", "lambada": "acc", "wikitext": "word_perplexity"}
 EVAL_PANEL_HEIGHT = 3.0  # inches added to the figure per evaluation set's panel
+DEFAULT_DPI = 110  # the PNG's pixels per inch (--dpi): the 9 x 11 inch figure is 990 x 1210 pixels
 MISSING = "-"     # a run without the set (or without evaluations)
 NOT_FINITE = "null"  # the trainer writes null for a score that is not finite
 
@@ -111,11 +118,12 @@ def read_lines(path):
         raise InputError(f"{path}: {e.strerror}")
 
 
-def save_figure(fig, out):
-    """Write a matplotlib figure as PNG and close it; InputError when `out` cannot be written."""
+def save_figure(fig, out, dpi=DEFAULT_DPI):
+    """Write a matplotlib figure as PNG at `dpi` pixels per inch and close it; InputError when `out` cannot
+    be written."""
     import matplotlib.pyplot as plt
     try:
-        fig.savefig(out, dpi=110)
+        fig.savefig(out, dpi=dpi)
     except OSError as e:
         raise InputError(f"{out}: cannot write the plot: {e.strerror or e}")
     finally:
@@ -182,6 +190,14 @@ def moving_average(values, window):
         else:
             out[i] = part.mean()
     return out
+
+
+def curve_window(n, window):
+    """The centred window the train curve of n aligned steps is smoothed over: `window`, at most a quarter of
+    the n steps (CURVE_WINDOW_MAX_FRACTION), at least 1. A centred mean does not lag, but it bends a curved
+    loss by ~ its second derivative x window^2 / 24, and a window as wide as the run flattens the curve to
+    the run's mean; a quarter keeps that bias small on a short run and leaves a long run's window alone."""
+    return max(1, min(window, int(n * CURVE_WINDOW_MAX_FRACTION)))
 
 
 def last_window_mean(values, window):
@@ -268,6 +284,7 @@ class Comparison:
     tolerance: float
     train: CurveDifference  # train loss: centred curve, final values the last-`smooth` means
     val: CurveDifference
+    curve_window: int       # the train curve's centred window: curve_window(aligned train steps, smooth)
 
     @property
     def within(self):
@@ -286,9 +303,9 @@ def curve_difference(steps, run_values, baseline_values, final_run, final_baseli
 
 def compare(run, baseline, smooth, tolerance):
     """Compare `run` against `baseline` over the steps both logged: the val loss as logged, judged at the last
-    common step; the train curve smoothed by a centred moving average over `smooth` aligned steps, judged on
-    the two runs' means over their last `smooth` aligned steps. Returns a Comparison; raises InputError when
-    a curve has no step in common."""
+    common step; the train curve smoothed by a centred moving average over `smooth` aligned steps (at most a
+    quarter of them: curve_window), judged on the two runs' means over their last `smooth` aligned steps.
+    Returns a Comparison; raises InputError when a curve has no step in common."""
     t_steps, t_run, t_base = align(run.train, baseline.train)
     v_steps, v_run, v_base = align(run.val, baseline.val)
     for name, steps, run_curve, base_curve in (("train", t_steps, run.train, baseline.train),
@@ -296,10 +313,11 @@ def compare(run, baseline, smooth, tolerance):
         if len(steps) == 0:
             raise InputError(f"{run.log} and {baseline.log}: no aligned {name} steps ({len(run_curve)} {name} "
                              f"steps in {run.letter}, {len(base_curve)} in {baseline.letter}, none in common)")
-    train = curve_difference(t_steps, moving_average(t_run, smooth), moving_average(t_base, smooth),
+    window = curve_window(len(t_steps), smooth)
+    train = curve_difference(t_steps, moving_average(t_run, window), moving_average(t_base, window),
                              last_window_mean(t_run, smooth), last_window_mean(t_base, smooth), tolerance)
     val = curve_difference(v_steps, v_run, v_base, float(v_run[-1]), float(v_base[-1]), tolerance)
-    return Comparison(run, baseline, smooth, tolerance, train, val)
+    return Comparison(run, baseline, smooth, tolerance, train, val, window)
 
 
 @dataclass
@@ -455,7 +473,8 @@ def print_scores(table):
 def print_comparison(c):
     """The summary of one Comparison: the two logs, a table row per curve and the PASS/FAIL line. The train
     row's final columns and the verdict's smoothed train rel are the last-`smooth` means (CurveDifference's
-    final values); its max rel and step are the centred curve's."""
+    final values); its max rel and step are the centred curve's, and a line under the table gives that curve's
+    window when curve_window narrowed it."""
     r, b = c.run, c.baseline
     print(f"{r.letter} = {r.log} [{r.label}]")
     print(f"{b.letter} = {b.log} [{b.label}] (baseline); "
@@ -468,6 +487,9 @@ def print_comparison(c):
         print(f"{name:<22} {len(d.steps):>6d} {d.final_run:>10.6f} {d.final_baseline:>10.6f} "
               f"{d.final:>11.4e} {d.worst:>11.4e} {d.worst_step:>8d}")
     t, v = c.train, c.val
+    if c.curve_window < c.smooth:
+        print(f"train max rel: centred mean over {c.curve_window} steps (a quarter of the {len(t.steps)} aligned "
+              f"steps, not --smooth {c.smooth}); final columns: means over the last {min(c.smooth, len(t.steps))}")
     print(f"{'PASS' if c.within else 'FAIL'}: at step {int(v.steps[-1])} val rel {v.final:.4e} "
           f"{'<=' if v.within else 'not <='} {c.tolerance:g}; at step {int(t.steps[-1])} smoothed train rel "
           f"{t.final:.4e} {'<=' if t.within else 'not <='} {c.tolerance:g}")
@@ -513,24 +535,27 @@ def plot_evals(axes, runs, colors):
         ax.grid(alpha=0.3)
 
 
-def plot(out, comparisons, smooth, tolerance):
-    """Write the PNG: every run's train loss (raw faint + smoothed), val loss, and each run's relative
-    difference against the baseline; then, when the runs have downstream evaluations, one panel per set
-    (plot_evals). Runs are drawn over the steps they share with the baseline; the baseline over the steps
-    it shares with any run."""
+def plot(out, comparisons, smooth, tolerance, title=None, dpi=DEFAULT_DPI):
+    """Write the PNG at `dpi`: every run's train loss (raw faint + its centred curve, over curve_window
+    steps), val loss, and each run's relative difference against the baseline; then, when the runs have
+    downstream evaluations, one panel per set (plot_evals). Runs are drawn over the steps they share with the
+    baseline; the baseline over the steps it shares with any run. `title`, when given, is a first line
+    above the figure's own (the runs compared and the step count)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     baseline = comparisons[0].baseline
-    # (run, color, train steps, raw train, smoothed train, val steps, val), in command-line order
+    # (run, color, train steps, raw train, smoothed train, its window, val steps, val), in command-line order
     drawn = [(c.run, RUN_COLORS[i % len(RUN_COLORS)], c.train.steps,
-              np.array([c.run.train[s] for s in c.train.steps]), c.train.run, c.val.steps, c.val.run)
+              np.array([c.run.train[s] for s in c.train.steps]), c.train.run, c.curve_window, c.val.steps,
+              c.val.run)
              for i, c in enumerate(comparisons)]
     t_steps = np.array(sorted(set().union(*(c.train.steps.tolist() for c in comparisons))), dtype=np.int64)
     v_steps = np.array(sorted(set().union(*(c.val.steps.tolist() for c in comparisons))), dtype=np.int64)
     t_raw = np.array([baseline.train[s] for s in t_steps], dtype=np.float64)
-    drawn.append((baseline, BASELINE_COLOR, t_steps, t_raw, moving_average(t_raw, smooth), v_steps,
+    t_window = curve_window(len(t_steps), smooth)
+    drawn.append((baseline, BASELINE_COLOR, t_steps, t_raw, moving_average(t_raw, t_window), t_window, v_steps,
                   np.array([baseline.val[s] for s in v_steps], dtype=np.float64)))
     drawn.sort(key=lambda entry: entry[0].index)
 
@@ -539,15 +564,20 @@ def plot(out, comparisons, smooth, tolerance):
     n_sets = len({name for r in runs for name in r.evals})
     fig, axes = plt.subplots(3 + n_sets, 1, figsize=(9, 11 + EVAL_PANEL_HEIGHT * n_sets), sharex=True)
     ax = axes[0]
-    for run, color, steps, raw, smoothed, _, _ in drawn:
+    # The baseline wide and under the runs: where a run agrees with it, it shows as a line inside a band.
+    width = {run.index: (3.0 if run is baseline else 1.3) for run, *_ in drawn}
+    layer = {run.index: (1 if run is baseline else 2) for run, *_ in drawn}
+    for run, color, steps, raw, smoothed, window, _, _ in drawn:
         ax.plot(steps, raw, color=color, alpha=0.25, linewidth=0.8)
-        ax.plot(steps, smoothed, color=color, linewidth=1.5, label=f"{run.label} (smoothed {smooth})")
+        ax.plot(steps, smoothed, color=color, linewidth=width[run.index], zorder=layer[run.index],
+                label=f"{run.label}, centred mean of {window}")
     ax.set_ylabel("train loss")
     ax.legend()
     ax.grid(alpha=0.3)
     ax = axes[1]
-    for run, color, _, _, _, steps, val in drawn:
-        ax.plot(steps, val, "o-", color=color, markersize=3, label=run.label)
+    for run, color, _, _, _, _, steps, val in drawn:
+        ax.plot(steps, val, "o-", color=color, markersize=2 * width[run.index] + 1, linewidth=width[run.index],
+                zorder=layer[run.index], label=run.label)
     ax.set_ylabel("val loss")
     ax.legend()
     ax.grid(alpha=0.3)
@@ -558,7 +588,8 @@ def plot(out, comparisons, smooth, tolerance):
             colors, prefix = ("tab:purple", "tab:green"), ""
         else:
             colors, prefix = (RUN_COLORS[i % len(RUN_COLORS)],) * 2, f"{c.run.label}: "
-        ax.plot(c.train.steps, c.train.rel, color=colors[0], label=f"{prefix}train (smoothed {smooth})")
+        ax.plot(c.train.steps, c.train.rel, color=colors[0],
+                label=f"{prefix}train, centred mean of {c.curve_window}")
         ax.plot(c.val.steps, c.val.rel, "o-", color=colors[1], markersize=3, label=f"{prefix}val")
     ax.axhline(tolerance, color="black", linestyle="--", linewidth=1, label=f"tolerance {tolerance:g}")
     # symlog: differences span decades below the tolerance, and identical steps (0) must stay visible.
@@ -572,9 +603,11 @@ def plot(out, comparisons, smooth, tolerance):
     if n_sets:
         plot_evals(axes[3:], runs, run_colors)
         axes[-1].set_xlabel("step")
-    fig.suptitle(f"{', '.join(c.run.label for c in comparisons)} vs {baseline.label} (baseline)")
+    own = (f"{', '.join(c.run.label for c in comparisons)} vs {baseline.label} (baseline), "
+           f"{len(t_steps)} train steps")
+    fig.suptitle(f"{title}\n{own}" if title else own)
     fig.tight_layout()
-    save_figure(fig, out)
+    save_figure(fig, out, dpi)
 
 
 def positive_int(text):
@@ -614,9 +647,15 @@ def parse_args(argv):
                              "directories' names); give it after the runs")
     parser.add_argument("--out", help="PNG to write (default: compare_loss.png in the first checked run's "
                                       "directory when it is one, else in the current directory)")
+    parser.add_argument("--title", help="a first line for the plot's title, above the runs compared and the "
+                                        "step count (e.g. the model, data and build)")
+    parser.add_argument("--dpi", type=positive_int, default=DEFAULT_DPI,
+                        help=f"the PNG's pixels per inch (default {DEFAULT_DPI}: 990 x 1210 pixels without "
+                             f"evaluation panels)")
     parser.add_argument("--smooth", type=positive_int, default=20, metavar="W",
                         help="train-loss smoothing window W, in aligned steps (default 20): the curve "
-                             "(max rel, plot) is a centred moving average, shrinking symmetrically at the ends; "
+                             "(max rel, plot) is a centred moving average over W steps, at most a quarter of "
+                             "the aligned steps, shrinking symmetrically at the ends; "
                              "the final values (the table's final columns, the verdict) are the two runs' "
                              "means over their last W aligned steps")
     parser.add_argument("--tolerance", type=non_negative_float, default=0.01,
@@ -674,7 +713,7 @@ def main(argv=None):
         print_scores(scores)
     first = comparisons[0].run.path
     out = args.out or (os.path.join(first, "compare_loss.png") if os.path.isdir(first) else "compare_loss.png")
-    plot(out, comparisons, args.smooth, args.tolerance)
+    plot(out, comparisons, args.smooth, args.tolerance, args.title, args.dpi)
     print(f"plot: {out}")
     return 0 if all(c.within for c in comparisons) else 1
 

@@ -34,15 +34,15 @@
 # summary.txt (the table) and logs.tar.gz (every log, each cut to LOG_CAP bytes, re-packed after each
 # phase); bulky files (shards, checkpoints, runs) live in a folder under /tmp, removed at the end.
 #   usage: scripts/device_check.sh [--emulated] [OUT_DIR]     env: LAYERS (4), STEPS (10), JOBS (nproc), BUDGET_S (480)
-# --emulated (or LLM8_DEVICE_CHECK_EMU=1) rehearses the check on the emulated GPU (README "The emulated
-# GPU"), without a GPU: build/emu/train_llama and build/emu/test_llama (built beforehand: make emu) at
+# --emulated (or LLM8_DEVICE_CHECK_EMU=1) rehearses the check on the emulated GPU (docs/emulated-gpu.md),
+# without a GPU: build/emu/train_llama and build/emu/test_llama (built beforehand: make emu) at
 # scaled-down shapes, within BUDGET_S 95 by default (dev/test/test_device_check_emu.py runs it in CI).
 # Every row whose only need is an execution model gives a real answer: the kernel and model checks
 # (EMU_CHECKS), the memory plan against what the emulated run allocated (cudaMemGetInfo of emu/, whose
 # capacity LLM8_EMU_MEMORY sets), the real-text curves against a CPU fp8 curve computed here at the same
 # flags, resume. Rows that need the hardware (nvidia-smi, the cuDNN attention path, the production shapes,
 # throughput, the GEMM benchmark, the shadow check's cost, compute-sanitizer) say "emulated: not measured".
-# Exit status 0 when no row says FAIL. README "Device check" says how to prepare, carry and read it.
+# Exit status 0 when no row says FAIL. docs/device-check.md says how to prepare, carry and read it.
 #
 # Budget, in run order: expected seconds on one H200 with 16 cores, the phase's own timeout, and where the
 # expectation comes from. "Measured" means measured on the 2-core CI machine without a GPU (shared, so

@@ -1,6 +1,6 @@
 """llm8 model checkpoint: read, write, and map to/from HF LlamaForCausalLM names.
 
-numpy only. The format is README.md's "Model checkpoint": 256 int32 header words
+numpy only. The format is docs/formats.md's "Model checkpoint": 256 int32 header words
 (magic, version, config, dtype) then the parameters, row-major float32, in PARAM_NAMES
 order. Tensors are held in our layout: per-layer weights stacked on a leading L axis,
 q/k/v rows fused into `wqkv` and gate/up rows fused into `w13`.
@@ -34,7 +34,7 @@ PARAM_NAMES = ("tok_embeddings", "attn_norm", "wqkv", "wo", "ffn_norm", "w13", "
 
 
 def param_shapes(config):
-    """Shape of every parameter tensor, in checkpoint order (README's table)."""
+    """Shape of every parameter tensor, in checkpoint order (docs/formats.md's table)."""
     C, L, NH = config["dim"], config["n_layers"], config["n_heads"]
     F, V = config["ffn_dim"], config["vocab_size"]
     kvc = config["n_kv_heads"] * (C // NH)

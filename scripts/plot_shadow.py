@@ -3,7 +3,7 @@
     python scripts/plot_shadow.py runs/shadow                  # reads runs/shadow/metrics.jsonl
     python scripts/plot_shadow.py runs/shadow --tolerance 0.01 --out shadow.png
 
-The input is train/logger.h's metrics.jsonl (README "What a run writes") of a run started with
+The input is train/logger.h's metrics.jsonl (docs/checkpoints.md) of a run started with
 --shadow-every K: step objects (`loss`, `linears`: the recipe the block linears ran), shadow checks
 (`shadow_loss_fp8`, `shadow_loss_bf16`, `shadow_rel_diff`, `shadow_over_tol`, `shadow_ms`,
 `shadow_share`, and with --shadow-grad 1 `grad_cosine`, `grad_norm_rel_diff`, `grad_worst_layer`,

@@ -1,5 +1,5 @@
 /*
- * Training checkpoints, read and written by both builds (README "File formats"): a step's model
+ * Training checkpoints, read and written by both builds (docs/formats.md): a step's model
  * checkpoint (llama/model_file.h), every rank's training state and the DONE marker.
  *
  * A step's training state is one file per shard of the ZeRO layout it was saved in (comm/zero.h: one

@@ -1,7 +1,7 @@
 /*
  * Downstream evaluations, during training and standalone (-x 0), in both builds: HellaSwag (-h 1),
  * LAMBADA (--eval-lambada) and WikiText (--eval-wikitext), scored as lm-evaluation-harness scores them
- * (README "Downstream evaluation"). The sets and their rows: dataloader/eval_sets.h.
+ * (docs/evaluation.md). The sets and their rows: dataloader/eval_sets.h.
  *
  * Rows go into micro-batches of -b rows by their global index, and micro-batch k runs on rank k mod
  * ranks: a micro-batch holds the same rows on every rank count, so FP8 current scaling (one amax per

@@ -1,6 +1,6 @@
 /*
- * FP8 health alerts (--alert-saturated, --alert-underflow, --alert-amax-growth; README "FP8 safety
- * net"): on the statistics steps of --fp8-stats N, each FP8 operand's saturated share and underflow
+ * FP8 health alerts (--alert-saturated, --alert-underflow, --alert-amax-growth; docs/safety-net.md):
+ * on the statistics steps of --fp8-stats N, each FP8 operand's saturated share and underflow
  * share, and the amax growth of each forward operand (W, X) since the previous statistics step, are
  * compared with thresholds, and every crossing is an alert naming the layer, the GEMM and the operand. Only statistics steps: the casts count saturated
  * and underflowing elements only when statistics are due, because counting costs them a second pass.

@@ -7,7 +7,7 @@
  *                   (the recipe the block linears ran: fp8, or bf16 during a fallback); val_loss objects
  *                   after evaluations; shadow check objects (shadow_loss_fp8, ...), policy events
  *                   (event, reason) and FP8 alerts (alert, layer, gemm, operand, value, threshold), each
- *                   with the step it belongs to (README "What a run writes");
+ *                   with the step it belongs to (docs/checkpoints.md);
  *   fp8_stats.csv   one row per FP8 GEMM operand on steps where statistics are due (--fp8-stats N):
  *                   step,layer,gemm,operand,format,amax,scale,saturated_frac,underflow_frac.
  * Lines are flushed as written so that a crashed run keeps its log. On resume from step k the files

@@ -1,5 +1,5 @@
 /*
- * Preemption (README "Training on a cluster"): Slurm sends SIGTERM before it kills a job, and SIGUSR1 at
+ * Preemption (docs/checkpoints.md): Slurm sends SIGTERM before it kills a job, and SIGUSR1 at
  * the time --signal=USR1@SECONDS asks for; a user presses Ctrl-C (SIGINT). On any of them the trainer
  * finishes the step in flight, writes a checkpoint (with -o) and exits with EXIT_PREEMPTED, which the
  * Slurm scripts take as "requeue and resume with -y 1". A second SIGINT stops at once. The handlers only

@@ -1,5 +1,5 @@
 /*
- * The shadow check (--shadow-every K; README "FP8 safety net"): a BF16 baseline measured inside an FP8
+ * The shadow check (--shadow-every K; docs/safety-net.md): a BF16 baseline measured inside an FP8
  * run, after the practice 01.AI describes for FP8 pretraining on Megatron-LM + Transformer Engine. On a
  * step where a check is due (train/shadow_policy.h), the step's first micro-batch is run once more with
  * every block linear in BF16 (Llama.linears_bf16), at the same weights, before the step's own

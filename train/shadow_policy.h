@@ -1,5 +1,5 @@
 /*
- * The shadow check's policy (--shadow-every, --shadow-policy, README "FP8 safety net"): when a check is
+ * The shadow check's policy (--shadow-every, --shadow-policy, docs/safety-net.md): when a check is
  * due, and what its result does to the run. A check compares the FP8 loss of a step's first micro-batch
  * with its BF16 loss at the same weights (train/shadow.h); `warn` only reports, `fallback` switches the
  * run's block linears to BF16 once --shadow-patience checks in a row are over --shadow-tol, and back to

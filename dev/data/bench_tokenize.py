@@ -1,6 +1,6 @@
 """
 Measure dev/data/tokenize.py: tokens/s and peak memory for each --workers on a generated .jsonl.zst
-corpus of about --size-mb MB (compressed). README.md ("Your own data") quotes its results.
+corpus of about --size-mb MB (compressed). docs/data.md quotes its results.
 
 The corpus is written into a temporary folder (removed at the end unless --keep): documents of 50 to 1500
 words drawn from tiny-shakespeare's words with their frequencies, so that the text compresses and

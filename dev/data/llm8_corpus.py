@@ -1,7 +1,7 @@
 """
 Reading text corpora for llm8's data preparation (dev/data/tokenize.py, tinyshakespeare.py): which files
-an input argument names, how each format is read, and the documents a file holds. README.md, "Your own
-data", is the user's side of this.
+an input argument names, how each format is read, and the documents a file holds. docs/data.md is the
+user's side of this.
 
 Formats, by suffix: .txt (one document per file, or one per paragraph with split_paragraphs), .jsonl (one
 JSON object per line, the document under text_key), either of them compressed as .gz or .zst, and

@@ -1,7 +1,7 @@
 """
 Shared pieces of llm8's data preparation: the llm.c token-shard format, the tokenizer decode table
 (`tokenizer.bin`), the text normalisation every input gets, durable file writes, and locating the shared
-data files (tokenizer, tiny-shakespeare). The formats are specified in README.md, "File formats"; all
+data files (tokenizer, tiny-shakespeare). The formats are specified in docs/formats.md; all
 integers are little-endian.
 """
 import hashlib
@@ -142,7 +142,7 @@ def load_tokenizer(model_path):
 
 
 def piece_bytes(sp, token_id):
-    """The bytes token `token_id` decodes to in tokenizer.bin (README: '▁' -> space, <0xAB> -> byte
+    """The bytes token `token_id` decodes to in tokenizer.bin (docs/formats.md: '▁' -> space, <0xAB> -> byte
     0xAB, control and unknown pieces -> empty)."""
     if sp.is_control(token_id) or sp.is_unknown(token_id):
         return b""
@@ -177,7 +177,7 @@ def export_tokenizer(model_path, out_path):
 
 
 # ----------------------------------------------------------------------------------------------------
-# text normalisation (README.md, "Your own data": the rules)
+# text normalisation (docs/data.md: the rules)
 
 # Removed: U+FEFF (a byte-order mark at the start of a file, and mid-stream where files were concatenated;
 # its other use, a zero-width no-break space, is deprecated in favour of U+2060), and the C0 controls and

@@ -1,6 +1,6 @@
 """
-Write a small generated corpus in every input format of dev/data/tokenize.py: README.md's worked example
-("Your own data"), the tests and dev/data/bench_tokenize.py use it.
+Write a small generated corpus in every input format of dev/data/tokenize.py: docs/data.md's worked example,
+the tests and dev/data/bench_tokenize.py use it.
 
 --out DIR receives the same documents as sample.txt (paragraphs: use --split-paragraphs), sample.jsonl,
 sample.jsonl.gz, sample.jsonl.zst and sample.parquet, and mix/{web,code,books}/, three sources of

@@ -1,6 +1,6 @@
 """
 A multiple-choice set in HellaSwag's fields from tiny-shakespeare's validation split, for trying the
-HellaSwag evaluation (`-h 1`) where HellaSwag itself cannot be downloaded; README "Downstream evaluation".
+HellaSwag evaluation (`-h 1`) where HellaSwag itself cannot be downloaded; docs/evaluation.md.
 
 Each example is one speech of the validation paragraphs (the first 10%, as dev/data/tinyshakespeare.py
 splits them): the speaker is the activity label, the speech without its last line (its last 300

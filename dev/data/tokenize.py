@@ -8,7 +8,7 @@ dropped when empty, and starts with BOS. A document goes to the validation split
 keyed by --seed is below a threshold (--val-fraction; --val-docs N takes the N smallest hashes, found in a
 first pass), so a text that occurs twice is in one split only. Each split is cut into
 {prefix}_{split}_{index:06d}.bin shards of exactly --shard-size tokens but the last (documents straddle
-shards, as in llm.c); beside them go tokenizer.bin and manifest.json (README.md, "File formats"). Output
+shards, as in llm.c); beside them go tokenizer.bin and manifest.json (docs/formats.md). Output
 is the same for any --workers.
 
 Interruption and resume. A run works in {out-dir}/.{prefix}.work, which shard globs do not see. Shards
@@ -499,7 +499,7 @@ def finish(state, work, model_path, sp, elapsed):
 
 
 def manifest(state, sp):
-    """The data set's description (README.md, "File formats": manifest.json)."""
+    """The data set's description (docs/formats.md: manifest.json)."""
     settings, splits = state["settings"], state["splits"]
     tokens = sum(splits[split]["tokens"] for split in SPLITS)
     return {

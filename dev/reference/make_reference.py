@@ -1,7 +1,7 @@
 """Write the reference state the CPU and GPU trainers are tested against.
 
 Builds a small HF transformers LlamaForCausalLM (eager attention, GQA on), runs it in
-float64 on one random batch and writes, in README.md's formats:
+float64 on one random batch and writes, in docs/formats.md's formats:
   llama_ref_model.bin  the initial model (llm8 checkpoint, float32 weights)
   llama_ref_state.bin  tokens, logits, loss, every gradient, and the losses of S AdamW steps
 

@@ -1,6 +1,6 @@
 """
 Helpers of the data tests (test_data.py, test_corpus.py): running the dev/data scripts, and reading
-shards independently of llm8_data (straight from the bytes, as README.md's "File formats" says).
+shards independently of llm8_data (straight from the bytes, as docs/formats.md says).
 dev/data is appended to sys.path (last, so the standard library's `tokenize` still wins over
 dev/data/tokenize.py) for the modules the tests drive directly.
 """

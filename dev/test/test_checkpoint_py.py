@@ -26,7 +26,7 @@ SMALL = {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 48,
 
 
 def readme_param_count(c):
-    """P from README's parameter table, written out independently of llm8_checkpoint."""
+    """P from docs/formats.md's parameter table, written out independently of llm8_checkpoint."""
     C, L, V, F = c["dim"], c["n_layers"], c["vocab_size"], c["ffn_dim"]
     kvc = c["n_kv_heads"] * (C // c["n_heads"])
     return V * C + L * C + L * (C + 2 * kvc) * C + L * C * C + L * C + L * 2 * F * C + L * C * F + C + V * C
@@ -68,7 +68,7 @@ def test_write_read_round_trip(tmp_path):
     config, back = ckpt.read_model(path)
     assert config == {**SMALL, "norm_eps": float(np.float32(1e-5))}
     assert_same_tensors(tensors, back)
-    # parameters follow the header in README order, flat
+    # parameters follow the header in docs/formats.md's order, flat
     flat = np.fromfile(path, dtype="<f4", offset=1024)
     assert np.array_equal(flat, np.concatenate([tensors[n].ravel() for n in ckpt.PARAM_NAMES]))
 

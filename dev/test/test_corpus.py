@@ -408,7 +408,7 @@ def test_manifest_and_progress(tmp_path, rng, model_path):
 # text edge cases (issue 12)
 
 def normalised(text):
-    """README.md's rules, character by character: CRLF and CR become LF; U+FEFF, DEL and the C0
+    """docs/data.md's rules, character by character: CRLF and CR become LF; U+FEFF, DEL and the C0
     controls but TAB, LF and FF are dropped; everything else stays."""
     out, i = [], 0
     while i < len(text):
@@ -554,7 +554,7 @@ def test_huge_document_spans_many_shards(tmp_path, rng, sp, model_path):
 # ----------------------------------------------------------------------------------------------------
 
 def test_readme_worked_example(tmp_path, model_path):
-    """README.md, "Preparing a real corpus": the sample corpus, one format, then a mixture."""
+    """docs/data.md, "A worked example": the sample corpus, one format, then a mixture."""
     sample = tmp_path / "sample"
     assert run_script("sample_corpus.py", "--out", sample, "--docs", 400).returncode == 0
     tokenize("--tokenizer", model_path, "--out-dir", tmp_path / "one", "--val-fraction", 0.01,

@@ -1,5 +1,5 @@
 """
-The emulated GPU (`make emu`, emu/, README "The emulated GPU"): the CUDA build's own sources run by
+The emulated GPU (`make emu`, emu/, docs/emulated-gpu.md): the CUDA build's own sources run by
 build/emu/test_llama and build/emu/train_llama on the CPU, one fiber per GPU thread.
 
 - The emulator's device side and runtime rules against NVIDIA's documentation (build/emu/test_intrinsics).

@@ -1,5 +1,5 @@
 """
-The emulated GPU's vendor-library doubles (emu/cublaslt.cpp, emu/nccl.cpp; README "The emulated GPU"),
+The emulated GPU's vendor-library doubles (emu/cublaslt.cpp, emu/nccl.cpp; docs/emulated-gpu.md),
 each tested on its own: small C++ drivers (emu/tests/lib_gemm.cpp, lib_nccl.cpp) compiled with g++
 against the double and emu/tests/lib_stub_runtime.cpp (an eager stand-in for emu-core's runtime), or
 against the real emulated runtime (emu/runtime.cpp) where CUDA's stream ordering is the point.

@@ -88,7 +88,7 @@ def evals_of(out_dir):
 
 
 # ---------------------------------------------------------------------------------------------------
-# independent readers of the two eval formats (from their descriptions in README "File formats")
+# independent readers of the two eval formats (from their descriptions in docs/formats.md)
 
 def read_mc(path):
     """llm.c's eval file: [(label, context, [ending tokens...])]."""

@@ -1,6 +1,6 @@
 """
-The trainer reads the manifest.json that dev/data/tokenize.py writes beside the shards (README "Data set
-manifest"): it prints what it says, accepts a subset of a split's shards, and stops with one line naming
+The trainer reads the manifest.json that dev/data/tokenize.py writes beside the shards (docs/formats.md "Data
+set manifest"): it prints what it says, accepts a subset of a split's shards, and stops with one line naming
 the file when a shard does not match it (another token count, the wrong split).
 """
 import json

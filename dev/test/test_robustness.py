@@ -1,5 +1,5 @@
 """
-The robustness checks' own plumbing (README "Robustness checks"): a short pass of every libFuzzer
+The robustness checks' own plumbing (docs/testing.md "Robustness checks"): a short pass of every libFuzzer
 harness in dev/fuzz (FUZZ_SECONDS each, default 5, from the seeds and the committed regression inputs,
 which replay first; `make fuzz FUZZ_SECONDS=N` is the long run), regression inputs that reach a
 harness, and sanitized CPU binaries that really carry AddressSanitizer and UBSan (the tests marked

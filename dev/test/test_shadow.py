@@ -1,5 +1,5 @@
 """
-The FP8 safety net end to end on train_llama_cpu (README "FP8 safety net"): a shadow check never changes
+The FP8 safety net end to end on train_llama_cpu (docs/safety-net.md): a shadow check never changes
 the run; its BF16 loss is the loss of the bf16 recipe's forward at the same weights; a forced fallback
 switches to BF16 and back at the steps the policy implies, in the console and in metrics.jsonl; a run
 resumed in the middle takes the same decisions; --bf16-layers is part of the run identity and the

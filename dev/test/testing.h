@@ -1,7 +1,7 @@
 /*
  * Test helpers shared by test_llama.c (CPU) and test_llama.cu (GPU): a tiny named-check registry with
  * `--list` / `--only NAME` so that pytest can run every check as its own test, error measures between a
- * tensor and its reference, and the reader of the HF reference state (README "Reference state").
+ * tensor and its reference, and the reader of the HF reference state (docs/formats.md "Reference state").
  */
 #pragma once
 
@@ -169,8 +169,8 @@ static inline void ref_state_read(RefState* r, const char* path, const LlamaConf
 }
 
 /*
- * Writes r in the reference-state format (README), e.g. a CPU run of the reference batch that the GPU
- * build is then compared with. V: vocabulary size of the model.
+ * Writes r in the reference-state format (docs/formats.md), e.g. a CPU run of the reference batch that
+ * the GPU build is then compared with. V: vocabulary size of the model.
  */
 static inline void ref_state_write(const char* path, const RefState* r, int V) {
     int32_t h[HEADER_INTS];
