@@ -86,7 +86,7 @@ endif
 DATA_DIR ?= dev/data/tinyshakespeare
 TRAIN_DATA = $(DATA_DIR)/tiny_shakespeare_train.bin
 
-# One folder per layer (README "Repository layout"); every build depends on all of their headers.
+# One folder per layer (docs/layout.md); every build depends on all of their headers.
 HEADERS = $(wildcard core/*.h fp8/*.h llama/*.h cpu/*.h comm/*.h model/*.h train/*.h dataloader/*.h)
 CUDA_HEADERS = $(wildcard core/*.cuh fp8/*.cuh cuda/*.cuh cuda/*.h comm/*.cuh)
 TEST_HEADERS = $(wildcard dev/test/*.h)
@@ -180,7 +180,7 @@ test_llama: test_llama.cu train_llama.cu dev/cuda/kernel_cases.cuh build/cpu_ref
 	@mkdir -p $(PTXAS_LOG)
 	$(NVCC) $(NVCC_FLAGS) $< build/cpu_reference.o $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(CPU_LIBS) $(PTXAS_V)
 
-# The emulated GPU (emu/, README "The emulated GPU"): train_llama.cu and test_llama.cu compiled as C++
+# The emulated GPU (emu/, docs/emulated-gpu.md): train_llama.cu and test_llama.cu compiled as C++
 # by g++ against emu/'s runtime, with ASan, and the doubles of cuBLASLt and NCCL; no nvcc, no GPU. cuDNN
 # is not emulated: the fallback attention runs (USE_CUDNN off). EMU_ASAN=0 builds without ASan.
 EMU_DIR = build/emu

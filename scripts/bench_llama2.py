@@ -65,7 +65,7 @@ def fail(message):
 
 
 def write_shard(path, tokens, seed):
-    """llm.c's shard format (README "Token shards"): random tokens in [3, V), a BOS every DOC_TOKENS."""
+    """llm.c's shard format (docs/formats.md "Token shards"): random tokens in [3, V), a BOS every DOC_TOKENS."""
     data = np.random.default_rng(seed).integers(3, VOCAB, size=tokens).astype(np.uint16)
     data[::DOC_TOKENS] = BOS
     header = np.zeros(HEADER_INTS, dtype=np.int32)

@@ -157,7 +157,7 @@ MEMORY_OVERHEAD_GIB = 3.0
 # ZeRO-2, and a bf16/fp8 gradient buffer, keep full-size FP32 gradients of the buckets in flight: one being
 # reduced while the next accumulates. Counted as two of the largest bucket; model/model.h has three
 # (grad_bucket_*: two for alternating blocks, one for the embedding and the head), 0.5 / 0.6 GiB more at 7B /
-# 13B, left out so that the ZeRO-2 rows stay the ones README quotes until they are next refreshed.
+# 13B, left out so that the ZeRO-2 rows stay the ones docs/performance.md quotes until they are next refreshed.
 ZERO2_GRAD_BUCKETS = 2
 
 # Stored FP32 arrays (llama/optim.h StoreCodec): bytes per element, and the codecs that keep a
@@ -740,7 +740,7 @@ def reduction_kernel_ops(plan, elements):
     into the sharded FP32 accumulator (reads it too), ZeRO-1 writes it, ZeRO-0 writes the whole bucket.
     fp32: none (NCCL reduces in the buffers). Not counted: ZeRO-2's comm_store_kernel adding the
     reduce-scattered FP32 chunk into the shard (12 bytes per chunk element), which would cost 13B fp8 1.4%
-    of its step on 2 x 8 H800 and 3% on 1 x 8 here; left out so that the fp32 rows stay the ones README
+    of its step on 2 x 8 H800 and 3% on 1 x 8 here; left out so that the fp32 rows stay the ones docs/performance.md
     quotes until they are next refreshed.
     bf16: comm_to_bf16_kernel over the bucket (FP32 read, BF16 written) and comm_store_kernel of the
     result (BF16 read, FP32 written, + FP32 read when accumulating).

@@ -60,7 +60,7 @@ def plan(shape=TINY, precision="fp8", gpu="H100", nodes=1, per_node=1, B=1, T=TI
 # --- FLOP counts ------------------------------------------------------------------------------------
 
 def test_llmc_flops_tiny_by_hand():
-    # parameters without the embedding, tensor by tensor (README's checkpoint table), HS 16, KVC 32:
+    # parameters without the embedding, tensor by tensor (docs/formats.md "Model checkpoint"), HS 16, KVC 32:
     # per layer attn_norm 64 + wqkv (64+2*32)*64 = 8192 + wo 64*64 = 4096 + ffn_norm 64
     #   + w13 2*96*64 = 12288 + w2 64*96 = 6144 = 30848; two layers 61696; + norm 64 + output 128*64 = 8192
     n = 61696 + 64 + 8192
