@@ -146,6 +146,31 @@ def test_grad_buffer_bytes(binary):
     assert (grads["fp32"] - grads["fp8"]) / 2**30 > 16, grads  # of 28 GiB: what the 7B plan saves
 
 
+@pytest.mark.parametrize("binary", ["train_llama_cpu", "train_llama"])
+def test_master_weights_bytes(binary):
+    """--master-weights: Llama-2 7B's master shard under ZeRO-1 over 8 ranks takes 4 bytes per element of
+    the shard in fp32; in fp16 2, plus a 4-byte scale_inv per 4096 and an FP32 scratch of the largest
+    segment piece (the embedding's or the output layer's V x C / 8, padded). Segment sizes from Llama-2
+    7B's shapes; the other categories do not move."""
+    path = REPO / binary
+    if not path.exists():
+        pytest.skip(f"{binary} is not built (the CUDA build needs nvcc)")
+    args = ["-e", "llama2-7b", "-b", 1, "-t", 4096, "--ranks", 8, "-z", 1, "-d", 8 * 4096, "--gpu-mem", 80]
+    found = {f: plan(path, *args, "--master-weights", f)[1] for f in ("fp32", "fp16")}
+    master = {f: p["bytes"]["master weights"] for f, p in found.items()}
+    C, F, V, L, W = 4096, 11008, 32000, 32, 8
+    layer = [C, 3 * C * C, C * C, C, 2 * F * C, F * C]
+    shard = (padded(V * C, W) + L * sum(padded(c, W) for c in layer) + padded(C, W) + padded(V * C, W)) // W
+    piece = padded(V * C, W) // W
+    align = 3 * 256
+    want = {"fp32": 4 * shard, "fp16": 2 * shard + 4 * (shard // 4096) + 4 * piece}
+    for f in want:
+        assert 0 <= master[f] - want[f] < align, (f, master[f], want[f])
+        assert found[f]["master_weights"] == f
+        rest = {k: v for k, v in found[f]["bytes"].items() if k != "master weights"}
+        assert rest == {k: v for k, v in found["fp32"]["bytes"].items() if k != "master weights"}, f
+
+
 def test_plan_needs_no_data(trainer, tmp_path):
     text, summary = plan(trainer, *BASE, "-i", tmp_path / "none_train.bin", "-j", tmp_path / "none_val.bin")
     assert summary["fits"] in (0, 1) and "| memory:" in text

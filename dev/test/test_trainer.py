@@ -245,39 +245,27 @@ def test_resume_rejects_changed_settings(trainer, tmp_path, shakespeare):
                               f"{flag} (checkpoint {saved}, now {value})")
 
 
-def test_resume_rejects_a_corrupt_moment_scale(trainer, tmp_path, shakespeare):
-    """--optim-state fp8: the state file ends in the moments' scale_inv (2 per 4096-element chunk); one that
-    is not a positive power of two (here 0, then 3) stops the resume naming the file, instead of turning
-    every later update of its chunk into NaN."""
+@pytest.mark.parametrize("flags, scales, bad_values, what", [
+    (["--optim-state", "fp8"], 2, (0.0, 3.0), "AdamW scale_inv"),
+    (["--master-weights", "fp16"], 1, (-0.5, np.nan), "master weights' scale_inv"),
+])
+def test_resume_rejects_a_corrupt_scale(trainer, tmp_path, shakespeare, flags, scales, bad_values, what):
+    """A state file ends in the fp8 moments' scale_inv (2 per 4096-element chunk) or, with an fp16 master,
+    the master's (1 per chunk); one that is not a positive power of two stops the resume naming the file
+    and the array, instead of turning every later update of its chunk into NaN. The good file resumes."""
     out = tmp_path / "run"
-    r = run([trainer, *FAST, "-x", "2", "-o", out, "--optim-state", "fp8"])
+    r = run([trainer, *FAST, "-x", "2", "-o", out, *flags])
     assert r.returncode == 0, r.stderr
     state = out / "state_00000002_00000.bin"
     good = state.read_bytes()
-    tail = np.frombuffer(good[-8:], dtype=np.float32)
+    tail = np.frombuffer(good[-4 * scales:], dtype=np.float32)
     assert np.all(tail > 0) and np.all(np.log2(tail) == np.round(np.log2(tail))), tail
-    for bad in (0.0, 3.0):
+    for bad in bad_values:
         state.write_bytes(good[:-4] + np.float32(bad).tobytes())
-        assert_one_line_error(run([trainer, *FAST, "-x", "4", "-o", out, "-y", "1", "--optim-state", "fp8"]),
-                              "state_00000002_00000.bin", "scale_inv", "not a positive power of two")
-
-
-def test_resume_rejects_a_corrupt_master_scale(trainer, tmp_path, shakespeare):
-    """--master-weights fp16: the state file ends in the master's scale_inv (1 per 4096-element chunk);
-    one that is not a positive power of two stops the resume naming the file and the master weights."""
-    out = tmp_path / "run"
-    r = run([trainer, *FAST, "-x", "2", "-o", out, "--master-weights", "fp16"])
-    assert r.returncode == 0, r.stderr
-    state = out / "state_00000002_00000.bin"
-    good = state.read_bytes()
-    tail = np.frombuffer(good[-4:], dtype=np.float32)
-    assert np.all(tail > 0) and np.all(np.log2(tail) == np.round(np.log2(tail))), tail
-    for bad in (-0.5, np.nan):
-        state.write_bytes(good[:-4] + np.float32(bad).tobytes())
-        assert_one_line_error(run([trainer, *FAST, "-x", "4", "-o", out, "-y", "1", "--master-weights", "fp16"]),
-                              "state_00000002_00000.bin", "master weights' scale_inv", "not a positive power of two")
+        assert_one_line_error(run([trainer, *FAST, "-x", "4", "-o", out, "-y", "1", *flags]), "state_00000002_00000.bin", what,
+                              "not a positive power of two")
     state.write_bytes(good)
-    r = run([trainer, *FAST, "-x", "4", "-o", out, "-y", "1", "--master-weights", "fp16"])
+    r = run([trainer, *FAST, "-x", "4", "-o", out, "-y", "1", *flags])
     assert r.returncode == 0, r.stderr
 
 
