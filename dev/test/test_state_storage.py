@@ -180,12 +180,12 @@ def test_one_micro_step_never_rounds(tmp_path):
 def test_accumulating_stays_within_rounding(tmp_path, ranks, zero):
     """Six micro-batches per step (6 micro-steps on one rank, 3 per rank on two): the first step's gradient
     norm is within the format's rounding of the FP32 buffer's, and differs from it (the buffer is
-    used); the losses of three steps stay close."""
+    used); the losses of two steps (the second after an update from the buffer) stay close."""
     ref = tmp_path / "fp32"
-    train(ranks, ref, "-z", zero, steps=3, global_micro=6)
+    train(ranks, ref, "-z", zero, steps=2, global_micro=6)
     for fmt, tol in [("bf16", 2e-3), ("fp8", 3e-2)]:
         out = tmp_path / fmt
-        train(ranks, out, "-z", zero, "--grad-buffer", fmt, steps=3, global_micro=6)
+        train(ranks, out, "-z", zero, "--grad-buffer", fmt, steps=2, global_micro=6)
         n0, n1 = first_norm(ref), first_norm(out)
         assert n1 != n0 and abs(n1 - n0) < tol * n0, (fmt, n0, n1)
         for (_, la, _, _), (_, lb, _, _) in zip(trajectory(ref)[0], trajectory(out)[0]):
