@@ -1032,9 +1032,9 @@ static int tool_main(int argc, char** argv) {
         return 0;
     }
     if (strcmp(argv[1], "--store") == 0 && argc == 6) {
-        const char* names[] = {"fp32", "bf16", "e4m3", "fp16"};
+        const char* names[] = {[STORE_FP32] = "fp32", [STORE_BF16] = "bf16", [STORE_E4M3] = "e4m3", [STORE_FP16] = "fp16"};
         int c = -1, steps = atoi(argv[3]);
-        for (int k = 0; k < 4; k++)
+        for (int k = 0; k < (int)(sizeof(names) / sizeof(names[0])); k++)
             if (strcmp(argv[2], names[k]) == 0) c = k;
         if (c < 0 || steps < 1) die("--store: '%s' is not fp32, bf16, e4m3 or fp16, or steps %s < 1", argv[2], argv[3]);
         float* x = read_floats(argv[4], &n);

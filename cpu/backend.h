@@ -535,6 +535,7 @@ static inline void op_store_add(StoreCodec c, void* dst, float* scale_inv, const
     }
 }
 
+/* Element by element: decoded with its chunk's scale_inv when scaled, [added to out,] written to out. */
 static inline void op_store_load(StoreCodec c, float* out, const void* src, const float* scale_inv, size_t n, int accumulate) {
     int scaled = store_is_scaled(c);
 #pragma omp parallel for schedule(static)

@@ -202,6 +202,7 @@ static inline void op_store_add(StoreCodec c, void* dst, float* scale_inv, const
     launchCheck();
 }
 
+/* Decodes a stored array element by element (grid-stride), each with its chunk's scale_inv when scaled. */
 __global__ void store_load_kernel(float* out, const void* src, StoreCodec c, const float* scale_inv, size_t n, int accumulate) {
     int scaled = store_is_scaled(c);
     for (size_t i = grid_index(); i < n; i += grid_stride()) {

@@ -155,7 +155,7 @@ SYNCS_PER_MICRO_STEP = {"bf16": 3, "fp8": 4}
 # own buffers (a rough figure; it only decides how much recompute the automatic plan needs).
 MEMORY_OVERHEAD_GIB = 3.0
 # ZeRO-2, and a bf16/fp8 gradient buffer, keep full-size FP32 gradients of the buckets in flight: one being
-# reduced while the next accumulates. Counted as two of the largest bucket; model/model.h has three
+# reduced while the next accumulates. Counted as two of the largest bucket; model/memory.h has three
 # (grad_bucket_*: two for alternating blocks, one for the embedding and the head), 0.5 / 0.6 GiB more at 7B /
 # 13B, left out so that the ZeRO-2 rows stay the ones docs/performance.md quotes until they are next refreshed.
 ZERO2_GRAD_BUCKETS = 2
@@ -407,7 +407,7 @@ BYTES_PER_ELEMENT = {
     # ZeRO-0: the stored sum decoded into a bucket buffer for a reader of the reduced gradient
     "store_load bf16": 6,                                       # BF16 read, FP32 written
     "store_load e4m3": 5 + CHUNK_SCALE_PER_ELEMENT,             # E4M3 read, FP32 written
-    # --master-weights fp16 (model/model.h llama_master_piece, llama_master_store)
+    # --master-weights fp16 (model/memory.h llama_master_piece, llama_master_store)
     "master decode fp16": 6 + CHUNK_SCALE_PER_ELEMENT,          # FP16 read, FP32 scratch written
     "master store fp16": 6 + CHUNK_SCALE_PER_ELEMENT,           # FP32 scratch read, FP16 and the new scale_inv written
 }

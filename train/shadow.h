@@ -102,7 +102,7 @@ static inline void shadow_run(Shadow* sh, const int* inputs, const int* targets,
     sh->loss_bf16 = llama_forward(m, inputs, targets, B, T, dloss);
     if (sh->grad) {
         ModelHooks hooks = m->hooks;
-        m->hooks.grads_needed = NULL; /* local gradients: nothing is reduced or moved to bucket buffers */
+        m->hooks.grads_needed = NULL; /* local FP32 gradients (the shadow is refused where they are bucketed): nothing is reduced */
         m->hooks.grads_ready = NULL;
         llama_backward(m);
         shadow_grad_sums(sh, SQ_BF16);

@@ -505,7 +505,7 @@ static inline void poison_state(Llama* m) {
     void* arrays[] = {m->master, m->master_scale_inv, m->adam_m, m->adam_v, m->adam_scale_inv};
     size_t bytes[] = {shard * store_bytes(mc), store_scale_count(mc, shard) * sizeof(float), shard * adamw_moment_bytes(f.optim_state, 0),
                       shard * adamw_moment_bytes(f.optim_state, 1), adamw_scale_count(f.optim_state, shard) * sizeof(float)};
-    for (int a = 0; a < 5; a++) {
+    for (size_t a = 0; a < sizeof(bytes) / sizeof(bytes[0]); a++) {
         if (bytes[a] == 0) continue;
         void* host = mallocCheck(bytes[a]);
         memset(host, 0x7f, bytes[a]);
