@@ -50,6 +50,16 @@ def plan(binary, *args):
     return r.stdout, json.loads(last[len("plan: "):])
 
 
+def plans_7b_zero1(binary, flag, values):
+    """{value: plan JSON} of Llama-2 7B (B 1, T 4096) under ZeRO-1 over 8 ranks of 80 GB, with `flag value`;
+    skips where the binary is not built (the CUDA build needs nvcc)."""
+    path = REPO / binary
+    if not path.exists():
+        pytest.skip(f"{binary} is not built (the CUDA build needs nvcc)")
+    args = ["-e", "llama2-7b", "-b", 1, "-t", 4096, "--ranks", 8, "-z", 1, "-d", 8 * 4096, "--gpu-mem", 80]
+    return {v: plan(path, *args, flag, v)[1] for v in values}
+
+
 @pytest.fixture
 def shards(tmp_path, rng):
     """Train and validation shards of random tokens (a dry run must not need them; a real run does)."""
@@ -95,11 +105,7 @@ def test_optim_state_bytes(binary):
     """--optim-state: the AdamW moments of Llama-2 7B (ZeRO-1 over 8 ranks: one shard) take 8 bytes per
     element of the shard in fp32, 4 in bf16, and 3 in fp8 plus two FP32 scale_inv per 4096 elements; the
     plan's other categories do not move."""
-    path = REPO / binary
-    if not path.exists():
-        pytest.skip(f"{binary} is not built (the CUDA build needs nvcc)")
-    args = ["-e", "llama2-7b", "-b", 1, "-t", 4096, "--ranks", 8, "-z", 1, "-d", 8 * 4096, "--gpu-mem", 80]
-    found = {f: plan(path, *args, "--optim-state", f)[1] for f in ("fp32", "bf16", "fp8")}
+    found = plans_7b_zero1(binary, "--optim-state", ("fp32", "bf16", "fp8"))
     moments = {f: p["bytes"]["AdamW moments"] for f, p in found.items()}
     shard = moments["fp32"] / 8
     assert shard == int(shard) and int(shard) % 4096 == 0, moments
@@ -124,11 +130,7 @@ def test_grad_buffer_bytes(binary):
     FP32 gradient shard and, for bf16 and fp8, three FP32 bucket buffers: two of a layer's padded
     segments, one of the larger of the embedding and the head (final norm + output). The segment sizes
     are Llama-2 7B's shapes, not the plan's; the other categories do not move."""
-    path = REPO / binary
-    if not path.exists():
-        pytest.skip(f"{binary} is not built (the CUDA build needs nvcc)")
-    args = ["-e", "llama2-7b", "-b", 1, "-t", 4096, "--ranks", 8, "-z", 1, "-d", 8 * 4096, "--gpu-mem", 80]
-    found = {f: plan(path, *args, "--grad-buffer", f)[1] for f in ("fp32", "bf16", "fp8")}
+    found = plans_7b_zero1(binary, "--grad-buffer", ("fp32", "bf16", "fp8"))
     grads = {f: p["bytes"]["gradients"] for f, p in found.items()}
     C, F, V, L, W = 4096, 11008, 32000, 32, 8
     layer = [C, 3 * C * C, C * C, C, 2 * F * C, F * C]  # attn_norm, wqkv, wo, ffn_norm, w1|w3, w2
@@ -152,11 +154,7 @@ def test_master_weights_bytes(binary):
     the shard in fp32; in fp16 2, plus a 4-byte scale_inv per 4096 and an FP32 scratch of the largest
     segment piece (the embedding's or the output layer's V x C / 8, padded). Segment sizes from Llama-2
     7B's shapes; the other categories do not move."""
-    path = REPO / binary
-    if not path.exists():
-        pytest.skip(f"{binary} is not built (the CUDA build needs nvcc)")
-    args = ["-e", "llama2-7b", "-b", 1, "-t", 4096, "--ranks", 8, "-z", 1, "-d", 8 * 4096, "--gpu-mem", 80]
-    found = {f: plan(path, *args, "--master-weights", f)[1] for f in ("fp32", "fp16")}
+    found = plans_7b_zero1(binary, "--master-weights", ("fp32", "fp16"))
     master = {f: p["bytes"]["master weights"] for f, p in found.items()}
     C, F, V, L, W = 4096, 11008, 32000, 32, 8
     layer = [C, 3 * C * C, C * C, C, 2 * F * C, F * C]
