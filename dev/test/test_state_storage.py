@@ -62,7 +62,8 @@ def ref_encode(codec, total):
     for c in range(scale_inv.size):
         seg = total[c * CHUNK:(c + 1) * CHUNK]
         sc, scale_inv[c] = ref_scale(seg, 65504.0)
-        halves[c * CHUNK:(c + 1) * CHUNK] = (seg.astype(np.float64) * sc).astype(np.float32).astype(np.float16)
+        with np.errstate(over="ignore"):  # a non-finite chunk keeps scale 1: its large values become inf, as in C
+            halves[c * CHUNK:(c + 1) * CHUNK] = (seg.astype(np.float64) * sc).astype(np.float32).astype(np.float16)
     with np.errstate(invalid="ignore"):
         decoded = halves.astype(np.float32) * np.repeat(scale_inv, CHUNK)[:n]
     return halves.tobytes(), scale_inv, decoded
@@ -178,14 +179,14 @@ def test_one_micro_step_never_rounds(tmp_path):
 @needs_mpi
 @pytest.mark.parametrize("ranks, zero", [(1, 0), (2, 1)])
 def test_accumulating_stays_within_rounding(tmp_path, ranks, zero):
-    """Six micro-batches per step (6 micro-steps on one rank, 3 per rank on two): the first step's gradient
+    """Four micro-batches per step (4 micro-steps on one rank, 2 per rank on two): the first step's gradient
     norm is within the format's rounding of the FP32 buffer's, and differs from it (the buffer is
     used); the losses of two steps (the second after an update from the buffer) stay close."""
     ref = tmp_path / "fp32"
-    train(ranks, ref, "-z", zero, steps=2, global_micro=6)
+    train(ranks, ref, "-z", zero, steps=2, global_micro=4)
     for fmt, tol in [("bf16", 2e-3), ("fp8", 3e-2)]:
         out = tmp_path / fmt
-        train(ranks, out, "-z", zero, "--grad-buffer", fmt, steps=2, global_micro=6)
+        train(ranks, out, "-z", zero, "--grad-buffer", fmt, steps=2, global_micro=4)
         n0, n1 = first_norm(ref), first_norm(out)
         assert n1 != n0 and abs(n1 - n0) < tol * n0, (fmt, n0, n1)
         for (_, la, _, _), (_, lb, _, _) in zip(trajectory(ref)[0], trajectory(out)[0]):
@@ -196,22 +197,22 @@ def test_accumulating_stays_within_rounding(tmp_path, ranks, zero):
 @needs_mpi
 def test_resume_is_bit_exact(tmp_path):
     """A step starts from zeroed gradients, so nothing of the buffer is saved: saved on 2 ranks under
-    ZeRO-1 with --grad-buffer fp8 and 3 micro-steps per rank, a resume on 2 ranks repeats the run bit for
+    ZeRO-1 with --grad-buffer fp8 and 2 micro-steps per rank, a resume on 2 ranks repeats the run bit for
     bit; on 1 rank the state comes back exactly, so the first step's loss is the uninterrupted run's bit
-    for bit, and then the run accumulates as one rank does (ZeRO-0: 6 micro-steps, each rounded) and
+    for bit, and then the run accumulates as one rank does (ZeRO-0: 4 micro-steps, each rounded) and
     continues within E4M3's rounding of the 2-rank run."""
     flags = ["--grad-buffer", "fp8", "-n", 2]
     full = tmp_path / "full"
-    train(2, full, "-z", 1, *flags, steps=4, global_micro=6)
+    train(2, full, "-z", 1, *flags, steps=4, global_micro=4)
     ta = [row for row in trajectory(full)[0] if row[0] >= 2]
     same = tmp_path / "same"
     copy_checkpoint(full, same, 2)
-    train(2, same, "-z", 1, *flags, "-y", 1, steps=4, global_micro=6)
+    train(2, same, "-z", 1, *flags, "-y", 1, steps=4, global_micro=4)
     assert trajectory(same)[0] == ta
     assert (same / "model_00000004.bin").read_bytes() == (full / "model_00000004.bin").read_bytes()
     one = tmp_path / "one"
     copy_checkpoint(full, one, 2)
-    train(1, one, "-z", 0, *flags, "-y", 1, steps=4, global_micro=6)
+    train(1, one, "-z", 0, *flags, "-y", 1, steps=4, global_micro=4)
     tb = trajectory(one)[0]
     assert tb[0][1] == ta[0][1] and tb[1][1] != ta[1][1] and abs(tb[1][1] - ta[1][1]) < 3e-2 * ta[1][1], (ta, tb)
 
