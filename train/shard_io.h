@@ -41,7 +41,7 @@ static inline void model_save(const char* path, Llama* m) {
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* s = &m->segs[i];
         if (S == 1) {
-            const float* master = llama_master_piece(m, s, 1); /* an fp16 master decoded once per segment */
+            const float* master = lead ? llama_master_piece(m, s, 1) : NULL; /* an fp16 master: decoded once per segment */
             for (size_t k = 0; lead && k < s->param.count; k += STREAM_CHUNK_FLOATS) {
                 size_t n = s->param.count - k < STREAM_CHUNK_FLOATS ? s->param.count - k : STREAM_CHUNK_FLOATS;
                 dev_download(host, master + k, n * sizeof(float));
