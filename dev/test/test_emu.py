@@ -4,11 +4,13 @@ build/emu/test_llama and build/emu/train_llama on the CPU, one fiber per GPU thr
 
 - The emulator's device side and runtime rules against NVIDIA's documentation (build/emu/test_intrinsics).
 - Every kernel check of test_llama (dev/cuda/kernel_cases.cuh) at test_llama's small shape, and again in
-  race mode (LLM8_EMU_RACE=1: each launch twice, in opposite thread and block orders, compared bit for bit).
+  race mode (LLM8_EMU_RACE=1: each launch twice, in opposite thread and block orders, compared bit for bit),
+  and every model check; two at a time, as the emulator runs each on one thread.
 - Planted faults, each applied to a copy of the real source, each caught by the emulator; the same
   command on the unmodified source passes, so each test fails if the emulator's check is removed.
 Skipped, with the reason, when build/emu was not built (`make emu`).
 """
+import concurrent.futures
 import math
 import os
 import re
@@ -60,11 +62,31 @@ def test_runtime_rule_stops_the_run(fault, message):
     assert "not caught" not in r.stdout
 
 
+def run_check(check, race):
+    """build/emu/test_llama --only CHECK, in race mode (LLM8_EMU_RACE=1) when `race`."""
+    env = emu_env(LLM8_EMU_RACE="1") if race else emu_env()
+    return run([EMU / "test_llama", "--only", check], env=env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def check_runs(request):
+    """{(check, race): future of its run} for every kernel and model check this session selected. The
+    emulator runs a check on one thread, so they run two at a time (CI's two cores), in the order the
+    tests ask for them, all started when the first is asked for."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+    runs = {}
+    for item in request.session.items:
+        if item.originalname in ("test_kernel_check", "test_model_check"):
+            key = (item.callspec.params["check"], item.callspec.params.get("race", False))
+            runs[key] = pool.submit(run_check, *key)
+    yield runs
+    pool.shutdown(cancel_futures=True)
+
+
 @pytest.mark.parametrize("race", [False, True], ids=["normal", "race"])
 @pytest.mark.parametrize("check", kernel_checks())
-def test_kernel_check(check, race):
-    env = emu_env(LLM8_EMU_RACE="1") if race else emu_env()
-    r = run([EMU / "test_llama", "--only", check], env=env, timeout=600)
+def test_kernel_check(check_runs, check, race):
+    r = check_runs[(check, race)].result()
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "1 passed, 0 failed" in r.stdout
 
@@ -83,8 +105,8 @@ def model_checks():
 
 
 @pytest.mark.parametrize("check", model_checks())
-def test_model_check(check):
-    r = run([EMU / "test_llama", "--only", check], timeout=600)
+def test_model_check(check_runs, check):
+    r = check_runs[(check, False)].result()
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "1 passed, 0 failed" in r.stdout
 
@@ -333,11 +355,12 @@ def test_two_ranks_every_saving_matches_cpu(shakespeare):
     gradient buffer (cuda/optimizer.cuh's requantizing add, then on the last micro-step the stored sum
     added into the FP32 bucket before its reduce-scatter), the fp8 wire, fp8 moments and an fp16 master
     (decoded for AdamW and the weight casts, stored again with new scales), against the CPU
-    build's 2-rank run of the same flags: the losses within the two builds' BF16 difference."""
+    build's 2-rank run of the same flags (-t 32: half the emulated work): the losses within the two
+    builds' BF16 difference."""
     cpu = REPO / "train_llama_cpu"
     if not cpu.exists():
         pytest.skip("train_llama_cpu is not built")
-    flags = ["-d", "512", "--grad-buffer", "fp8", "--grad-reduce", "fp8", "--optim-state", "fp8", "--master-weights", "fp16"]
+    flags = ["-t", "32", "-d", "256", "--grad-buffer", "fp8", "--grad-reduce", "fp8", "--optim-state", "fp8", "--master-weights", "fp16"]
     assert_close_to_cpu(two_ranks("1", *flags, exe=cpu), two_ranks("1", *flags), "bf16 2 ranks ZeRO-1, every saving")
 
 

@@ -1,10 +1,11 @@
 """
 The robustness checks' own plumbing (docs/testing.md "Robustness checks"): a short pass of every libFuzzer
-harness in dev/fuzz (FUZZ_SECONDS each, default 5, from the seeds and the committed regression inputs,
+harness in dev/fuzz (FUZZ_SECONDS each, default 5, two at a time, from the seeds and the committed regression inputs,
 which replay first; `make fuzz FUZZ_SECONDS=N` is the long run), regression inputs that reach a
 harness, and sanitized CPU binaries that really carry AddressSanitizer and UBSan (the tests marked
 `sanitize` run on them).
 """
+import concurrent.futures
 import os
 
 import pytest
@@ -16,10 +17,25 @@ HARNESSES = sorted(p.stem.removeprefix("fuzz_") for p in FUZZ_DIR.glob("fuzz_*.c
 FUZZ_SECONDS = os.environ.get("FUZZ_SECONDS", "5")
 
 
+@pytest.fixture(scope="module")
+def fuzz_runs(request):
+    """{harness: future of its fuzz.sh run} for the harnesses this session selected. Each fuzzes on one
+    thread for FUZZ_SECONDS, so they run two at a time (CI's two cores), all started when the first is
+    asked for; each keeps its own corpus, crashes and log."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+    runs = {}
+    for item in request.session.items:
+        if item.originalname == "test_fuzz_harness":
+            harness = item.callspec.params["harness"]
+            runs[harness] = pool.submit(run, ["bash", FUZZ_DIR / "fuzz.sh", FUZZ_SECONDS, harness])
+    yield runs
+    pool.shutdown(cancel_futures=True)
+
+
 @pytest.mark.parametrize("harness", HARNESSES)
-def test_fuzz_harness(harness):
+def test_fuzz_harness(fuzz_runs, harness):
     binary(f"build/fuzz/fuzz_{harness}")
-    r = run(["bash", FUZZ_DIR / "fuzz.sh", FUZZ_SECONDS, harness])
+    r = fuzz_runs[harness].result()
     print(r.stdout, r.stderr)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"fuzz {harness}" in r.stdout and " ok " in r.stdout
