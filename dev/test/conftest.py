@@ -7,6 +7,8 @@ the normal binaries and on their AddressSanitizer + UndefinedBehaviorSanitizer b
 (plus ", N skipped" when some were), after pytest's own summary, so that the test command's last line
 reads the same whatever runner produced the counts.
 """
+import concurrent.futures
+import contextlib
 import importlib.util
 import os
 import secrets
@@ -171,3 +173,20 @@ def run(cmd, **kw):
     """Runs a command from the repo root, capturing text output."""
     kw["env"] = program_env(cmd[0], kw.get("env"))
     return subprocess.run([str(c) for c in cmd], cwd=REPO, capture_output=True, text=True, **kw)
+
+
+@contextlib.contextmanager
+def two_at_a_time(request, tests, key, job):
+    """For a module-scoped fixture whose tests each wait on one single-threaded run: starts job(*key) for
+    the key(params) of every item of this session whose test is named in `tests`, two at a time (CI's
+    two cores), in the order the tests run; yields {key: future of its result}, cancels what is left."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+    futures = {}
+    for item in request.session.items:
+        if item.originalname in tests:
+            k = key(item.callspec.params)
+            futures[k] = pool.submit(job, *k)
+    try:
+        yield futures
+    finally:
+        pool.shutdown(cancel_futures=True)

@@ -11,6 +11,7 @@ OpenMP thread per rank, and with the default (OMP_NUM_THREADS unset: one rank ta
 share them), since users run the default and the CPU build promises results that do not depend on the
 thread count; the others run the default.
 """
+import functools
 import json
 import os
 import platform
@@ -248,8 +249,10 @@ X86_64 = platform.machine() == "x86_64"
 HAS_AVX2 = X86_64 and " avx2" in Path("/proc/cpuinfo").read_text()
 
 
+@functools.cache
 def default_blas():
-    """The BLAS identity a rank reports with this machine's environment (the trainer's '| math:' line)."""
+    """The BLAS identity a rank reports with this machine's environment (the trainer's '| math:' line),
+    probed once per session."""
     probe = subprocess.run([str(REPO / "train_llama_cpu"), *map(str, [*BASE, "-x", 1, "-v", 0])], cwd=REPO,
                            env=mpi_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT)
     line = next((line for line in probe.stdout.splitlines() if line.startswith("| math:")), "")

@@ -10,7 +10,6 @@ build/emu/test_llama and build/emu/train_llama on the CPU, one fiber per GPU thr
   command on the unmodified source passes, so each test fails if the emulator's check is removed.
 Skipped, with the reason, when build/emu was not built (`make emu`).
 """
-import concurrent.futures
 import math
 import os
 import re
@@ -19,7 +18,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO, run
+from conftest import REPO, run, two_at_a_time
 from test_evals import eval_files, eval_flags, evals_of  # noqa: F401 (eval_files: a fixture)
 
 EMU = REPO / "build/emu"
@@ -70,17 +69,11 @@ def run_check(check, race):
 
 @pytest.fixture(scope="module")
 def check_runs(request):
-    """{(check, race): future of its run} for every kernel and model check this session selected. The
-    emulator runs a check on one thread, so they run two at a time (CI's two cores), in the order the
-    tests ask for them, all started when the first is asked for."""
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
-    runs = {}
-    for item in request.session.items:
-        if item.originalname in ("test_kernel_check", "test_model_check"):
-            key = (item.callspec.params["check"], item.callspec.params.get("race", False))
-            runs[key] = pool.submit(run_check, *key)
-    yield runs
-    pool.shutdown(cancel_futures=True)
+    """{(check, race): future of its run} for every kernel and model check this session selected: the
+    emulator runs a check on one thread, so they run two at a time, started when the first is asked for."""
+    with two_at_a_time(request, ("test_kernel_check", "test_model_check"), lambda p: (p["check"], p.get("race", False)),
+                       run_check) as runs:
+        yield runs
 
 
 @pytest.mark.parametrize("race", [False, True], ids=["normal", "race"])

@@ -5,37 +5,34 @@ which replay first; `make fuzz FUZZ_SECONDS=N` is the long run), regression inpu
 harness, and sanitized CPU binaries that really carry AddressSanitizer and UBSan (the tests marked
 `sanitize` run on them).
 """
-import concurrent.futures
 import os
 
 import pytest
 
-from conftest import REPO, binary, run
+from conftest import REPO, binary, run, two_at_a_time
 
 FUZZ_DIR = REPO / "dev/fuzz"
 HARNESSES = sorted(p.stem.removeprefix("fuzz_") for p in FUZZ_DIR.glob("fuzz_*.c"))
 FUZZ_SECONDS = os.environ.get("FUZZ_SECONDS", "5")
 
 
+def fuzz(harness):
+    """fuzz.sh's run of one harness for FUZZ_SECONDS (its own corpus, crashes and log)."""
+    return run(["bash", FUZZ_DIR / "fuzz.sh", FUZZ_SECONDS, harness])
+
+
 @pytest.fixture(scope="module")
 def fuzz_runs(request):
-    """{harness: future of its fuzz.sh run} for the harnesses this session selected. Each fuzzes on one
-    thread for FUZZ_SECONDS, so they run two at a time (CI's two cores), all started when the first is
-    asked for; each keeps its own corpus, crashes and log."""
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
-    runs = {}
-    for item in request.session.items:
-        if item.originalname == "test_fuzz_harness":
-            harness = item.callspec.params["harness"]
-            runs[harness] = pool.submit(run, ["bash", FUZZ_DIR / "fuzz.sh", FUZZ_SECONDS, harness])
-    yield runs
-    pool.shutdown(cancel_futures=True)
+    """{(harness,): future of its fuzz run} for the harnesses this session selected: each fuzzes on one
+    thread, so they run two at a time, started when the first is asked for."""
+    with two_at_a_time(request, ("test_fuzz_harness",), lambda p: (p["harness"],), fuzz) as runs:
+        yield runs
 
 
 @pytest.mark.parametrize("harness", HARNESSES)
 def test_fuzz_harness(fuzz_runs, harness):
     binary(f"build/fuzz/fuzz_{harness}")
-    r = fuzz_runs[harness].result()
+    r = fuzz_runs[(harness,)].result()
     print(r.stdout, r.stderr)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"fuzz {harness}" in r.stdout and " ok " in r.stdout
