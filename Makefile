@@ -192,7 +192,7 @@ EMU_CXXFLAGS = -x c++ -std=c++17 -DOMPI_SKIP_MPICXX=1 -DMPICH_SKIP_MPICXX=1 $(EM
 	$(if $(filter 1,$(EMU_ASAN)),-fsanitize=address)
 EMU_LIBS = -lboost_context -lgomp $(filter-out -pthread,$(MPI_LIBS)) -lpthread $(if $(filter 1,$(USE_CJSON)),-lcjson) \
 	$(if $(filter 1,$(EMU_ASAN)),-fsanitize=address)
-EMU_RUNTIME_SRCS = emu/runtime.cpp
+EMU_RUNTIME_SRCS = emu/runtime.cpp emu/sanitizer_defaults.cpp
 EMU_LIB_SRCS = $(wildcard emu/cublaslt.cpp emu/nccl.cpp) $(if $(wildcard emu/nccl.cpp),,emu/nccl_stub.cpp)
 EMU_OBJS = $(patsubst emu/%.cpp,$(EMU_DIR)/%.o,$(EMU_RUNTIME_SRCS) $(EMU_LIB_SRCS))
 EMU_HEADERS = $(wildcard emu/*.h emu/cub/block/*.cuh)

@@ -30,6 +30,7 @@
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -510,6 +511,22 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
 /* ------------------------------------------------------------------ heuristic and matmul */
 
 /*
+ * LLM8_EMU_CUBLASLT_NO_ALGO=fp8|all: the heuristic finds no algorithm for FP8 GEMMs (fp8) or for every
+ * GEMM (all), returning CUBLAS_STATUS_NOT_SUPPORTED with no result, as cuBLASLt does for a valid problem
+ * it has no kernel for in the installed library on this GPU (cublasLt.h, cublasLtMatmulAlgoGetHeuristic:
+ * "CUBLAS_STATUS_NOT_SUPPORTED if no heuristic function available for current configuration"). That
+ * happens on real GPUs for shapes and type combinations no rule of the documentation rules out, so the
+ * caller's "no algorithm" exit is a path to test (dev/test/test_emu.py); unset, nothing changes.
+ */
+static bool no_algorithm_asked(bool fp8) {
+    const char* v = getenv("LLM8_EMU_CUBLASLT_NO_ALGO");
+    if (!v || !*v) return false;
+    if (strcmp(v, "all") == 0) return true;
+    if (strcmp(v, "fp8") == 0) return fp8;
+    emu_fail("LLM8_EMU_CUBLASLT_NO_ALGO=%s: expected fp8 or all", v);
+}
+
+/*
  * Returns one algorithm when the problem is one Hopper's cuBLASLt runs, or CUBLAS_STATUS_NOT_SUPPORTED /
  * INVALID_VALUE with no result. The algorithm records the query's workspace limit (the double assumes the
  * worst the contract allows: it needs all of it, cublasLtMatmulHeuristicResult_t.workspaceSize), the
@@ -545,6 +562,9 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
     }
     if ((p.reduction_mask & CUBLASLT_REDUCTION_SCHEME_MASK) == 0 && p.reduction_mask != 0)
         return refuse(CUBLAS_STATUS_INVALID_VALUE, api, "REDUCTION_SCHEME_MASK 0x%x", p.reduction_mask);
+    if (no_algorithm_asked(is_fp8(a.type)))
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, api, "no algorithm, as LLM8_EMU_CUBLASLT_NO_ALGO asks (m %llu n %llu k %llu)",
+                      (unsigned long long)m, (unsigned long long)n, (unsigned long long)k);
     memset(&results[0], 0, sizeof(results[0]));
     uint64_t* algo = results[0].algo.data;
     algo[ALGO_MAGIC] = EMU_ALGO_MAGIC;
