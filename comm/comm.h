@@ -126,6 +126,27 @@ static inline int launcher_rank(void) {
     return 0;
 }
 
+/*
+ * The node-local rank a launcher announces through the environment, or -1 when none did; *var names the
+ * variable read. Open MPI's and MPICH/Intel MPI's own variables come before Slurm's and torchrun-style
+ * LOCAL_RANK, because mpirun started inside a Slurm allocation inherits the batch step's SLURM_LOCALID
+ * (0 on every rank) while setting its own. The GPU build selects its device from it before MPI_Init.
+ */
+static inline int launcher_local_rank(const char** var) {
+    const char* vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        const char* v = getenv(vars[i]);
+        char* end = NULL;
+        long n = v != NULL ? strtol(v, &end, 10) : -1;
+        if (v != NULL && end != v && *end == '\0' && n >= 0 && n < 1 << 20) {
+            *var = vars[i];
+            return (int)n;
+        }
+    }
+    *var = NULL;
+    return -1;
+}
+
 static inline void dist_set_host(void) {
     if (gethostname(g_dist.host, sizeof(g_dist.host)) != 0) snprintf(g_dist.host, sizeof(g_dist.host), "unknown-host");
     g_dist.host[sizeof(g_dist.host) - 1] = '\0';

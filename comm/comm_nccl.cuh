@@ -1,6 +1,7 @@
 /*
- * comm/comm.h on NCCL, for the GPU build (DESIGN.md section 6). MPI only bootstraps: MPI_Init_thread,
- * the local rank from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), cudaSetDevice(local rank), rank 0's
+ * comm/comm.h on NCCL, for the GPU build (DESIGN.md section 6). MPI only bootstraps: cudaSetDevice from
+ * the launcher's local rank before MPI_Init_thread (then checked against the local rank from
+ * MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), which chooses when no launcher variable is set), rank 0's
  * ncclUniqueId sent by MPI_Bcast, then MPI_Barrier before ncclCommInitRank (a broadcast still in flight
  * can deadlock against the blocking init: NVIDIA/cuDecomp#24). Every collective of the step loop is
  * NCCL's, host values included, so no MPI call runs inside it. Built without MPI (make USE_MPI=0), or
@@ -65,8 +66,49 @@ static inline void comm_nccl_start(void) {
     ncclCheck(ncclCommInitRank(&g_nccl, g_dist.world, id, g_dist.rank));
 }
 
+/*
+ * Selects this process's GPU from the launcher's node-local rank (launcher_local_rank) before MPI_Init:
+ * a CUDA-aware MPI (UCX, for one) creates a CUDA context on the current device during init, which is
+ * GPU 0 for every local rank unless the device is set first. Returns the variable used, NULL when the
+ * process was not launched, none is set, or its value is not a visible GPU (comm_init's checks after
+ * MPI_Init then choose, or name the problem). *local gets the value.
+ */
+static inline const char* comm_select_device_before_mpi(int* local) {
+    const char* var = NULL;
+    *local = launcher_world() > 0 ? launcher_local_rank(&var) : -1;
+    int gpus = 0;
+    if (*local < 0 || cudaGetDeviceCount(&gpus) != cudaSuccess || *local >= gpus) return NULL;
+    cudaCheck(cudaSetDevice(*local));
+    return var;
+}
+
+/* After MPI_Init: the device chosen before it must be MPI's node-local rank (MPI_COMM_TYPE_SHARED), the
+   one comm_init uses; every rank learns whether any rank's differs, so all stop together. */
+static inline void comm_check_device_choice(const char* var, int local) {
+    int mismatch = var != NULL && local != g_dist.local_rank, any = mismatch;
+#ifdef LLM8_MPI
+    if (mpi_active()) mpiCheck(MPI_Allreduce(&mismatch, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+#endif
+    if (mismatch)
+        die("rank %d on %s: the launcher's %s=%d is not MPI's node-local rank %d (MPI_COMM_TYPE_SHARED), so the GPU chosen "
+            "before MPI_Init is not this rank's: unset %s or fix the launch's rank mapping",
+            g_dist.rank, g_dist.host, var, local, g_dist.local_rank, var);
+    if (any) die("rank %d on %s: another rank's launcher local rank disagrees with MPI's node-local rank (its error says which)",
+                 g_dist.rank, g_dist.host);
+    if (g_dist.rank != 0 || !g_dist.launched) return;
+    if (var != NULL)
+        printf("| GPU selection: from %s before MPI_Init, equal to MPI's node-local rank\n", var);
+    else
+        printf("| GPU selection: from MPI's node-local rank after MPI_Init (no launcher variable OMPI_COMM_WORLD_LOCAL_RANK, "
+               "MPI_LOCALRANKID, SLURM_LOCALID or LOCAL_RANK names a visible GPU; a CUDA-aware MPI may have put a context "
+               "on GPU 0)\n");
+}
+
 static inline void comm_init(int* argc, char*** argv) {
+    int local_before = -1;
+    const char* chosen_by = comm_select_device_before_mpi(&local_before);
     mpi_bootstrap(argc, argv);
+    comm_check_device_choice(chosen_by, local_before);
     int gpus = 0;
     cudaError_t err = cudaGetDeviceCount(&gpus);
     if (err != cudaSuccess || gpus == 0)
