@@ -12,6 +12,7 @@
 #include <math.h>
 
 #include "../comm/wire.h"
+#include "../dataloader/eval_sets.h"
 #include "../fp8/gemm.h"
 #include "../llama/config.h"
 #include "../llama/model_file.h"
@@ -44,6 +45,7 @@ typedef struct {
     int eval_every;             /* --eval-every; -1: as -v */
     int eval_limit;             /* --eval-limit: first N examples of each set; -1: all */
     const char* eval_dump;      /* --eval-dump DIR: the scored logits (tests); NULL: off */
+    const char* eval_compat;    /* --eval-compat harness | llm8 (dataloader/eval_sets.h EvalCompat) */
     int ckpt_every;             /* -n; 0: only at the end (when -o is given); NO_CHECKPOINTS: never */
     int resume;                 /* -y */
     int zero_stage;             /* -z */
@@ -122,6 +124,10 @@ static const ArgSpec TRAIN_ARG_SPECS[] = {
     ARG("--eval-every", ARG_INT, eval_every, "downstream evaluations every N steps (0: only at the end; -1: as -v)"),
     ARG("--eval-limit", ARG_INT, eval_limit, "evaluate the first N examples (documents) of each set (-1: all)"),
     ARG("--eval-dump", ARG_STR, eval_dump, "write the evaluations' scored logits under DIR (tests' independent scorer)"),
+    ARG("--eval-compat", ARG_STR, eval_compat,
+        "rules of the eval files and scores: harness (lm-evaluation-harness's for an HF Llama-2: no BOS, its WikiText "
+        "detokenizer, acc_norm per character) | llm8 (BOS first, llm8's detokenizer, acc_norm per byte); each file "
+        "records its mode (dev/data/*.py --eval-compat)"),
     ARG("-s", ARG_INT, sample_every, "print a sample every N steps (0: never)"),
     ARG("-g", ARG_INT, sample_tokens, "tokens per sample"),
     ARG("-n", ARG_INT, ckpt_every, "checkpoint every N steps (0: only at the end; needs -o; -1: never, e.g. benchmarks)"),
@@ -202,6 +208,7 @@ static inline TrainArgs train_args_default(void) {
     a.eval_every = -1;
     a.eval_limit = -1;
     a.eval_dump = NULL;
+    a.eval_compat = EVAL_COMPAT_NAMES[EVAL_COMPAT_HARNESS];
     a.ckpt_every = 0;
     a.resume = 0;
     a.zero_stage = 0;
@@ -387,7 +394,9 @@ static inline void train_args_check(const TrainArgs* a) {
     if (a->eval_limit < -1 || a->eval_limit == 0) die("flag --eval-limit: must be positive or -1 (all)");
     const char* eval_flag = a->eval_every != defaults.eval_every ? "--eval-every"
                             : a->eval_limit != defaults.eval_limit ? "--eval-limit"
-                            : a->eval_dump != NULL ? "--eval-dump" : NULL;
+                            : a->eval_dump != NULL ? "--eval-dump"
+                            : strcmp(a->eval_compat, defaults.eval_compat) != 0 ? "--eval-compat" : NULL;
+    if (eval_compat_parse(a->eval_compat) < 0) die("flag --eval-compat: '%s' is not harness or llm8", a->eval_compat);
     if (eval_flag != NULL && !evals) die("flag %s: needs an evaluation (-h 1, --eval-lambada or --eval-wikitext)", eval_flag);
     if (a->resume != 0 && a->resume != 1) die("flag -y: must be 0 or 1");
     if (a->resume && a->output_dir == NULL) die("flag -y 1 needs -o (the directory to resume from)");
