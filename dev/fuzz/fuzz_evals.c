@@ -1,9 +1,10 @@
 /*
  * Fuzzes the downstream-evaluation file readers (train/evals.h): the input's first byte picks the set
  * (HellaSwag in llm.c's eval format, LAMBADA or WikiText in llm8's continuation format) and the run's
- * --eval-compat (byte / 3, even: llm8, odd: harness), the rest is the file, loaded for rows of at most FUZZ_T + 1 tokens as the trainer loads it. An accepted file must give
- * rows the evaluation can run: each within T + 1 tokens, scoring at least one token, every token in the
- * vocabulary, and every ending of every example scored.
+ * --eval-compat (byte / 3, even: llm8, odd: harness), the rest is the file, loaded for rows of at most
+ * FUZZ_T + 1 tokens as the trainer loads it. An accepted file must give rows the evaluation can run: each
+ * within T + 1 tokens, scoring at least one token, every token in the vocabulary, and every ending of
+ * every example scored.
  */
 #include "fuzz.h"
 #include "fuzz_inputs.h"
