@@ -27,6 +27,8 @@ from data_helpers import run_script
 from test_distributed import mpi_env, mpirun
 from test_trainer import assert_one_line_error
 
+import llm8_evals  # noqa: E402  (dev/data, on sys.path through data_helpers)
+
 MPIRUN = shutil.which("mpirun")
 T = 32
 # -b 3: the rows do not fill the last micro-batch; -m 1: one validation batch
@@ -332,6 +334,9 @@ def test_help_and_h(trainer):
     for flag in ("-h", "--hellaswag", "--eval-lambada", "--eval-wikitext", "--eval-every", "--eval-limit", "--eval-dump",
                  "--eval-compat"):
         assert f"  {flag} " in r.stdout, flag
+    # the data scripts write the trainer's default mode by default
+    compat = next(line for line in r.stdout.splitlines() if line.startswith("  --eval-compat "))
+    assert compat.endswith(f"(default {llm8_evals.DEFAULT_COMPAT})"), compat
 
 
 def truncate(src, dst, drop):
