@@ -95,7 +95,7 @@ static inline void comm_barrier(void);
 /* ---------------------------------------------------------------- memory plan */
 
 /* Most MemoryEstimate entries comm_workspaces writes. */
-#define MAX_COMM_WORKSPACES 2
+#define MAX_COMM_WORKSPACES 5
 /* The memory this implementation allocates for a run's collectives beside the model's buffers (scratch,
    the library's own buffers), as named entries in out; returns how many. largest_piece: elements of the
    largest shard piece of the layout (ZeRO-1/2), largest_segment: of the largest segment (ZeRO-0). */

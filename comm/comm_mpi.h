@@ -244,20 +244,20 @@ static inline int comm_workspaces(int world, int zero_stage, CommWire wire, size
     if (wire == WIRE_FP8 && world > 1) {
         if (zero_stage > 0) {
             out[0] = (MemoryEstimate){"mpi_fp8_reduce_scatter", 2 * W * grad_fp8_block_bytes(largest_piece), 0,
-                                      "FP8 reduce-scatter blocks (host)"};
+                                      "FP8 reduce-scatter blocks (host)", NULL};
             return 1;
         }
         size_t piece = comm_fp8_piece(largest_segment, world);
         out[0] = (MemoryEstimate){"mpi_fp8_all_reduce", 2 * W * piece * sizeof(float) + 2 * W * grad_fp8_block_bytes(piece), 0,
-                                  "FP8 all-reduce padding, blocks and gather (host)"};
+                                  "FP8 all-reduce padding, blocks and gather (host)", NULL};
         return 1;
     }
     if (zero_stage > 0) {
-        out[0] = (MemoryEstimate){"mpi_reduce_scatter", 2 * W * largest_piece * sizeof(float), 0, "reduce-scatter staging (host)"};
+        out[0] = (MemoryEstimate){"mpi_reduce_scatter", 2 * W * largest_piece * sizeof(float), 0, "reduce-scatter staging (host)", NULL};
         return 1;
     }
     if (world == 1) return 0;
-    out[0] = (MemoryEstimate){"mpi_all_reduce", W * largest_segment * sizeof(float), 0, "all-reduce staging (host)"};
+    out[0] = (MemoryEstimate){"mpi_all_reduce", W * largest_segment * sizeof(float), 0, "all-reduce staging (host)", NULL};
     return 1;
 }
 

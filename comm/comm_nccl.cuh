@@ -47,8 +47,12 @@ static cudaEvent_t g_done_event;              /* everything issued so far is don
 static cudaEvent_t g_slot_event[COMM_SLOTS];  /* comm_mark */
 static cudaEvent_t g_wait_event[2 * COMM_TIMED_WAITS];
 static int g_waits = 0;                       /* timed waits since comm_exposed_ms */
-static DeviceScratch g_comm_scratch;          /* conversions and accumulation */
-static DeviceScratch g_host_scratch;          /* comm_host_* values */
+static DeviceScratch g_comm_scratch = {NULL, 0, "comm_scratch"}; /* conversions and accumulation */
+static DeviceScratch g_host_scratch = {NULL, 0, "comm_host"};     /* comm_host_* values, COMM_HOST_BYTES */
+
+/* The device buffer of the host-value collectives (comm_host_*), which go through it in pieces: 1 MiB,
+   a start-up agreement of 2000 ranks in one piece. */
+#define COMM_HOST_BYTES ((size_t)1 << 20)
 
 /* Creates the NCCL communicator of the job's g_dist.world ranks (once): rank 0's unique id, broadcast
    and a barrier under MPI, then ncclCommInitRank. Called by comm_init when world > 1; a one-rank job
@@ -282,13 +286,43 @@ static inline void comm_all_gather(void* buf, size_t bytes) {
     else comm_one_rank_copy(buf, mine, bytes);
 }
 
-/* NCCL's own device buffers for a multi-rank communicator: an estimate (per channel and ring peer NCCL
-   keeps Simple, LL and LL128 buffers of a few MiB; NVLink rings use up to 32 channels). */
-#define NCCL_BUFFERS_ESTIMATE_BYTES ((size_t)512 << 20)
+/*
+ * NCCL's own device memory for a multi-rank communicator, estimated from its defaults (NVIDIA/nccl
+ * src/init.cc computeBuffSizes, src/include/device.h, src/graph/paths.cc, src/transport/p2p.cc and nvls.cc;
+ * docs/memory.md): a connection to a peer on a channel holds the buffers of NCCL's three protocols,
+ * NCCL_BUFFSIZE (Simple, 4 MiB), NCCL_LL_BUFFSIZE (8 lines x 512 threads x 8 steps x 16 B) and
+ * NCCL_LL128_BUFFSIZE (120 x 640 threads x 8 steps x 8 B), 9.2 MiB together; the plan reads those
+ * variables as NCCL does. The channel counts are those NCCL reports on an 8-GPU H100/H200 SXM node
+ * (NVSwitch): 32 collective channels, 32 p2p channels per peer (2 per NVLink's bandwidth, capped at the
+ * p2p channels), 16 NVLS channels; NCCL_MAX_NCHANNELS and NCCL_MAX_P2P_NCHANNELS lower them.
+ */
+#define NCCL_SIMPLE_BUFFSIZE ((size_t)4 << 20)
+#define NCCL_LL_BUFFSIZE ((size_t)8 * 512 * 8 * 16)
+#define NCCL_LL128_BUFFSIZE ((size_t)120 * 640 * 8 * 8)
+#define NCCL_NVLS_CHUNK ((size_t)128 << 10) /* NCCL_NVLS_CHUNKSIZE */
+#define NCCL_PIPELINE_STEPS 8               /* NCCL_STEPS */
+#define NCCL_NODE_GPUS 8
+#define NCCL_COLL_CHANNELS 32
+#define NCCL_P2P_CHANNELS_PER_PEER 32
+#define NCCL_NVLS_CHANNELS 16
+
+/* A NCCL variable's value (a size or a count), `fallback` when unset or not a number. */
+static inline size_t nccl_env(const char* name, size_t fallback) {
+    const char* v = getenv(name);
+    char* end = NULL;
+    unsigned long long x = v != NULL ? strtoull(v, &end, 0) : 0;
+    return v != NULL && end != v && *end == '\0' ? (size_t)x : fallback;
+}
+
+/* The buffers of one connection on one channel, in both directions (send and receive), per NCCL's variables. */
+static inline size_t nccl_connection_bytes(void) {
+    return nccl_env("NCCL_BUFFSIZE", NCCL_SIMPLE_BUFFSIZE) + nccl_env("NCCL_LL_BUFFSIZE", NCCL_LL_BUFFSIZE) +
+           nccl_env("NCCL_LL128_BUFFSIZE", NCCL_LL128_BUFFSIZE);
+}
 
 /* g_comm_scratch's largest use (--grad-reduce bf16 conversions, --grad-reduce fp8 blocks sent and received
-   and, under ZeRO-0, the zero-padded FP32 copy; the ZeRO-2 accumulating reduce-scatter) and NCCL's buffers.
-   One rank sends nothing: FP8 is then FP32. */
+   and, under ZeRO-0, the zero-padded FP32 copy; the ZeRO-2 accumulating reduce-scatter), the host-value
+   buffer and NCCL's buffers (estimates). One rank sends nothing: FP8 is then FP32. */
 static inline int comm_workspaces(int world, int zero_stage, CommWire wire, size_t largest_piece, size_t largest_segment,
                                   MemoryEstimate* out) {
     size_t W = (size_t)world, scratch = 0;
@@ -299,8 +333,28 @@ static inline int comm_workspaces(int world, int zero_stage, CommWire wire, size
     } else if (zero_stage > 0 && wire == WIRE_BF16) scratch = (W + 1) * largest_piece * sizeof(__nv_bfloat16);
     else if (zero_stage == 2) scratch = largest_piece * sizeof(float);
     else if (zero_stage == 0 && wire == WIRE_BF16 && world > 1) scratch = largest_segment * sizeof(__nv_bfloat16);
-    if (scratch > 0) out[n++] = (MemoryEstimate){"comm_scratch", scratch, 0, "gradient reduction scratch (BF16/FP8 wire, accumulation)"};
-    if (world > 1) out[n++] = (MemoryEstimate){"nccl_buffers", NCCL_BUFFERS_ESTIMATE_BYTES, 1, "NCCL's channel buffers"};
+    if (scratch > 0)
+        out[n++] = (MemoryEstimate){"comm_scratch", scratch, 0, "gradient reduction scratch (BF16/FP8 wire, accumulation)", &g_comm_scratch};
+    out[n++] = (MemoryEstimate){"comm_host", COMM_HOST_BYTES, 0, "host values (losses, flags, agreement) through NCCL", &g_host_scratch};
+    if (world == 1) return n;
+    size_t conn = nccl_connection_bytes(), local = W < NCCL_NODE_GPUS ? W : NCCL_NODE_GPUS;
+    size_t channels = nccl_env("NCCL_MAX_NCHANNELS", NCCL_COLL_CHANNELS), p2p = nccl_env("NCCL_MAX_P2P_NCHANNELS", NCCL_P2P_CHANNELS_PER_PEER);
+    channels = channels < NCCL_COLL_CHANNELS ? channels : NCCL_COLL_CHANNELS;
+    p2p = p2p < NCCL_P2P_CHANNELS_PER_PEER ? p2p : NCCL_P2P_CHANNELS_PER_PEER;
+    out[n++] = (MemoryEstimate){"nccl_buffers", channels * 2 * conn, 1,
+                                "NCCL ring and tree connections: channels x 2 x protocol buffers (NCCL_MAX_NCHANNELS, NCCL_BUFFSIZE)", NULL};
+    /* the FP8 wire's all-to-all connects to every peer (at its first ncclSend/ncclRecv to it, on all of the
+       peer's p2p channels); peers on other nodes go through the network's shared buffers, not counted */
+    if (wire == WIRE_FP8)
+        out[n++] = (MemoryEstimate){"nccl_p2p", (local - 1) * p2p * conn, 1,
+                                    "NCCL p2p connections of the FP8 all-to-all: node peers x p2p channels x protocol buffers "
+                                    "(NCCL_MAX_P2P_NCHANNELS, NCCL_BUFFSIZE)", NULL};
+    /* NVLink SHARP (NVSwitch nodes, CUDA 12.1+; NCCL_NVLS_ENABLE=0 turns it off): per rank a send and a
+       receive buffer per channel and per node rank (the heads), NCCL_STEPS chunks each */
+    if (local > 1 && nccl_env("NCCL_NVLS_ENABLE", 2) != 0)
+        out[n++] = (MemoryEstimate){"nccl_nvls", nccl_env("NCCL_NVLS_NCHANNELS", NCCL_NVLS_CHANNELS) * 2 *
+                                                     nccl_env("NCCL_NVLS_CHUNKSIZE", NCCL_NVLS_CHUNK) * NCCL_PIPELINE_STEPS * local,
+                                    1, "NCCL NVLink SHARP buffers where NCCL may use it (NCCL_NVLS_ENABLE, NCCL_NVLS_CHUNKSIZE)", NULL};
     return n;
 }
 
@@ -336,41 +390,53 @@ static inline double comm_exposed_ms(void) {
 
 /* ---------------------------------------------------------------- host values */
 
-/* x (n) on every rank = op over ranks, through a device buffer and NCCL (no MPI in the step loop). */
+/* x (n) on every rank = op over ranks, through the host-value buffer and NCCL (no MPI in the step loop),
+   COMM_HOST_BYTES at a time (elementwise, so the pieces are independent). */
 static inline void comm_host_reduce(double* x, size_t n, ncclRedOp_t op) {
-    double* d = (double*)scratch_reserve(&g_host_scratch, n * sizeof(double));
-    cudaCheck(cudaMemcpy(d, x, n * sizeof(double), cudaMemcpyHostToDevice));
-    comm_issue();
-    if (g_nccl) ncclCheck(ncclAllReduce(d, d, n, ncclDouble, op, g_nccl, g_comm_stream));
-    cudaCheck(cudaStreamSynchronize(g_comm_stream));
-    cudaCheck(cudaMemcpy(x, d, n * sizeof(double), cudaMemcpyDeviceToHost));
+    double* d = (double*)scratch_reserve(&g_host_scratch, COMM_HOST_BYTES);
+    for (size_t k = 0; k < n; k += COMM_HOST_BYTES / sizeof(double)) {
+        size_t len = n - k < COMM_HOST_BYTES / sizeof(double) ? n - k : COMM_HOST_BYTES / sizeof(double);
+        cudaCheck(cudaMemcpy(d, x + k, len * sizeof(double), cudaMemcpyHostToDevice));
+        comm_issue();
+        if (g_nccl) ncclCheck(ncclAllReduce(d, d, len, ncclDouble, op, g_nccl, g_comm_stream));
+        cudaCheck(cudaStreamSynchronize(g_comm_stream));
+        cudaCheck(cudaMemcpy(x + k, d, len * sizeof(double), cudaMemcpyDeviceToHost));
+    }
 }
 
 static inline void comm_host_sum(double* x, size_t n) { comm_host_reduce(x, n, ncclSum); }
 static inline void comm_host_max(double* x, size_t n) { comm_host_reduce(x, n, ncclMax); }
 
 static inline void comm_host_broadcast(void* x, size_t bytes, int root) {
-    void* d = scratch_reserve(&g_host_scratch, bytes);
-    cudaCheck(cudaMemcpy(d, x, bytes, cudaMemcpyHostToDevice));
-    comm_issue();
-    if (g_nccl) ncclCheck(ncclBroadcast(d, d, bytes, ncclUint8, root, g_nccl, g_comm_stream));
-    cudaCheck(cudaStreamSynchronize(g_comm_stream));
-    cudaCheck(cudaMemcpy(x, d, bytes, cudaMemcpyDeviceToHost));
+    char* d = (char*)scratch_reserve(&g_host_scratch, COMM_HOST_BYTES);
+    for (size_t k = 0; k < bytes; k += COMM_HOST_BYTES) {
+        size_t len = bytes - k < COMM_HOST_BYTES ? bytes - k : COMM_HOST_BYTES;
+        cudaCheck(cudaMemcpy(d, (char*)x + k, len, cudaMemcpyHostToDevice));
+        comm_issue();
+        if (g_nccl) ncclCheck(ncclBroadcast(d, d, len, ncclUint8, root, g_nccl, g_comm_stream));
+        cudaCheck(cudaStreamSynchronize(g_comm_stream));
+        cudaCheck(cudaMemcpy((char*)x + k, d, len, cudaMemcpyDeviceToHost));
+    }
 }
 
+/* Piece by piece of each rank's `mine`: COMM_HOST_BYTES / world bytes of every rank at a time. */
 static inline void comm_host_all_gather(const void* mine, void* all, size_t bytes) {
-    size_t W = (size_t)g_dist.world;
-    char* d = (char*)scratch_reserve(&g_host_scratch, W * bytes);
-    cudaCheck(cudaMemcpy(d + (size_t)g_dist.rank * bytes, mine, bytes, cudaMemcpyHostToDevice));
-    comm_issue();
-    if (g_nccl) ncclCheck(ncclAllGather(d + (size_t)g_dist.rank * bytes, d, bytes, ncclUint8, g_nccl, g_comm_stream));
-    else comm_one_rank_copy(d, d + (size_t)g_dist.rank * bytes, bytes);
-    cudaCheck(cudaStreamSynchronize(g_comm_stream));
-    cudaCheck(cudaMemcpy(all, d, W * bytes, cudaMemcpyDeviceToHost));
+    size_t W = (size_t)g_dist.world, R = (size_t)g_dist.rank, step = COMM_HOST_BYTES / W;
+    if (step == 0) die("comm_host_all_gather: %zu ranks do not fit the %zu-byte host-value buffer", W, COMM_HOST_BYTES);
+    char* d = (char*)scratch_reserve(&g_host_scratch, COMM_HOST_BYTES);
+    for (size_t k = 0; k < bytes; k += step) {
+        size_t len = bytes - k < step ? bytes - k : step;
+        cudaCheck(cudaMemcpy(d + R * len, (const char*)mine + k, len, cudaMemcpyHostToDevice));
+        comm_issue();
+        if (g_nccl) ncclCheck(ncclAllGather(d + R * len, d, len, ncclUint8, g_nccl, g_comm_stream));
+        cudaCheck(cudaStreamSynchronize(g_comm_stream));
+        for (size_t r = 0; r < W; r++) cudaCheck(cudaMemcpy((char*)all + r * bytes + k, d + r * len, len, cudaMemcpyDeviceToHost));
+    }
 }
 
+/* The all-reduce waits for the compute stream's work so far (comm_issue) and the host for it, so the
+   device has finished everything queued before the barrier: no cudaDeviceSynchronize needed. */
 static inline void comm_barrier(void) {
     double x = 0.0;
-    cudaCheck(cudaDeviceSynchronize());
     comm_host_sum(&x, 1);
 }

@@ -50,7 +50,7 @@ __global__ void sum_f64_kernel(double* out, const double* x, size_t n) {
     if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 
-static DeviceScratch g_sum_f64_scratch;
+static DeviceScratch g_sum_f64_scratch = {NULL, 0, "grad_norm_sum"};
 
 /*
  * Sum of x (n) doubles, returned to the host (synchronizes). Deterministic for a given n: levels of

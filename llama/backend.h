@@ -62,6 +62,15 @@ static inline void backend_math_identity(char* out, size_t len);
 static inline double backend_peak_flops(Precision p);
 /* Backend memory in use, MiB (0 when not meaningful). */
 static inline double backend_memory_mib(void);
+/* Bytes of llm8's own live allocations (*ours: dev_alloc, op scratch, the cuBLASLt workspace) and of the
+   device memory in use by everything (*in_use, cudaMemGetInfo: also the CUDA context's and the
+   libraries', and other processes'); returns 0 where the backend does not measure them (CPU). */
+static inline int backend_memory_usage(size_t* ours, size_t* in_use);
+/* Opens and closes a named phase of the run on a profiler's timeline (GPU: an NVTX range, which Nsight
+   Systems shows; the emulated GPU counts its allocations and device synchronizations per range,
+   docs/emulated-gpu.md); nothing on the CPU. Ranges nest. */
+static inline void backend_range_push(const char* name);
+static inline void backend_range_pop(void);
 /* Total memory of what the backend runs on, bytes (GPU: cudaMemGetInfo's total of the current device;
    CPU: host RAM), naming it in *what; 0 when there is none (no GPU). Allocates nothing of the model. */
 static inline size_t backend_memory_total(const char** what);
@@ -79,6 +88,11 @@ typedef struct {
 /* The memory the backend's ops allocate outside the model's buffer tables for a run of this shape
    (library workspaces, grow-only scratch): writes its named entries to out, returns how many. */
 static inline int backend_workspaces(const WorkspaceQuery* q, MemoryEstimate* out);
+/* Sizes, once at start-up, the scratch of every entry that names one (backend_workspaces' and
+   comm_workspaces' entries for the run) and dev_upload_async's staging for the uploads of a forward and
+   backward of up to `tokens` tokens; from then on scratch is fixed: an op that needs more stops the run
+   naming the entry that undercounts, instead of reallocating mid-step. The CPU has nothing to size. */
+static inline void backend_reserve_workspaces(const MemoryEstimate* ws, int n, size_t tokens);
 /* Floats op_attention_forward keeps per layer for backward (the CPU keeps probabilities, the GPU log-sum-exps). */
 static inline size_t att_stats_size(size_t B, int NH, int T);
 

@@ -135,8 +135,10 @@ static inline TrainState trainer_state(const Trainer* tr) {
 /* Writes the checkpoint of the current step (every rank). */
 static inline void trainer_save(Trainer* tr) {
     watchdog_phase("checkpoint", tr->step);
+    backend_range_push("checkpoint");
     TrainState s = trainer_state(tr);
     checkpoint_save(tr->args.output_dir, &tr->model, &s);
+    backend_range_pop();
     printf("| checkpoint: step %d written to %s\n", tr->step, tr->args.output_dir);
 }
 
@@ -358,6 +360,26 @@ static inline int trainer_check_args(const TrainArgs* a, LlamaConfig* cfg) {
     return from_checkpoint;
 }
 
+/* This run's memory plan settings (train/memory_plan.h) on the job's ranks. */
+static inline PlanSettings trainer_plan_settings(const Trainer* tr) {
+    Sharding sharding = {tr->world, tr->rank, tr->args.zero_stage};
+    return plan_settings(&tr->args, &tr->cfg, sharding);
+}
+
+/*
+ * Sizes every buffer the steps use outside the model's tables, from the memory plan's entries for this
+ * run (plan_workspaces): the ops' and collectives' scratch, the upload staging, the BF16 weight scratch
+ * of a run that can run a block linear in BF16, the checkpoint staging. After it no step allocates.
+ */
+static inline void trainer_reserve(Trainer* tr) {
+    PlanSettings s = trainer_plan_settings(tr);
+    MemoryEstimate ws[MAX_PLAN_WORKSPACES];
+    int n = plan_workspaces(&tr->model, &s, ws);
+    if (s.precision == PRECISION_FP8 && (s.bf16_linears || tr->shadow_state.bf16)) llama_reserve_bf16_weight(&tr->model);
+    if (s.checkpoints) checkpoint_reserve_staging(&tr->model);
+    backend_reserve_workspaces(ws, n, (size_t)tr->args.B * tr->args.T);
+}
+
 /* Loads the downstream evaluation sets of -h 1, --eval-lambada and --eval-wikitext (every rank). */
 static inline void trainer_load_evals(Trainer* tr) {
     const TrainArgs* a = &tr->args;
@@ -472,6 +494,7 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaC
     rng_seed(&tr->sample_rng, (uint64_t)a->seed ^ SAMPLE_SEED_SALT);
     if (a->resume) trainer_resume(tr);
     tr->model.linears_bf16 = tr->shadow_state.bf16;
+    trainer_reserve(tr);
     /* -x 0 only evaluates: it appends to the logs of -o and drops nothing */
     if (tr->rank == 0)
         logger_init(&tr->logger, a->output_dir, tr->steps == 0 ? LOG_KEEP_ALL : a->resume ? tr->step : -1,
@@ -660,6 +683,10 @@ static inline void trainer_step(Trainer* tr) {
     format_duration(eta, sizeof(eta), tr->step_seconds / tr->steps_run * (tr->steps - tr->step - 1));
     printf(" | %s elapsed, ETA %s\n", elapsed, eta);
     if (profiled) trainer_print_profile(tr, phase_ms, ms);
+    if (tr->steps_run == 1 && tr->rank == 0) {
+        PlanSettings plan = trainer_plan_settings(tr);
+        memory_report(m, &plan);
+    }
     const char* linears = m->linears_bf16 ? "bf16" : precision_name((Precision)a->precision);
     logger_train(&tr->logger, tr->step, (float)loss, lr, norm, ms, tok_s, mfu, backend_memory_mib(), comm_ms, skip, linears);
     tr->step_ms += ms;
@@ -680,6 +707,7 @@ static inline void share_cores(void) {
 
 static inline void trainer_free(Trainer* tr) {
     if (tr->loss_sums) dev_free(tr->loss_sums);
+    checkpoint_release_staging();
     for (int k = 0; k < EVAL_KINDS; k++) eval_free(&tr->evals[k]);
     logger_free(&tr->logger);
     shadow_free(&tr->shadow);
@@ -717,6 +745,9 @@ static inline int train_main(int argc, char** argv) {
     TrainArgs* a = &tr->args;
     int start = tr->step;
     tr->start_time = wall_seconds();
+    /* the steps allocate nothing and never synchronize the whole device (checkpoints apart: their own
+       range); the emulated GPU counts both per range (docs/emulated-gpu.md) */
+    backend_range_push("step loop");
     for (;;) {
         int last = tr->step >= tr->steps;
         if (last || (a->val_every > 0 && tr->step % a->val_every == 0)) {
@@ -739,6 +770,7 @@ static inline int train_main(int argc, char** argv) {
             printf("| %s: stopping after step %d\n", signal_name(tr->stop_signal), tr->step);
             if (a->output_dir && a->ckpt_every != NO_CHECKPOINTS) trainer_save(tr);
             else printf("| %s: nothing is saved\n", a->output_dir ? "-n -1" : "no -o");
+            backend_range_pop();
             watchdog_phase("shutdown", tr->step);
             comm_barrier();
             trainer_free(tr);
@@ -747,6 +779,7 @@ static inline int train_main(int argc, char** argv) {
             return EXIT_PREEMPTED;
         }
     }
+    backend_range_pop();
     if (tr->shadow_checks > 0)
         printf("| shadow checks: %d, %.1f ms each on average, %.2f%% of the step time of this run\n", tr->shadow_checks,
                tr->shadow_ms / tr->shadow_checks, 100.0 * tr->shadow_ms / tr->step_ms);
