@@ -73,44 +73,64 @@ static inline void comm_nccl_start(void) {
 /*
  * Selects this process's GPU from the launcher's node-local rank (launcher_local_rank) before MPI_Init:
  * a CUDA-aware MPI (UCX, for one) creates a CUDA context on the current device during init, which is
- * GPU 0 for every local rank unless the device is set first. Returns the variable used, NULL when the
- * process was not launched, none is set, or its value is not a visible GPU (comm_init's checks after
- * MPI_Init then choose, or name the problem). *local gets the value.
+ * GPU 0 for every local rank unless the device is set first. Returns the index of the variable used in
+ * LAUNCHER_LOCAL_RANK_VARS, -1 when the process was not launched, none is set, or its value is not a
+ * visible GPU (comm_init's checks after MPI_Init then choose, or name the problem); *local gets the value.
  */
-static inline const char* comm_select_device_before_mpi(int* local) {
-    const char* var = NULL;
+static inline int comm_select_device_before_mpi(int* local) {
+    int var = -1, gpus = 0;
     *local = launcher_world() > 0 ? launcher_local_rank(&var) : -1;
-    int gpus = 0;
-    if (*local < 0 || cudaGetDeviceCount(&gpus) != cudaSuccess || *local >= gpus) return NULL;
+    if (*local < 0 || cudaGetDeviceCount(&gpus) != cudaSuccess || *local >= gpus) {
+        cudaGetLastError(); /* no device: comm_init names the problem */
+        return -1;
+    }
     cudaCheck(cudaSetDevice(*local));
     return var;
 }
 
-/* After MPI_Init: the device chosen before it must be MPI's node-local rank (MPI_COMM_TYPE_SHARED), the
-   one comm_init uses; every rank learns whether any rank's differs, so all stop together. */
-static inline void comm_check_device_choice(const char* var, int local) {
-    int mismatch = var != NULL && local != g_dist.local_rank, any = mismatch;
+/*
+ * After MPI_Init: the device each rank chose before it must be its node-local rank by MPI
+ * (MPI_COMM_TYPE_SHARED), the one comm_init uses. Every rank gathers every rank's choice, so all take the
+ * same decision: on a mismatch rank 0 names the ranks in one line and every rank exits. Rank 0 says which
+ * way the device was chosen, or that no variable chose it and MPI's split does, after MPI_Init.
+ */
+static inline void comm_check_device_choice(int var, int local) {
+    if (!g_dist.launched) return;
+    int W = g_dist.world, mine[3] = {var, local, g_dist.local_rank};
+    int* all = (int*)mallocCheck((size_t)W * sizeof(mine));
+    memcpy(all, mine, sizeof(mine));
 #ifdef LLM8_MPI
-    if (mpi_active()) mpiCheck(MPI_Allreduce(&mismatch, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    if (mpi_active()) mpiCheck(MPI_Allgather(mine, 3, MPI_INT, all, 3, MPI_INT, MPI_COMM_WORLD));
 #endif
-    if (mismatch)
-        die("rank %d on %s: the launcher's %s=%d is not MPI's node-local rank %d (MPI_COMM_TYPE_SHARED), so the GPU chosen "
-            "before MPI_Init is not this rank's: unset %s or fix the launch's rank mapping",
-            g_dist.rank, g_dist.host, var, local, g_dist.local_rank, var);
-    if (any) die("rank %d on %s: another rank's launcher local rank disagrees with MPI's node-local rank (its error says which)",
-                 g_dist.rank, g_dist.host);
-    if (g_dist.rank != 0 || !g_dist.launched) return;
-    if (var != NULL)
-        printf("| GPU selection: from %s before MPI_Init, equal to MPI's node-local rank\n", var);
+    int first = -1;
+    char ranks[256] = "";
+    size_t used = 0;
+    for (int r = 0; r < W; r++) {
+        if (all[3 * r] < 0 || all[3 * r + 1] == all[3 * r + 2]) continue;
+        if (first < 0) first = r;
+        if (used + 16 < sizeof(ranks)) used += (size_t)snprintf(ranks + used, sizeof(ranks) - used, "%s%d", used ? ", " : "", r);
+    }
+    if (first >= 0) {
+        const char* name = LAUNCHER_LOCAL_RANK_VARS[all[3 * first]];
+        if (g_dist.rank == 0)
+            fprintf(stderr, "error: the launcher's node-local rank is not MPI's (MPI_COMM_TYPE_SHARED) on rank(s) %s: rank %d has "
+                    "%s=%d where MPI's node-local rank is %d, so the GPU it selected before MPI_Init is not its own; unset %s "
+                    "or fix the launch's rank mapping\n", ranks, first, name, all[3 * first + 1], all[3 * first + 2], name);
+        fflush(stderr);
+        exit(EXIT_FAILURE);
+    }
+    free(all);
+    if (g_dist.rank != 0) return;
+    if (var >= 0)
+        printf("| GPU selection: %s=%d before MPI_Init, MPI's node-local rank\n", LAUNCHER_LOCAL_RANK_VARS[var], local);
     else
-        printf("| GPU selection: from MPI's node-local rank after MPI_Init (no launcher variable OMPI_COMM_WORLD_LOCAL_RANK, "
-               "MPI_LOCALRANKID, SLURM_LOCALID or LOCAL_RANK names a visible GPU; a CUDA-aware MPI may have put a context "
-               "on GPU 0)\n");
+        printf("| GPU selection: MPI's node-local rank %d after MPI_Init: no launcher variable (OMPI_COMM_WORLD_LOCAL_RANK, "
+               "MPI_LOCALRANKID, SLURM_LOCALID, LOCAL_RANK) names a visible GPU, so a CUDA-aware MPI may have put a context "
+               "on GPU 0\n", g_dist.local_rank);
 }
 
 static inline void comm_init(int* argc, char*** argv) {
-    int local_before = -1;
-    const char* chosen_by = comm_select_device_before_mpi(&local_before);
+    int local_before = -1, chosen_by = comm_select_device_before_mpi(&local_before);
     mpi_bootstrap(argc, argv);
     comm_check_device_choice(chosen_by, local_before);
     int gpus = 0;
@@ -193,19 +213,19 @@ static inline void comm_issue(void) {
 
 /*
  * The FP8 wire's reduce-scatter, world > 1, on the communication stream: recv (n) = [recv +] the sum of
- * every rank's piece `rank` of send (W * n), through `blocks` (2 * W * grad_fp8_block_bytes(n) bytes of
- * device scratch: the blocks sent, then those received). recv may be send's own piece (rank * n): the
- * pack reads all of send before the sum writes.
+ * every rank's piece `rank` of send (W * n), through `blocks` (2 * W * grad_fp8_block_stride(n) bytes of
+ * device scratch: the blocks sent, then those received, each peer's 256-byte aligned; only a block's own
+ * bytes travel). recv may be send's own piece (rank * n): the pack reads all of send before the sum writes.
  */
 static inline void comm_reduce_scatter_fp8(const float* send, float* recv, size_t n, int accumulate, uint8_t* blocks) {
     int W = g_dist.world;
-    size_t bytes = grad_fp8_block_bytes(n);
-    uint8_t *out = blocks, *in = blocks + (size_t)W * bytes;
+    size_t bytes = grad_fp8_block_bytes(n), stride = grad_fp8_block_stride(n);
+    uint8_t *out = blocks, *in = blocks + (size_t)W * stride;
     grad_fp8_pack_cuda(out, send, n, (size_t)W, g_comm_stream);
     ncclCheck(ncclGroupStart());
     for (int r = 0; r < W; r++) {
-        ncclCheck(ncclSend(out + (size_t)r * bytes, bytes, ncclUint8, r, g_nccl, g_comm_stream));
-        ncclCheck(ncclRecv(in + (size_t)r * bytes, bytes, ncclUint8, r, g_nccl, g_comm_stream));
+        ncclCheck(ncclSend(out + (size_t)r * stride, bytes, ncclUint8, r, g_nccl, g_comm_stream));
+        ncclCheck(ncclRecv(in + (size_t)r * stride, bytes, ncclUint8, r, g_nccl, g_comm_stream));
     }
     ncclCheck(ncclGroupEnd());
     grad_fp8_sum_cuda(recv, in, W, n, accumulate, g_comm_stream);
@@ -215,7 +235,7 @@ static inline void comm_reduce_scatter(const float* send, float* recv, size_t n,
     size_t W = (size_t)g_dist.world;
     comm_issue();
     if (wire == WIRE_FP8 && W > 1) {
-        uint8_t* blocks = (uint8_t*)scratch_reserve(&g_comm_scratch, 2 * W * grad_fp8_block_bytes(n));
+        uint8_t* blocks = (uint8_t*)scratch_reserve(&g_comm_scratch, 2 * W * grad_fp8_block_stride(n));
         comm_reduce_scatter_fp8(send, recv, n, accumulate, blocks);
         return;
     }
@@ -245,7 +265,7 @@ static inline void comm_all_reduce(float* buf, size_t n, CommWire wire) {
     if (wire == WIRE_FP8 && g_dist.world > 1) {
         /* buf zero-padded to W pieces of whole chunks, reduce-scattered in place, the FP32 sums all-gathered */
         size_t W = (size_t)g_dist.world, piece = comm_fp8_piece(n, g_dist.world);
-        char* scratch = (char*)scratch_reserve(&g_comm_scratch, W * piece * sizeof(float) + 2 * W * grad_fp8_block_bytes(piece));
+        char* scratch = (char*)scratch_reserve(&g_comm_scratch, W * piece * sizeof(float) + 2 * W * grad_fp8_block_stride(piece));
         float* padded = (float*)scratch;
         float* mine = padded + (size_t)g_dist.rank * piece;
         cudaCheck(cudaMemsetAsync(padded + n, 0, (W * piece - n) * sizeof(float), g_comm_stream));
@@ -329,7 +349,7 @@ static inline int comm_workspaces(int world, int zero_stage, CommWire wire, size
     int n = 0;
     if (wire == WIRE_FP8 && world > 1) {
         size_t piece = zero_stage > 0 ? largest_piece : comm_fp8_piece(largest_segment, world);
-        scratch = 2 * W * grad_fp8_block_bytes(piece) + (zero_stage == 0 ? W * piece * sizeof(float) : 0);
+        scratch = 2 * W * grad_fp8_block_stride(piece) + (zero_stage == 0 ? W * piece * sizeof(float) : 0);
     } else if (zero_stage > 0 && wire == WIRE_BF16) scratch = (W + 1) * largest_piece * sizeof(__nv_bfloat16);
     else if (zero_stage == 2) scratch = largest_piece * sizeof(float);
     else if (zero_stage == 0 && wire == WIRE_BF16 && world > 1) scratch = largest_segment * sizeof(__nv_bfloat16);

@@ -27,6 +27,8 @@ typedef float act_t;
 #define LLM8_BACKEND_MATH "BLAS (its OPENBLAS_* variables must reach every rank: mpirun -x)"
 /* The CPU emulation can model Hopper's FP8 accumulation (--fp8-accum hopper, fp8/gemm_hopper.h). */
 #define BACKEND_MODELS_FP8_ACCUM 1
+/* Nothing is loaded or planned at first use here: no warm-up before the steps. */
+#define BACKEND_WARMS_UP 0
 
 #include "../llama/backend.h"
 #include "../llama/op_math.h"
@@ -70,6 +72,7 @@ static inline int backend_memory_usage(size_t* ours, size_t* in_use) {
     *ours = *in_use = 0;
     return 0;
 }
+static inline void backend_load_kernels(void) {}
 static inline void backend_range_push(const char* name) { (void)name; }
 static inline void backend_range_pop(void) {}
 /* Host RAM (the CPU build trains in host memory). */
@@ -600,6 +603,10 @@ static inline void op_cast_transpose_master(uint8_t* out, uint8_t* out_t, const 
 
 static inline void op_fp8_clear_nonfinite(Fp8Scale* s, size_t n) {
     for (size_t i = 0; i < n; i++) s[i].nonfinite = 0.0f;
+}
+
+static inline void op_fp8_reset_amax(Fp8Scale* s, size_t n) {
+    for (size_t i = 0; i < n; i++) s[i].amax = 0.0f;
 }
 
 static inline void op_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols) {

@@ -28,6 +28,8 @@ typedef __nv_bfloat16 act_t;
 #define LLM8_BACKEND_MATH "GPU and cuBLASLt"
 /* The GPU accumulates as its tensor cores do: --fp8-accum hopper is refused (train/trainer.h). */
 #define BACKEND_MODELS_FP8_ACCUM 0
+/* Kernels load, GEMMs are planned and attention graphs built at first use: the trainer warms up. */
+#define BACKEND_WARMS_UP 1
 
 #include "../llama/backend.h"
 #include "optimizer.cuh"
@@ -206,6 +208,11 @@ static inline int backend_memory_usage(size_t* ours, size_t* in_use) {
     *ours = g_device_bytes;
     *in_use = total - free_bytes;
     return 1;
+}
+
+static inline void backend_load_kernels(void) {
+    optimizer_load_kernels();
+    fp8_load_update_kernels();
 }
 
 /* NVTX ranges (header-only NVTX 3): no-ops unless a tool such as Nsight Systems attaches. */
@@ -395,6 +402,8 @@ static inline void op_fp8_clear_nonfinite(Fp8Scale* s, size_t n) {
     if (n == 0) return;
     cudaCheck(cudaMemset2DAsync(&s->nonfinite, sizeof(Fp8Scale), 0, sizeof(float), n, 0));
 }
+
+static inline void op_fp8_reset_amax(Fp8Scale* s, size_t n) { fp8_reset_amax_cuda(s, n); }
 
 static inline void op_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols) {
     backend_timer_start(PROF_FP8_CAST);

@@ -8,17 +8,23 @@
  * CUDA's lazy loading does on a GPU). With LLM8_EMU_COUNTS=1 every range's counts are printed to stderr
  * at exit, one line per range (work outside any range counts under "(no range)"):
  *   emu counts: pid 1234: range "step loop": cudaMalloc 0, cudaFree 0, ...
+ * LLM8_EMU_FORBID="<range>=<event>,<event>,..." stops the program at the first of those events inside
+ * that range (innermost), naming it, with the call's stack under ASan.
  */
 #define NVTX_NO_IMPL /* a tool: the types, not the implementation the program carries */
 #include <nvtx3/nvToolsExt.h>
 
 #include <unistd.h>
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -95,11 +101,35 @@ struct Report {
     }
 } g_report;
 
+/* LLM8_EMU_FORBID, parsed once: the range and its forbidden events. */
+struct Forbidden {
+    std::string range;
+    std::set<std::string> events;
+    Forbidden() {
+        const char* v = getenv("LLM8_EMU_FORBID");
+        const char* eq = v ? strchr(v, '=') : nullptr;
+        if (!eq) return;
+        range.assign(v, eq - v);
+        for (const char* p = eq + 1; *p;) {
+            const char* end = strchr(p, ',');
+            events.insert(end ? std::string(p, end - p) : std::string(p));
+            p = end ? end + 1 : p + strlen(p);
+        }
+    }
+};
+
 }  // namespace
 
 void emu_count(const char* event) {
+    static const Forbidden forbidden;
     std::lock_guard<std::mutex> guard(g_lock);
     current().by_event[event]++;
+    if (!g_ranges.empty() && g_ranges.back() == forbidden.range && forbidden.events.count(event)) {
+#if defined(__SANITIZE_ADDRESS__)
+        __sanitizer_print_stack_trace();
+#endif
+        emu_fail("%s inside NVTX range \"%s\" (LLM8_EMU_FORBID)", event, forbidden.range.c_str());
+    }
 }
 
 extern "C" {

@@ -66,6 +66,12 @@ static inline double backend_memory_mib(void);
    device memory in use by everything (*in_use, cudaMemGetInfo: also the CUDA context's and the
    libraries', and other processes'); returns 0 where the backend does not measure them (CPU). */
 static inline int backend_memory_usage(size_t* ours, size_t* in_use);
+/* Loads, without running them, the kernels a warm-up cannot run without changing the training state
+   (the update's: AdamW, the stored-format adds and loads, the delayed recipe's scale update); GPU:
+   cudaFuncGetAttributes, which loads a kernel under CUDA's lazy loading. Each backend also defines
+   BACKEND_WARMS_UP: 1 when it loads kernels, plans GEMMs or builds graphs at their first use, so that
+   the trainer warms it up before the steps (trainer_warmup). */
+static inline void backend_load_kernels(void);
 /* Opens and closes a named phase of the run on a profiler's timeline (GPU: an NVTX range, which Nsight
    Systems shows; the emulated GPU counts its allocations and device synchronizations per range,
    docs/emulated-gpu.md); nothing on the CPU. Ranges nest. */
@@ -229,6 +235,10 @@ static inline void op_cast_transpose_master(uint8_t* out, uint8_t* out_t, const 
                                             Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts);
 /* s[i].nonfinite = 0 for the n records s (the sticky flags the casts set); the other fields are kept. */
 static inline void op_fp8_clear_nonfinite(Fp8Scale* s, size_t n);
+/* s[i].amax = 0 for the n records s, ahead of the ops that compute them (op_amax, a fused amax,
+   op_cast_transpose_delayed), each of which zeroes its own record first anyway: on the GPU one strided
+   memset here spares those ops theirs (one per cast), once per record. The other fields are kept. */
+static inline void op_fp8_reset_amax(Fp8Scale* s, size_t n);
 /* out_t (cols, rows) = in (rows, cols) transposed: FP8 codes, copied. */
 static inline void op_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols);
 /* Runs a GEMM (fp8/gemm.h: build it with gemm_fprop / gemm_dgrad / gemm_wgrad); DT_ACT outputs are

@@ -754,6 +754,7 @@ static inline void llama_fp8_finish_layer(Llama* m, int layer) {
  * rest under ZeRO-1/2.
  */
 static inline void llama_refresh_working_weights(Llama* m) {
+    if (m->precision == PRECISION_FP8) op_fp8_reset_amax(fp8_scale(m, 0, FP8_OP_W), llama_fp8_slots(m)); /* one memset for all W amaxes */
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* s = &m->segs[i];
         size_t b, n, OC, C;
