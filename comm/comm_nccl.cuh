@@ -67,6 +67,10 @@ static inline void comm_nccl_start(void) {
         mpiCheck(MPI_Barrier(MPI_COMM_WORLD));
     }
 #endif
+    /* connections (and their buffers, the memory plan's nccl_* rows) made here rather than by the first
+       collective of each algorithm in step 1 (NCCL 2.22+, NCCL_RUNTIME_CONNECT), unless the user chose; the
+       p2p connections of the FP8 wire are made by the trainer's warm-up (dp_warmup) */
+    setenv("NCCL_RUNTIME_CONNECT", "0", 0);
     ncclCheck(ncclCommInitRank(&g_nccl, g_dist.world, id, g_dist.rank));
 }
 

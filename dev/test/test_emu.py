@@ -37,7 +37,7 @@ def emu_env(**extra):
 
 
 # What the step loop must not do (the trainer's NVTX range "step loop"; checkpoints have a range of their
-# own): emu/nvtx.cpp stops the run at the first, naming it. Kernel loads are what the warm-up (--warmup 1,
+# own): emu/nvtx.cpp stops the run at the first, naming it. Kernel loads are what the warm-up (--warmup-pass 1,
 # the default) prevents.
 NO_ALLOCATION = "cudaMalloc,cudaFree,cudaMallocHost,cudaFreeHost,cudaDeviceSynchronize"
 STEPS_FORBID = f"step loop={NO_ALLOCATION},kernel loads"
@@ -169,11 +169,11 @@ FAULTS = [
 
 
 # The trainer's start-up sizing removed: the first step's backward grows its scratch (a cudaMalloc in the
-# step loop). --warmup 0, whose passes would otherwise grow the scratch before the loop, so the rule
-# forbids allocations alone here (kernel loads are --warmup's, test_step_kernel_loads_are_caught).
+# step loop). --warmup-pass 0, whose passes would otherwise grow the scratch before the loop, so the rule
+# forbids allocations alone here (kernel loads are --warmup-pass's, test_step_kernel_loads_are_caught).
 TRAINER_FAULTS = [
     ("step_allocates", "train/trainer.h", "    trainer_reserve(tr);\n", "",
-     "train_llama", ["-e", "tiny", "-b", "2", "-t", "32", "-x", "1", "-v", "0", "-m", "1", "--warmup", "0"],
+     "train_llama", ["-e", "tiny", "-b", "2", "-t", "32", "-x", "1", "-v", "0", "-m", "1", "--warmup-pass", "0"],
      {"LLM8_EMU_FORBID": f"step loop={NO_ALLOCATION}"}, r'emu: cudaMalloc(Host)? inside NVTX range "step loop"'),
 ]
 
@@ -467,9 +467,9 @@ def test_steps_allocate_nothing(shakespeare, tmp_path):
 
 
 def test_step_kernel_loads_are_caught(shakespeare):
-    """Without the warm-up (--warmup 0) the first kernel of step 1 is a load inside the step loop: the
+    """Without the warm-up (--warmup-pass 0) the first kernel of step 1 is a load inside the step loop: the
     rule stops the run there, naming it; with it (test_steps_allocate_nothing, every run above) none is."""
-    r = run([EMU / "train_llama", "-e", "tiny", "-b", "2", "-t", "32", "-x", "1", "-v", "0", "-m", "1", "--warmup", "0"],
+    r = run([EMU / "train_llama", "-e", "tiny", "-b", "2", "-t", "32", "-x", "1", "-v", "0", "-m", "1", "--warmup-pass", "0"],
             env=trainer_env(), timeout=300)
     assert r.returncode != 0 and 'emu: kernel loads inside NVTX range "step loop"' in r.stderr, r.stdout[-2000:] + r.stderr[-3000:]
 
