@@ -111,6 +111,7 @@ PREP=build/device          # what `make device-prepare` made (scripts/device_pre
 LIB_LINKS=$PWD/build/device_libs
 TEST_BIN=./test_llama
 TRAIN_BIN=./train_llama
+TRAIN_WARMUP=()            # the trainer's warm-up before step 1 (docs/performance.md): on, its default
 NOT_MEASURED="emulated: not measured"
 if [ "$EMULATED" -eq 1 ]; then
     # the rehearsal: the emulated binaries, tiny shapes, and the rows it runs (each check takes seconds there)
@@ -124,6 +125,8 @@ if [ "$EMULATED" -eq 1 ]; then
     # 32000-wide classifier under ASan), so the runs are few steps at 2 x 32 tokens
     EMU_STEPS=1            # the memory-plan runs
     EMU_TRAIN_ARGS=(-e tiny -b 2 -t 32)
+    # the emulated GPU loads nothing lazily and its budget is CPU time: no warm-up (dev/test/test_emu.py checks it)
+    TRAIN_WARMUP=(--warmup-pass 0)
     EMU_REAL_FLAGS="-e tiny -b 2 -t 32 -x 3 -v 3 -m 1 -l 1e-3 -u 2 --seed 1337"
     EMU_DATA=${EMU_DATA:-dev/data/tinyshakespeare}
     # the test_llama checks the rehearsal runs, about a second each (the others: a skip row; dev/test/test_emu.py
@@ -638,7 +641,7 @@ phase_throughput_emulated() {
         s=$(budget "$TRAIN_S")
         if [ ! -x "$TRAIN_BIN" ] || [ ! -f "$SHARD" ]; then row "$label" FAIL "train_llama or the random shard is missing"; continue; fi
         if [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"; continue; fi
-        limited "$s" "$LOGS/train_$p.log" "$TRAIN_BIN" "${EMU_TRAIN_ARGS[@]}" "${flags[@]}" -x "$EMU_STEPS" -v 0 -m 1 \
+        limited "$s" "$LOGS/train_$p.log" "$TRAIN_BIN" "${EMU_TRAIN_ARGS[@]}" "${flags[@]}" "${TRAIN_WARMUP[@]}" -x "$EMU_STEPS" -v 0 -m 1 \
             -i "$SHARD" -j "$SHARD" -o "$WORK/train_$p" -n -1
         rc=$?
         limited "$TOOL_S" "$LOGS/plan_$p.log" "$TRAIN_BIN" "${EMU_TRAIN_ARGS[@]}" "${flags[@]}" --dry-run 1
@@ -729,7 +732,7 @@ phase_real_text() {
             if [ ! -x "$TRAIN_BIN" ]; then real_ok=0; row "$label" FAIL "train_llama not built"; continue; fi
             if [ "$s" -eq 0 ]; then real_ok=0; row "$label" skip "$NO_TIME"; continue; fi
             rm -rf "$WORK/real_$p"
-            limited "$s" "$log" "$TRAIN_BIN" "${REAL_FLAGS[@]}" -i "$REAL_DATA/tiny_shakespeare_train.bin" \
+            limited "$s" "$log" "$TRAIN_BIN" "${REAL_FLAGS[@]}" "${TRAIN_WARMUP[@]}" -i "$REAL_DATA/tiny_shakespeare_train.bin" \
                 -j "$REAL_DATA/tiny_shakespeare_val.bin" -p "$p" -o "$WORK/real_$p"
             rc=$?
             cp "$WORK/real_$p/main.log" "$LOGS/real_${p}_main.log" 2> /dev/null
@@ -780,11 +783,11 @@ phase_resume() {
     else
         # cuDNN's default attention backward is not bit-reproducible; both runs take the deterministic one
         export LLM8_DETERMINISTIC=1
-        limited "$s" "$LOGS/resume_full.log" "$TRAIN_BIN" "${RESUME_ARGS[@]}" -o "$FULL"
+        limited "$s" "$LOGS/resume_full.log" "$TRAIN_BIN" "${RESUME_ARGS[@]}" "${TRAIN_WARMUP[@]}" -o "$FULL"
         rc=$?
         if [ "$rc" -eq 0 ]; then
             cp "$FULL/model_$ckpt.bin" "$FULL/state_${ckpt}_00000.bin" "$FULL/DONE_$ckpt" "$RESUMED/"
-            limited "$s" "$LOGS/resume_resumed.log" "$TRAIN_BIN" "${RESUME_ARGS[@]}" -y 1 -o "$RESUMED"
+            limited "$s" "$LOGS/resume_resumed.log" "$TRAIN_BIN" "${RESUME_ARGS[@]}" "${TRAIN_WARMUP[@]}" -y 1 -o "$RESUMED"
             rc=$?
         fi
         unset LLM8_DETERMINISTIC
