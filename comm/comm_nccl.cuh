@@ -320,15 +320,15 @@ static inline void comm_all_gather(void* buf, size_t bytes) {
  * (NVSwitch): 32 collective channels, 32 p2p channels per peer (2 per NVLink's bandwidth, capped at the
  * p2p channels), 16 NVLS channels; NCCL_MAX_NCHANNELS and NCCL_MAX_P2P_NCHANNELS lower them.
  */
-#define NCCL_SIMPLE_BUFFSIZE ((size_t)4 << 20)
-#define NCCL_LL_BUFFSIZE ((size_t)8 * 512 * 8 * 16)
-#define NCCL_LL128_BUFFSIZE ((size_t)120 * 640 * 8 * 8)
-#define NCCL_NVLS_CHUNK ((size_t)128 << 10) /* NCCL_NVLS_CHUNKSIZE */
+#define NCCL_DEFAULT_BUFFSIZE ((size_t)4 << 20)
+#define NCCL_DEFAULT_LL_BUFFSIZE ((size_t)8 * 512 * 8 * 16)
+#define NCCL_DEFAULT_LL128_BUFFSIZE ((size_t)120 * 640 * 8 * 8)
+#define NCCL_DEFAULT_NVLS_CHUNKSIZE ((size_t)128 << 10) /* NCCL_NVLS_CHUNKSIZE */
 #define NCCL_PIPELINE_STEPS 8               /* NCCL_STEPS */
-#define NCCL_NODE_GPUS 8
-#define NCCL_COLL_CHANNELS 32
-#define NCCL_P2P_CHANNELS_PER_PEER 32
-#define NCCL_NVLS_CHANNELS 16
+#define PLAN_NODE_GPUS 8
+#define PLAN_NCCL_COLL_CHANNELS 32
+#define PLAN_NCCL_P2P_CHANNELS_PER_PEER 32
+#define PLAN_NCCL_NVLS_CHANNELS 16
 
 /* A NCCL variable's value (a size or a count), `fallback` when unset or not a number. */
 static inline size_t nccl_env(const char* name, size_t fallback) {
@@ -340,8 +340,8 @@ static inline size_t nccl_env(const char* name, size_t fallback) {
 
 /* The buffers of one connection on one channel, in both directions (send and receive), per NCCL's variables. */
 static inline size_t nccl_connection_bytes(void) {
-    return nccl_env("NCCL_BUFFSIZE", NCCL_SIMPLE_BUFFSIZE) + nccl_env("NCCL_LL_BUFFSIZE", NCCL_LL_BUFFSIZE) +
-           nccl_env("NCCL_LL128_BUFFSIZE", NCCL_LL128_BUFFSIZE);
+    return nccl_env("NCCL_BUFFSIZE", NCCL_DEFAULT_BUFFSIZE) + nccl_env("NCCL_LL_BUFFSIZE", NCCL_DEFAULT_LL_BUFFSIZE) +
+           nccl_env("NCCL_LL128_BUFFSIZE", NCCL_DEFAULT_LL128_BUFFSIZE);
 }
 
 /* g_comm_scratch's largest use (--grad-reduce bf16 conversions, --grad-reduce fp8 blocks sent and received
@@ -361,10 +361,11 @@ static inline int comm_workspaces(int world, int zero_stage, CommWire wire, size
         out[n++] = (MemoryEstimate){"comm_scratch", scratch, 0, "gradient reduction scratch (BF16/FP8 wire, accumulation)", &g_comm_scratch};
     out[n++] = (MemoryEstimate){"comm_host", COMM_HOST_BYTES, 0, "host values (losses, flags, agreement) through NCCL", &g_host_scratch};
     if (world == 1) return n;
-    size_t conn = nccl_connection_bytes(), local = W < NCCL_NODE_GPUS ? W : NCCL_NODE_GPUS;
-    size_t channels = nccl_env("NCCL_MAX_NCHANNELS", NCCL_COLL_CHANNELS), p2p = nccl_env("NCCL_MAX_P2P_NCHANNELS", NCCL_P2P_CHANNELS_PER_PEER);
-    channels = channels < NCCL_COLL_CHANNELS ? channels : NCCL_COLL_CHANNELS;
-    p2p = p2p < NCCL_P2P_CHANNELS_PER_PEER ? p2p : NCCL_P2P_CHANNELS_PER_PEER;
+    size_t conn = nccl_connection_bytes(), local = W < PLAN_NODE_GPUS ? W : PLAN_NODE_GPUS;
+    size_t channels = nccl_env("NCCL_MAX_NCHANNELS", PLAN_NCCL_COLL_CHANNELS);
+    size_t p2p = nccl_env("NCCL_MAX_P2P_NCHANNELS", PLAN_NCCL_P2P_CHANNELS_PER_PEER);
+    channels = channels < PLAN_NCCL_COLL_CHANNELS ? channels : PLAN_NCCL_COLL_CHANNELS;
+    p2p = p2p < PLAN_NCCL_P2P_CHANNELS_PER_PEER ? p2p : PLAN_NCCL_P2P_CHANNELS_PER_PEER;
     out[n++] = (MemoryEstimate){"nccl_buffers", channels * 2 * conn, 1,
                                 "NCCL ring and tree connections: channels x 2 x protocol buffers (NCCL_MAX_NCHANNELS, NCCL_BUFFSIZE)", NULL};
     /* the FP8 wire's all-to-all connects to every peer (at its first ncclSend/ncclRecv to it, on all of the
@@ -376,8 +377,8 @@ static inline int comm_workspaces(int world, int zero_stage, CommWire wire, size
     /* NVLink SHARP (NVSwitch nodes, CUDA 12.1+; NCCL_NVLS_ENABLE=0 turns it off): per rank a send and a
        receive buffer per channel and per node rank (the heads), NCCL_STEPS chunks each */
     if (local > 1 && nccl_env("NCCL_NVLS_ENABLE", 2) != 0)
-        out[n++] = (MemoryEstimate){"nccl_nvls", nccl_env("NCCL_NVLS_NCHANNELS", NCCL_NVLS_CHANNELS) * 2 *
-                                                     nccl_env("NCCL_NVLS_CHUNKSIZE", NCCL_NVLS_CHUNK) * NCCL_PIPELINE_STEPS * local,
+        out[n++] = (MemoryEstimate){"nccl_nvls", nccl_env("NCCL_NVLS_NCHANNELS", PLAN_NCCL_NVLS_CHANNELS) * 2 *
+                                                     nccl_env("NCCL_NVLS_CHUNKSIZE", NCCL_DEFAULT_NVLS_CHUNKSIZE) * NCCL_PIPELINE_STEPS * local,
                                     1, "NCCL NVLink SHARP buffers where NCCL may use it (NCCL_NVLS_ENABLE, NCCL_NVLS_CHUNKSIZE)", NULL};
     return n;
 }

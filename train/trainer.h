@@ -405,9 +405,15 @@ static inline void trainer_warmup(Trainer* tr) {
     int* tokens = (int*)mallocCheck(N * sizeof(int));
     for (size_t i = 0; i < N; i++) tokens[i] = (int)(i % (size_t)tr->cfg.vocab_size);
     if (tr->shadow_policy.every > 0) shadow_run(&tr->shadow, tokens, tokens, B, T);
+    /* the linears as the run has them; a run resumed in the BF16 fallback returns to FP8 later */
+    int mode = m->linears_bf16;
     tr->dp.local = 1;
-    llama_forward_deferred(m, tokens, tokens, B, T, 1.0f / (float)N, tr->loss_sums);
-    llama_backward(m);
+    for (int pass = 0; pass < (mode ? 2 : 1); pass++) {
+        m->linears_bf16 = pass == 0 ? mode : 0;
+        llama_forward_deferred(m, tokens, tokens, B, T, 1.0f / (float)N, tr->loss_sums);
+        llama_backward(m);
+    }
+    m->linears_bf16 = mode;
     tr->dp.local = 0;
     int bad;
     llama_grad_norm_partials(m);

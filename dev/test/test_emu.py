@@ -15,6 +15,7 @@ build/emu/test_llama and build/emu/train_llama on the CPU, one fiber per GPU thr
   validation, evaluations, samples, the shadow check and checkpoints.
 Skipped, with the reason, when build/emu was not built (`make emu`).
 """
+import json
 import math
 import os
 import re
@@ -445,16 +446,17 @@ COUNTS = re.compile(r'^emu counts: pid (\d+): range "([^"]+)": (.*)$', re.M)
 @pytest.mark.skipif(MPIRUN is None, reason="mpirun not found (make setup installs Open MPI)")
 def test_steps_allocate_nothing(shakespeare, tmp_path):
     """What the other emulated runs leave out, in one run of 2 ranks: ZeRO-0 with the BF16 wire, -r 1, an fp8
-    run with the shadow check's BF16 passes, a sample and a validation every step, and a checkpoint every
-    step. The step loop's range counts zero allocations, frees, device synchronizations and kernel loads on
-    each rank (STEPS_FORBID would stop the run at the first), and the checkpoints are counted apart, in a
-    range of their own."""
-    flags = ["-e", "tiny", "-b", "2", "-t", "32", "-x", "2", "-v", "1", "-m", "1", "-s", "1", "-g", "2", "-z", "0",
+    run with the shadow check's BF16 passes, validations, samples and a checkpoint (one step: the loop runs
+    step 0's validation and sample, the step, then step 1's, and the final checkpoint). The step loop's
+    range counts zero allocations, frees, device synchronizations and kernel loads on each rank
+    (STEPS_FORBID would stop the run at the first), and the checkpoint is counted apart, in its own range;
+    rank 0's memory report after step 1 is the plan by category, all of it llm8's counted allocations."""
+    flags = ["-e", "tiny", "-b", "2", "-t", "32", "-x", "1", "-v", "1", "-m", "1", "-s", "1", "-g", "2", "-z", "0",
              "--grad-reduce", "bf16", "-r", "1", "-p", "fp8", "--shadow-every", "1", "-o", tmp_path / "run", "-n", "1"]
     r = run([MPIRUN, "--oversubscribe", "-np", "2", "-x", "LLM8_EMU_FORBID", "-x", "LLM8_EMU_COUNTS", EMU / "train_llama", *flags],
             env=mpi_env(LLM8_EMU_COUNTS="1"), timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-4000:]
-    assert len(losses(r.stdout)) == 2 and "| sample: " in r.stdout and "shadow check: " in r.stdout, r.stdout[-3000:]
+    assert len(losses(r.stdout)) == 1 and "| sample: " in r.stdout and "shadow check: " in r.stdout, r.stdout[-3000:]
     counts = {}
     for pid, name, events in COUNTS.findall(r.stderr):
         counts.setdefault(name, {})[pid] = {k: int(v) for k, v in (e.rsplit(" ", 1) for e in events.split(", "))}
@@ -464,6 +466,16 @@ def test_steps_allocate_nothing(shakespeare, tmp_path):
     # the counts see what they count: start-up allocates, and loads kernels in the warm-up
     for pid, events in counts["(no range)"].items():
         assert events["cudaMalloc"] > 0 and events["kernel loads"] > 0, (pid, events)
+    # rank 0's memory report after step 1: what the run allocated is the plan by category (the emulated
+    # GPU's 256-byte redzones per buffer aside), and every byte in use is llm8's own, counted allocation
+    line = next(l for l in r.stdout.splitlines() if l.startswith("memory after step 1: "))
+    report = json.loads(line[len("memory after step 1: "):])
+    plan, allocated = report["plan"], report["allocated"]
+    for category, planned in plan.items():
+        if category not in ("estimates", "total"):
+            assert planned <= allocated[category] <= planned + (1 << 19), (category, planned, allocated[category])
+    assert report["not_llm8"] == 0 and report["in_use"] == allocated["llm8"], report
+    assert plan["estimates"] >= 256 << 20 and plan["total"] == plan["llm8"] + plan["estimates"], plan
 
 
 def test_step_kernel_loads_are_caught(shakespeare):
