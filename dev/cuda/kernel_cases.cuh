@@ -1089,6 +1089,46 @@ typedef struct {
 } KcCastVariant;
 
 /*
+ * op_fp8_reset_amax ahead of the amax ops (the model's one strided memset per forward, which spares each
+ * op its own): four poisoned records, records 0-2 reset, then op_amax of x into record 1 (it skips its own
+ * zeroing), of y (x / 1024, smaller) into record 1 again (a second use must zero it again, or x's amax
+ * would stay) and of y into record 3, outside the reset. Each amax must be the CPU's of its tensor, bit for
+ * bit, and records 0 and 2 must hold amax 0 with their other fields untouched.
+ */
+static int kc_amax_reset_check(uint64_t seed) {
+    const size_t n = 1000;
+    float* x = kc_host(n);
+    kc_fill_normal(x, n, seed, 0.0f, 1.0f, 1);
+    float* y = kc_host(n);
+    for (size_t i = 0; i < n; i++) y[i] = x[i] / 1024.0f;
+    act_t* d_x = kc_dev_act(x, n);
+    act_t* d_y = kc_dev_act(y, n);
+    Fp8Scale want_x = {NAN, NAN, NAN, NAN}, want_y = {NAN, NAN, NAN, NAN}, got[4];
+    cpu_ref_amax(&want_x, x, n);
+    cpu_ref_amax(&want_y, y, n);
+    Fp8Scale* d = (Fp8Scale*)dev_alloc(4 * sizeof(Fp8Scale));
+    kc_poison(d, 4 * sizeof(Fp8Scale));
+    op_fp8_reset_amax(d, 3);
+    op_amax(&d[1], d_x, n);
+    dev_download(got, d, 4 * sizeof(Fp8Scale));
+    float first = got[1].amax;
+    int ok = float_bits(first) == float_bits(want_x.amax);
+    op_amax(&d[1], d_y, n);
+    op_amax(&d[3], d_y, n);
+    dev_download(got, d, 4 * sizeof(Fp8Scale));
+    ok = ok && float_bits(got[1].amax) == float_bits(want_y.amax) && float_bits(got[3].amax) == float_bits(want_y.amax);
+    for (int r = 0; r < 3; r += 2) ok = ok && got[r].amax == 0.0f && float_bits(got[r].scale) == 0xFFFFFFFFu;
+    printf("    amax after op_fp8_reset_amax: first use %.9g, second use %.9g, outside the reset %.9g, cpu %.9g / %.9g, "
+           "tol bit-identical%s\n", first, got[1].amax, got[3].amax, want_x.amax, want_y.amax, ok ? "" : "  FAIL");
+    free(x);
+    free(y);
+    dev_free(d_x);
+    dev_free(d_y);
+    dev_free(d);
+    return !ok;
+}
+
+/*
  * Tolerance: none. amax is a max (order-free), the scale comes from fp8.h's policy on both sides (IEEE
  * division, exact frexp/ldexp), and the cast is cuda_fp8.h's conversion, which the CPU emulates bit for
  * bit: codes, amax, scale, scale_inv and the counts must be bit-identical (two NaN amaxes count as equal).
@@ -1196,7 +1236,7 @@ static int kc_case_fp8_cast(const KernelShape* s, int iters, uint64_t seed) {
     }
     dev_free(d_scale);
     dev_free(d_counts);
-    return failed;
+    return failed + kc_amax_reset_check(splitmix64(&stream));
 }
 
 /* ------------------------------------------------------------ fp8_cast_vec: the two cast-transpose kernels */
