@@ -66,10 +66,10 @@ def test_device_check_rehearsal(tmp_path, shakespeare):
     for category in ("master weights", "working weights", "FP8 weight copies", "gradients", "AdamW moments", "activations",
                      "other", "workspaces"):
         assert rows.get(f"-p fp8 {category}", ("missing",))[0] == "ok", (category, rows.get(f"-p fp8 {category}"))
-    for run in ("-p bf16", "-p fp8", "fp8 delayed"):
-        assert rows.get(f"{run} llm8's allocations", ("missing",))[0] == "ok", rows.get(f"{run} llm8's allocations")
-        status, detail = rows.get(f"{run} not llm8's (context, libraries)", ("missing", ""))
-        assert status == "ok" and "less llm8's: 0.00 MiB" in detail and NOT_MEASURED in detail, (run, status, detail)
+    for precision in ("-p bf16", "-p fp8", "fp8 delayed"):
+        assert rows.get(f"{precision} llm8's allocations", ("missing",))[0] == "ok", rows.get(f"{precision} llm8's allocations")
+        status, detail = rows.get(f"{precision} not llm8's (context, libraries)", ("missing", ""))
+        assert status == "ok" and "less llm8's: 0.00 MiB" in detail and NOT_MEASURED in detail, (precision, status, detail)
     # resume is the last training row: a loaded machine may leave it no time, which the row says
     status, detail = rows["resume tiny from step 1 (LLM8_DETERMINISTIC=1)"]
     assert status == "ok" or (status == "skip" and NO_TIME in detail), (status, detail)
