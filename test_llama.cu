@@ -298,7 +298,7 @@ static size_t oracle_same(const float* a, const float* b, size_t n) {
 }
 
 /*
- * The only real oracle of fp8/gemm_hopper.h (issue 23): cuBLASLt's FP8 GEMM (op_gemm, i.e. gemm_cublaslt) on
+ * The only real oracle of fp8/gemm_hopper.h: cuBLASLt's FP8 GEMM (op_gemm, i.e. gemm_cublaslt) on
  * the GPU against the CPU model on the same codes and scales, at the 7B reduction lengths K 4096 (C) and 11008
  * (F) with m ORACLE_M, n ORACLE_N: fprop (E4M3 x E4M3, fast accumulation) and dgrad (E4M3 x E5M2, without),
  * each to BF16 and to FP32 D. The operands are cast on the GPU (prod_cast: bit-identical to the CPU cast), X and

@@ -1,8 +1,9 @@
 /*
- * The communication contract of data-parallel training (DESIGN.md section 6), implemented twice: with MPI
- * collectives on host memory for the CPU build (comm/comm_mpi.h) and with NCCL on device memory for the GPU
- * build (comm/comm_nccl.cuh, MPI only to bootstrap). Each implementation includes this header and then
- * defines every function below, so a drifting signature fails to compile as llama/backend.h's contract does.
+ * The communication contract of data-parallel training (docs/design.md#the-distributed-design), implemented
+ * twice: with MPI collectives on host memory for the CPU build (comm/comm_mpi.h) and with NCCL on device
+ * memory for the GPU build (comm/comm_nccl.cuh, MPI only to bootstrap). Each implementation includes this
+ * header and then defines every function below, so a drifting signature fails to compile as llama/backend.h's
+ * contract does.
  *
  * Ordering. A collective is issued after all work queued so far (on the GPU: it runs on the
  * communication stream once the compute stream has reached the call) and may still be running when it

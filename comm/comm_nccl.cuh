@@ -1,5 +1,5 @@
 /*
- * comm/comm.h on NCCL, for the GPU build (DESIGN.md section 6). MPI only bootstraps: cudaSetDevice from
+ * comm/comm.h on NCCL, for the GPU build (docs/design.md#bootstrap). MPI only bootstraps: cudaSetDevice from
  * the launcher's local rank before MPI_Init_thread (then checked against the local rank from
  * MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), which chooses when no launcher variable is set), rank 0's
  * ncclUniqueId sent by MPI_Bcast, then MPI_Barrier before ncclCommInitRank (a broadcast still in flight

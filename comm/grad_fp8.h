@@ -1,5 +1,5 @@
 /*
- * The FP8 wire format of gradient reductions (--grad-reduce fp8; issue 19, after FP8-LM / MS-AMP "FP8
+ * The FP8 wire format of gradient reductions (--grad-reduce fp8, after FP8-LM / MS-AMP "FP8
  * gradient communication"), shared by the host code of both builds (comm/comm_mpi.h packs and sums with
  * these functions; comm/grad_fp8.cuh's kernels call the same per-element functions, so the GPU's bytes
  * and sums are the CPU's bit for bit).

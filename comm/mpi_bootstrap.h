@@ -1,6 +1,6 @@
 /*
  * MPI as both communication implementations use it: the error check, whether MPI is in use, and the
- * bootstrap (DESIGN.md section 6): MPI_Init_thread with MPI_THREAD_MULTIPLE (the watchdog thread may
+ * bootstrap (docs/design.md#bootstrap): MPI_Init_thread with MPI_THREAD_MULTIPLE (the watchdog thread may
  * abort while the main thread sits in a collective), the rank and world, and the local rank and count
  * from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) rather than host names. Only a process started by a
  * launcher (mpirun, srun) initializes MPI; a plain start is one rank. Built without MPI (make USE_MPI=0)

@@ -1,5 +1,5 @@
 /*
- * The communication watchdog (--comm-timeout, DESIGN.md section 6 "Faults"): a thread that checks once
+ * The communication watchdog (--comm-timeout, docs/design.md#faults-and-checkpoints): a thread that checks once
  * a second whether the main thread has stayed in one phase of one step longer than the timeout (a rank
  * that died or hangs leaves the others waiting in a collective) or whether the communicator reports an
  * asynchronous error (NCCL). Either way it prints one line with rank, host, step and phase, aborts the

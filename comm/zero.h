@@ -1,6 +1,6 @@
 /*
- * ZeRO shard arithmetic (DESIGN.md section 6; Rajbhandari et al., "ZeRO", 2020), shared by both builds and
- * by every ZeRO stage, so the CPU build tests the layout the GPU runs.
+ * ZeRO shard arithmetic (docs/design.md#gradients-and-zero; Rajbhandari et al., "ZeRO", 2020), shared by
+ * both builds and by every ZeRO stage, so the CPU build tests the layout the GPU runs.
  *
  * The parameter vector is cut into segments (the model's: one per tensor, or per layer of a per-layer
  * tensor). With `shards` shards, a segment of c elements is split into `shards` pieces of

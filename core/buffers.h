@@ -1,5 +1,5 @@
 /*
- * Memory you can see (STYLE.md): a kind of buffer is one allocation described by a table of named
+ * Memory you can see: a kind of buffer is one allocation described by a table of named
  * sub-buffers, each aligned to BUFFER_ALIGN bytes; the table gives the allocation's size, points every
  * sub-buffer into it and prints the sizes in MiB at start-up. The model lays out its state, activations
  * and communication buffers this way, and the memory plan (--dry-run) sums the same tables without

@@ -1,6 +1,6 @@
 /*
  * The GEMM contract both GEMM implementations follow (gemm_cpu.h, the CPU emulation; gemm_cublaslt.cuh,
- * cuBLASLt), the operand map of a linear layer's three GEMMs (DESIGN.md section 3), and the shape/type
+ * cuBLASLt), the operand map of a linear layer's three GEMMs (docs/design.md#the-operand-map), and the shape/type
  * rules of FP8 GEMMs on Hopper, checked in one place.
  *
  * A GemmCall has cuBLASLt's column-major semantics: D (m x n, ld m) = scale_a * scale_b * op(A) op(B)

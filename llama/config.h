@@ -61,7 +61,7 @@ static inline int llama_kv_dim(const LlamaConfig* c) { return c->n_kv_heads * ll
 /* Output width of the fused q/k/v projection: C + 2 * KVC. */
 static inline int llama_qkv_dim(const LlamaConfig* c) { return c->dim + 2 * llama_kv_dim(c); }
 
-/* -p: which numeric recipe the run uses (DESIGN.md section 3). */
+/* -p: which numeric recipe the run uses (docs/design.md#the-fp8-recipe). */
 typedef enum { PRECISION_FP32 = 0, PRECISION_BF16 = 1, PRECISION_FP8 = 2 } Precision;
 
 static inline const char* precision_name(Precision p) {

@@ -56,7 +56,7 @@ STEP_LINE = re.compile(r"^step\s+(\d+)/(\d+) \|.*\| ([0-9.]+) ms \|")
 SHARD_MAGIC, SHARD_VERSION, HEADER_INTS = 20240520, 1, 256
 VOCAB, BOS = 32000, 1
 DOC_TOKENS = 1024  # a BOS every this many tokens: documents, as real data has
-ZERO_OF = {"7b": 1, "13b": 2}  # DESIGN.md section 9: the stages multi-GPU runs use at most
+ZERO_OF = {"7b": 1, "13b": 2}  # the stages multi-GPU runs use at most (docs/design.md#targets)
 
 
 def fail(message):
@@ -81,7 +81,7 @@ def dry_run(binary, flags):
 
 
 def choose_settings(binary, base, gpus, model_key, gpu_mem, levels, grad_buffer):
-    """The lowest ZeRO stage (up to DESIGN.md's for the model) and the cheapest recompute with which both
+    """The lowest ZeRO stage (up to ZERO_OF's for the model) and the cheapest recompute with which both
     precisions fit one GPU at micro-batch 1, per the memory plan (bf16 needs at least fp8's memory);
     levels: each precision's extra trainer flags. A bf16/fp8 --grad-buffer (the fp8 run's) takes only the
     stages the trainer allows it: ZeRO-1, or ZeRO-0 on one GPU."""

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compile-time resource check of every CUDA kernel, no GPU needed (issue 18, item 4).
+"""Compile-time resource check of every CUDA kernel, no GPU needed.
 
 Reads ptxas's resource report (`nvcc -Xptxas -v`, kept by the Makefile in build/ptxas/<binary>.log) and
 checks each kernel against the launch sizes the source uses and the hard limits of compute capability

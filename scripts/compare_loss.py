@@ -24,7 +24,7 @@ last W aligned steps (all of them when fewer; last_window_mean): the train row's
 two means and their relative difference. Both runs are averaged over the same steps, so the window's lag
 does not bias the comparison. A run agrees with the baseline when its FINAL val-loss relative difference
 (at the last aligned val step) and its FINAL smoothed train-loss relative difference (of the last-W
-means) are both <= --tolerance (DESIGN.md section 9 asks for 1%).
+means) are both <= --tolerance (docs/design.md#targets asks for 1%).
 Each run gets the same summary (table and PASS/FAIL line); with more than one run to check, a last
 `overall` line names the runs that do not agree. The plot shows every run's curves and each run's relative
 difference.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device check (DESIGN.md section 8): the one command run on a lent GPU machine (one H100/H200, no
+# The device check (docs/device-check.md): the one command run on a lent GPU machine (one H100/H200, no
 # network, under 8 minutes), and all the evidence the project gets from it. Every phase runs in its own
 # process under its own timeout, so a crash, a die() or a hang costs only its own row, and the table is
 # printed (and appended to OUT_DIR/summary.txt) row by row, so even a killed run leaves it. The phases run
@@ -88,7 +88,7 @@ OUT_DIR=${1:-${OUT:-build/device_check}}
 LAYERS=${LAYERS:-4}
 STEPS=${STEPS:-10}
 JOBS=${JOBS:-$(nproc)}
-BUDGET_S=${BUDGET_S:-480}  # DESIGN.md section 8: the whole check under 8 minutes
+BUDGET_S=${BUDGET_S:-480}  # the whole check under 8 minutes (docs/design.md#the-test-strategy)
 RESERVE_S=20               # kept back for the final table and the log archive
 MIN_PHASE_S=10             # a phase that would get less than this is skipped
 KILL_AFTER_S=10            # a command still running this long after its TERM is killed
@@ -310,7 +310,7 @@ else MAKE_VARS+=(USE_CUDNN=0); env_notes+=("cuDNN missing (USE_CUDNN=0)"); fi
 # the cuDNN frontend (>= 1.3x) references NVRTC even when only SDPA runs
 if use_lib libnvrtc.so libnvrtc.so.13; then env_notes+=("nvrtc $LIB_WHERE")
 else MAKE_VARS+=(USE_CUDNN=0); env_notes+=("nvrtc missing (USE_CUDNN=0)"); fi
-# NCCL (issue 8 links it): the headers and library of the system, else of the nvidia-nccl wheel
+# NCCL (train_llama links it): the headers and library of the system, else of the nvidia-nccl wheel
 nccl_note="NCCL headers system"
 if ! have_header nccl.h; then
     dir=$(wheel_dir include nccl.h)

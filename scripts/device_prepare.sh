@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepares a run of scripts/device_check.sh on the lent GPU machine, which has no network, no cuDNN
-# frontend headers and no OpenBLAS (DESIGN.md section 8), from a machine that has what it lacks (no GPU
+# frontend headers and no OpenBLAS (docs/device-check.md), from a machine that has what it lacks (no GPU
 # needed). Run by `make device-prepare`, which first builds build/cudnn_att.o, train_llama_cpu and the
 # tiny-shakespeare shards. Writes build/device (ignored by git), the one folder to carry:
 #   cudnn_att.o, cudnn_att.sha256   the cuDNN SDPA glue compiled here, and the hashes of its sources (the

@@ -10,7 +10,7 @@
 # here and refused). Runs land in runs/cmp_bf16, runs/cmp_fp8 and runs/cmp_fp8_delayed (overwritten);
 # RECIPES=current runs fp8 with current scaling only. TRAINER picks the
 # binary (default ./train_llama_cpu; TRAINER=./train_llama for the GPU build), PYTHON the interpreter,
-# TOLERANCE the allowed final relative loss difference (default 0.01, DESIGN.md section 9).
+# TOLERANCE the allowed final relative loss difference (default 0.01, docs/design.md#targets).
 # Downstream evaluations go to every run, those whose data file is at its default path: HellaSwag (-h 1,
 # dev/data/hellaswag/hellaswag_val.bin), LAMBADA (--eval-lambada dev/data/lambada/lambada_test.bin) and
 # WikiText (--eval-wikitext dev/data/wikitext/wikitext2_test.bin); compare_loss.py then tables their

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Starts a data-parallel llm8 job with Open MPI's mpirun: one rank per GPU, GPUS_PER_NODE ranks on each host
-# of the hostfile (DESIGN.md section 6). MPI only bootstraps the job; the GPUs talk through NCCL.
+# of the hostfile (docs/cluster.md). MPI only bootstraps the job; the GPUs talk through NCCL.
 #
 #   scripts/launch.sh HOSTFILE [GPUS_PER_NODE] -- ./train_llama ARGS...
 #       HOSTFILE        one host per line ("node01 slots=8"); the binary, data and -o must be on a

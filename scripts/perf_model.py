@@ -5,7 +5,7 @@ on one or two nodes of 8 H100 or H800 GPUs, op by op, and where the time goes.
     python3 scripts/perf_model.py --calibrate build/device_check   # rates measured by the device check
     python3 scripts/perf_model.py --models llama2-7b --gpus H100 --topologies 1x8 --json
 
-The step is the one model/model.h runs (DESIGN.md sections 3, 6 and 9): per micro-step the embedding, per
+The step is the one model/model.h runs (docs/design.md): per micro-step the embedding, per
 layer RMSNorm, the fused q/k/v, o, w1|w3 and w2 linear layers (fprop, dgrad, wgrad GEMMs; in fp8 with
 an amax pass and a cast-transpose pass of X and of dY before them), RoPE, causal attention (cuDNN flash
 attention), SwiGLU and the residual adds, then the BF16 output layer and classifier and the same
@@ -13,7 +13,7 @@ backward; per optimizer step the gradient zeroing, the gradient norm, AdamW on t
 the BF16 working-weight refresh and the FP8 weight casts; the ZeRO collectives (reduce-scatter of the
 gradients, all-gather of the updated weights) over NVLink and InfiniBand with NCCL's ring formulas,
 overlapped with backward and forward layer by layer, and the element-wise kernels of a BF16 or FP8
-reduction. `--grad-reduce fp8` (issue 19, after FP8-LM / MS-AMP; the trainer's comm/grad_fp8.h): E4M3
+reduction. `--grad-reduce fp8` (after FP8-LM / MS-AMP; the trainer's comm/grad_fp8.h): E4M3
 pieces with a scale per 4096-element chunk exchanged by all-to-all (its own formula: no ring, half of each
 bucket over InfiniBand on 2 nodes), dequantized and summed in FP32. `--grad-buffer bf16|fp8` stores the
 gradients the micro-steps accumulate in BF16 or E4M3 (ZeRO-0 on one GPU, ZeRO-1): FP32 bucket buffers
@@ -22,7 +22,7 @@ master weights in FP16, decoded into FP32 for AdamW and the weight refreshes and
 attention run at a fraction of the tensor-core peak, memory-bound ops at a fraction of the HBM bandwidth;
 every such number is a named assumption below, with its source or reasoning. Multi-GPU training is built
 and tested on the CPU build but has not run on GPUs (README "Status"), so its rows model the code as
-written (DESIGN.md section 6), not measurements.
+written (docs/design.md#the-distributed-design), not measurements.
 
 Calibration (--calibrate PATH ...: files or directories, read recursively, and the logs inside .tar.gz
 archives such as the device check's logs.tar.gz) takes what the device check writes and replaces the datasheet-derived rates with measured ones: `test_llama --bench-gemm` lines
@@ -108,7 +108,7 @@ DEFAULT_NICS_PER_NODE = 8
 DEFAULT_NIC_GBITS = 400.0
 NIC_EFFICIENCY = 0.80
 COLLECTIVE_LATENCY_S = {"intra": 20e-6, "inter": 40e-6}  # per NCCL call, large messages (nccl-tests' small sizes)
-# While a collective runs beside compute it takes SMs (NCCL's channels, capped, DESIGN.md section 6) and
+# While a collective runs beside compute it takes SMs (NCCL's channels, capped) and
 # HBM bandwidth from the kernels it overlaps: those kernels are taken to run this fraction slower.
 COMM_OVERLAP_SLOWDOWN = 0.08
 # The element-wise kernels a gradient reduction runs on the communication stream (the BF16 conversions of
@@ -118,7 +118,7 @@ COMM_OVERLAP_SLOWDOWN = 0.08
 COMM_KERNEL_OVERLAP_COST = 1.0
 
 # Gradient reductions (--grad-reduce). fp32 and bf16 are the trainer's: NCCL ring reduce-scatter (ZeRO-1/2)
-# or all-reduce (ZeRO-0) of FP32 or BF16 gradients. fp8 is the trainer's too (issue 19 item 1, after FP8-LM /
+# or all-reduce (ZeRO-0) of FP32 or BF16 gradients. fp8 is the trainer's too (after FP8-LM /
 # MS-AMP O1; comm/grad_fp8.h, comm/comm_nccl.cuh): every rank quantizes its bucket piece by piece (piece r:
 # the 1/W of the bucket rank r reduces) to E4M3 with one FP32 scale per ZERO_CHUNK-element chunk from that
 # chunk's amax, exchanges the pieces by all-to-all (grouped ncclSend/ncclRecv), and each rank dequantizes the
@@ -129,8 +129,8 @@ COMM_KERNEL_OVERLAP_COST = 1.0
 # because its NCCL sums the FP8 bytes; here the sum is FP32 after dequantization, so it cannot overflow and
 # each chunk can take its own amax scale, with no amax all-reduce. With the top of the range set by the
 # chunk's own amax, E4M3 keeps normals down to 2^-14.8 of it (E5M2 2^-29.8) and rounds them to 2^-4
-# relative, not E5M2's 2^-3: the format follows MS-AMP, and the numerics tests of issue 19 decide whether it
-# holds (the model's bytes are the same for both).
+# relative, not E5M2's 2^-3: the format follows MS-AMP, and dev/test/test_grad_reduce_fp8.py checks its
+# error bound (the model's bytes are the same for both).
 GRAD_REDUCTIONS = ("fp32", "bf16", "fp8")
 GRAD_WIRE_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1}   # bytes per gradient element, scales aside
 ZERO_CHUNK = 4096            # elements per chunk: the granule of the shard pieces and of every scale (comm/zero.h)
@@ -168,7 +168,7 @@ STORE_SCALED = ("e4m3", "fp16")
 GRAD_BUFFER_CODEC = {"fp32": "fp32", "bf16": "bf16", "fp8": "e4m3"}
 MASTER_CODEC = {"fp32": "fp32", "fp16": "fp16"}
 
-# The plans (DESIGN.md section 9): 8xH100/H800 at sequence 4096, micro-batch 1; 7B with ZeRO-1, 13B with
+# The plans (docs/design.md#targets): 8xH100/H800 at sequence 4096, micro-batch 1; 7B with ZeRO-1, 13B with
 # ZeRO-2; the global batch of NVIDIA's published NeMo Llama-2 runs (24.07/24.09 performance summary:
 # GBS 128 sequences of 4096 for 7B and 13B).
 DEFAULT_SEQ_LEN = 4096
@@ -176,7 +176,7 @@ DEFAULT_MICRO_BATCH = 1
 DEFAULT_GLOBAL_BATCH_TOKENS = 128 * 4096
 ZERO_STAGE_OF = {"llama2-7b": 1, "llama2-13b": 2}
 DEFAULT_ZERO_STAGE = 1
-# Targets (DESIGN.md section 9).
+# Targets (docs/design.md#targets).
 TARGET_7B_FP8 = 18000.0
 TARGET_13B_FP8 = 9500.0
 TARGET_FP8_SPEEDUP = 1.45
@@ -334,7 +334,7 @@ class Op:
     category: str
     bytes: float = 0.0
     flops: float = 0.0
-    gemm: tuple = None       # (precision, kind, m, n, k) in cuBLASLt's terms (DESIGN.md section 3's operand map)
+    gemm: tuple = None       # (precision, kind, m, n, k) in cuBLASLt's terms (docs/design.md#the-operand-map)
     attention: str = None    # "forward" or "backward"
 
 
@@ -537,7 +537,7 @@ def micro_step_ops(plan, last=False):
 def weight_cast_ops(plan):
     """FP8 copies of one block's weights, made once per optimizer step (llama_fp8_refresh_weights): with a
     BF16 all-gather, amax + cast-transpose of the full weights; with an E4M3 all-gather, amax and cast of
-    the rank's shard (its amax MAX-reduced, DESIGN.md section 6) and a transpose of the gathered bytes."""
+    the rank's shard (its amax MAX-reduced, docs/design.md#fp8-under-sharding) and a transpose of the gathered bytes."""
     if not plan.fp8:
         return []
     p = plan.shape.layer_linear_params()
@@ -998,7 +998,7 @@ def parse_topology(text):
 
 
 def make_plan(args, shape, precision, gpu, nodes, gpus_per_node):
-    """The plan the flags ask for; "auto" settings follow DESIGN.md section 9 and the GPU's memory."""
+    """The plan the flags ask for; "auto" settings follow docs/design.md#targets and the GPU's memory."""
     world = nodes * gpus_per_node
     per_step = world * args.micro_batch * args.seq_len
     if args.global_batch % per_step != 0:
@@ -1411,7 +1411,7 @@ def lever_summary(result):
     return {key: result[key] for key in ("tokens_per_s_per_gpu", "memory_gib", "fits", "recompute")}
 
 
-# The gradient reductions compared (issue 19: 13B on 2 x 8 H800; 7B beside it, and 13B on one node, where
+# The gradient reductions compared (13B on 2 x 8 H800; 7B beside it, and 13B on one node, where
 # the all-to-all crosses no InfiniBand).
 GRAD_REDUCE_PLANS = (("llama2-13b", "H800", 2, 8), ("llama2-7b", "H800", 2, 8), ("llama2-13b", "H800", 1, 8))
 
@@ -1475,7 +1475,7 @@ def print_report(results, calibration, comparison, takes, args):
     print(f"llm8 performance model: one training step op by op ({source}); assumptions at the top of "
           f"scripts/perf_model.py")
     print(f"seq {args.seq_len}, global batch {args.global_batch:,} tokens; ZeRO-1 for 7B, ZeRO-2 for 13B "
-          f"(DESIGN.md 9) unless --zero; collectives {'overlapped' if not args.no_overlap else 'not overlapped'}; "
+          f"(docs/design.md#targets) unless --zero; collectives {'overlapped' if not args.no_overlap else 'not overlapped'}; "
           f"{args.nics_per_node}x {args.nic_gbits:g} Gb/s NICs per node; gradients reduced in {args.grad_reduce}, "
           f"AdamW moments in {args.optim_state}, gradient buffer in {args.grad_buffer}, master weights in "
           f"{args.master_weights}")
@@ -1544,7 +1544,7 @@ def print_what_it_takes(t):
 
 
 def print_grad_reduce_comparison(rows):
-    print("\n== Gradient reduction, fp8 training (every multi-GPU row models DESIGN.md 6)")
+    print("\n== Gradient reduction, fp8 training (every multi-GPU row models docs/design.md#the-distributed-design)")
     print("wire B/el: bytes per gradient element sent (fp8: E4M3 + one FP32 scale per 4096-element chunk; ZeRO-0 adds "
           "an FP32 all-gather); IB B/el/NIC: bytes per element each NIC sends out of the node; comm stream: link time "
           "+ the reduction's kernels (BF16 conversions, FP8 quantize and dequantize-and-sum); exposed: comm stream "

@@ -1556,7 +1556,7 @@ static inline KcGemm kc_fp8_gemm(const char* name, GemmCall cpu, GemmCall gpu, c
 
 /*
  * The three GEMMs of a linear layer X (N, C) -> Y (N, OC) with OC = F (the w1 shape), in BF16 and in FP8
- * (DESIGN.md section 3's operand map). The FP8 operands, their transposes and scales come from the CPU cast
+ * (docs/design.md#the-operand-map). The FP8 operands, their transposes and scales come from the CPU cast
  * (cpu_ref_amax + cpu_ref_cast_transpose) and are uploaded, so both sides multiply the same codes; the
  * GPU gets scale_inv through device pointers.
  *

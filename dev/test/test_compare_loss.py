@@ -497,7 +497,7 @@ def test_centred_smoothing_does_not_lag(compare_module):
 def test_short_run_curve_neither_lags_nor_flattens(tmp_path, compare_module, monkeypatch):
     """A 40-step run whose loss decays as training's does (10.4 -> ~4, steep first): with the default
     --smooth 20, the train curve from step 20 on is within 0.05 nat of the loss. A trailing mean of 20
-    reads it ~10 steps back (over a nat high at step 20, the issue's complaint); a centred mean of 20 does not
+    reads it ~10 steps back (over a nat high at step 20: a plot that lags); a centred mean of 20 does not
     lag but on this curve still sits ~0.16 nat high there, which is why the curve's window is capped at a
     quarter of the run (10 here). (Over the steepest first steps any centred mean still sits above the
     curve, by ~ its second derivative x the window's variance / 2: 0.23 nat at step 5 here.) The verdict

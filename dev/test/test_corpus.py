@@ -1,6 +1,6 @@
 """
-Tests of dev/data/tokenize.py on pretraining corpora (issue 13) and of the text normalisation of the data
-scripts (issue 12): every input format gives the same shards; directories and globs; bad input stops with
+Tests of dev/data/tokenize.py on pretraining corpora and of the text normalisation of the data
+scripts: every input format gives the same shards; directories and globs; bad input stops with
 one line; a killed run resumes to the uninterrupted result; mixtures; the validation draw; the manifest
 and the progress line; BOMs, CR and CRLF line ends, control characters, invalid UTF-8, empty inputs and a
 document spanning many shards. Expected tokens come from sentencepiece applied to the expected text.
@@ -405,7 +405,7 @@ def test_manifest_and_progress(tmp_path, rng, model_path):
 
 
 # ----------------------------------------------------------------------------------------------------
-# text edge cases (issue 12)
+# text edge cases
 
 def normalised(text):
     """docs/data.md's rules, character by character: CRLF and CR become LF; U+FEFF, DEL and the C0
@@ -476,7 +476,7 @@ def test_dirty_text_gives_clean_tokens(tmp_path, rng, sp, model_path):
 
 
 def test_bom_adds_no_token(tmp_path, sp, model_path, text_path):
-    """Issue 12's case: a book downloaded as plain text (BOM, CRLF) tokenizes as the same text without."""
+    """A book downloaded as plain text (BOM, CRLF) tokenizes as the same text without."""
     text = text_path.read_text(encoding="utf-8")
     book = text[:30_000]
     (tmp_path / "book.txt").write_text(book, encoding="utf-8")

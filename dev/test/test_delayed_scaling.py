@@ -55,7 +55,7 @@ def te_delayed_scaling(amaxes, scale0, fp8_max, history_len, algo, margin, pow2)
 
 
 def current_scale(amax, fp8_max, pow2):
-    """Current scaling's policy (DESIGN.md section 3) for a finite positive amax."""
+    """Current scaling's policy (docs/design.md#current-scaling) for a finite positive amax."""
     scale = np.float32(fp8_max / np.float32(amax))
     scale = FLT_MAX if np.isinf(scale) else scale
     return pow2_down(scale) if pow2 else scale

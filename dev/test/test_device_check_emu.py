@@ -1,5 +1,5 @@
 """
-The device check rehearsed on the emulated GPU (scripts/device_check.sh --emulated, issue 18): the same
+The device check rehearsed on the emulated GPU (scripts/device_check.sh --emulated): the same
 script on build/emu/test_llama and build/emu/train_llama at scaled-down shapes, within its default 95 s
 budget. Rows whose only need is an execution model must give a real answer (ok): the kernel checks, the
 memory plan against what the emulated run allocated, the real-text curves (emulated fp8 against emulated

@@ -1,8 +1,8 @@
 """
-Data-parallel training on the CPU build under mpirun (DESIGN.md section 6): the same global batch on any
-rank count gives bit-identical losses, gradient norms and weights; checkpoints move between rank counts;
-faults end the job with one clear message instead of a hang; and the same runs across two simulated
-hosts (../shared/tools/netns_cluster.sh).
+Data-parallel training on the CPU build under mpirun (docs/design.md#the-distributed-design): the same
+global batch on any rank count gives bit-identical losses, gradient norms and weights; checkpoints move
+between rank counts; faults end the job with one clear message instead of a hang; and the same runs across
+two simulated hosts (../shared/tools/netns_cluster.sh).
 
 Runs are tiny (the `tiny` preset, 64-token micro-batches, a few steps) because 2 cores carry all ranks.
 Exactness is checked on metrics.jsonl's losses and norms (printed round-trippable, %.9g) and on the

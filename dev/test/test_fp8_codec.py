@@ -1,7 +1,7 @@
 """
 The FP8 codec, BF16 rounding and the current-scaling policy of fp8/fp8.h against independent
 implementations: ml_dtypes' float8_e4m3fn / float8_e5m2 / bfloat16 conversions and a numpy float32
-transcription of the policy in DESIGN.md section 3. The C side is reached through test_llama_cpu's tool
+transcription of the policy in docs/design.md#current-scaling. The C side is reached through test_llama_cpu's tool
 modes (--fp8-decode, --fp8-encode, --bf16-round, --fp8-scale).
 
 Our cast saturates (cuda_fp8.h __NV_SATFINITE): finite values beyond +-max and +-Inf become +-max, where
@@ -109,7 +109,7 @@ def test_bf16_round(checker, tmp_path, rng):
 
 
 def reference_scale(amax, fmax, pow2):
-    """DESIGN.md section 3 in float32: fmax / amax; amax 0 or non-finite -> 1; overflow -> FLT_MAX; pow2 rounds down."""
+    """Current scaling in float32: fmax / amax; amax 0 or non-finite -> 1; overflow -> FLT_MAX; pow2 rounds down."""
     amax = np.float32(amax)
     if not np.isfinite(amax) or amax == 0:
         return np.float32(1.0)

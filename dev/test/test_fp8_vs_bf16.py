@@ -1,5 +1,5 @@
 """
-FP8 against BF16 on tiny-shakespeare (DESIGN.md section 9): the same seed, data and model trained 100
+FP8 against BF16 on tiny-shakespeare (docs/design.md#targets): the same seed, data and model trained 100
 steps in each recipe; the final validation loss (and smoothed train loss) must agree within 1%,
 as judged by scripts/compare_loss.py, and both runs must learn (val loss far below ln 32000 = 10.37).
 scripts/fp8_vs_bf16.sh's choice of downstream evaluations is checked on a copy of it, dry (DRY_RUN=1:

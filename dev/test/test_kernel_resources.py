@@ -1,5 +1,5 @@
 """
-The compile-time resource check (scripts/check_kernel_resources.py, issue 18): registers, shared memory
+The compile-time resource check (scripts/check_kernel_resources.py): registers, shared memory
 and stack of every kernel from ptxas's report (`-Xptxas -v`, which the Makefile keeps for train_llama and
 test_llama in build/ptxas/), against the block sizes the source launches them with and the limits of
 compute capability 9.0. No GPU is needed, only nvcc; the fallback attention kernels, compiled out of the

@@ -1,6 +1,6 @@
 """
 The memory plan (--dry-run 1, train/memory_plan.h) against what the trainer really allocates, and the
-memory targets of DESIGN.md section 9 as the plan computes them.
+memory targets of docs/design.md#targets as the plan computes them.
 
 A plan prints the trainer's buffer tables as a run prints them at start-up, so the CPU build's plan of a
 setting is compared line by line with a real run of the same setting, on one process and on 2 and 3
@@ -241,8 +241,8 @@ def test_fp8_never_needs_more_than_bf16(binary):
 
 @pytest.mark.skipif(not GPU_TRAINER.exists(), reason="train_llama is not built (the CUDA build needs nvcc)")
 def test_gpu_targets():
-    """DESIGN.md section 9 on the GPU build's plan: full 7B at B 1, T 4096 trains on one H200 in fp8 (and
-    bf16); 7B with ZeRO-1 and 13B with ZeRO-2 fit 8 x 80 GB at T 4096 in both precisions."""
+    """The memory targets (docs/design.md#targets) on the GPU build's plan: full 7B at B 1, T 4096 trains
+    on one H200 in fp8 (and bf16); 7B with ZeRO-1 and 13B with ZeRO-2 fit 8 x 80 GB at T 4096 in both precisions."""
     for precision in ["fp8", "bf16"]:
         _, s = plan(GPU_TRAINER, "-e", "llama2-7b", "-b", 1, "-t", 4096, "-p", precision, "--gpu-mem", GIB_H200)
         assert s["fits"] == 1, s

@@ -1,8 +1,8 @@
 """
-End-to-end test of DESIGN.md section 7 on train_llama_cpu: a step with a non-finite loss, gradient or FP8
-amax is skipped and named, and --max-skips such steps in a row stop the run with a one-line error. Uses
-the committed tiny reference model (vocab 256, dim 64, 2 layers) with one weight set to NaN, on a small
-random shard pair; the same run without the NaN completes.
+End-to-end test of the skip of non-finite steps (docs/design.md#non-finite-values) on train_llama_cpu: a
+step with a non-finite loss, gradient or FP8 amax is skipped and named, and --max-skips such steps in a
+row stop the run with a one-line error. Uses the committed tiny reference model (vocab 256, dim 64, 2
+layers) with one weight set to NaN, on a small random shard pair; the same run without the NaN completes.
 """
 import re
 import sys

@@ -237,7 +237,7 @@ def test_resume_rejects_changed_settings(trainer, tmp_path, shakespeare):
     r = run([trainer, *FAST, "-x", "2", "-o", out])
     assert r.returncode == 0, r.stderr
     assert_one_line_error(run([trainer, *FAST, "-x", "4", "-o", out, "-y", "1", "-p", "bf16"]), "state_00000002_00000.bin", "-p")
-    # the moments', the reduction's and the gradient buffer's formats are the run's numerics too (issue 19):
+    # the moments', the reduction's and the gradient buffer's formats are the run's numerics too:
     # named with both values
     for flag, value, saved in [("--optim-state", "fp8", "fp32"), ("--grad-reduce", "bf16", "fp32"), ("--grad-buffer", "fp8", "fp32"),
                                ("--master-weights", "fp16", "fp32")]:
