@@ -13,7 +13,7 @@
  *     arXiv:2512.07004: the FP8 block size and the retained bits on Hopper;
  *   - DeepSeek-V3 technical report (arXiv:2412.19437) section 3.3: about 14 retained bits on H800, and
  *     partial sums promoted to FP32 every 128 elements;
- *   - mmaemu 0.1.0 (PyPI, Apache-2.0), docs/semantics.md and its "hopper" preset: nfma 32, frac 13,
+ *   - mmaemu 0.1.0 (PyPI, Apache-2.0), its semantics page and its "hopper" preset: nfma 32, frac 13,
  *     frac_out 13, min_exp -132, the accumulator in the alignment; slow accumulation restarts the chain
  *     every 128 K elements and adds the chunk results in FP32; split-K "contiguous" (128-wide k-tiles,
  *     split s owns tiles [s q, (s+1) q), q = ceil(T / S), partials added serially in FP32); the

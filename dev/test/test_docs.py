@@ -4,8 +4,11 @@ or folder that exists, and a #fragment into a markdown file to one of its headin
 the heading); every flag `train_llama_cpu --help` lists is documented somewhere; README.md stays a short
 front page that starts with the two commands; every docs page can be reached from README.md.
 Links to http(s) URLs are not checked (no network in CI).
+The repository stands on its own: no tracked file refers to the team's briefs beside the checkout or to
+issue numbers, and every docs page (and #anchor) a code comment names exists.
 """
 import re
+import subprocess
 
 import pytest
 
@@ -129,3 +132,101 @@ def test_every_page_linked_from_readme():
     linked = {(README.parent / t.partition("#")[0]).resolve() for _, t in links(README) if t.partition("#")[0]}
     orphans = [str(p.relative_to(REPO)) for p in PAGES[1:] if p.resolve() not in linked]
     assert not orphans, f"docs pages no link of README.md leads to: {' '.join(orphans)}"
+
+
+# References that lead out of the repository: the team's design brief and style guide, anything else in the shared
+# folder beside the checkout but the two inputs scripts and tests really read (the data folder, the netns cluster tool), and
+# issue or pull-request numbers (an "owner/repo#N" or "project#N" cites a public project and stays).
+OUTSIDE_REFERENCES = [
+    (re.compile(r"\b(?:DESIGN|STYLE)\.md\b"), "a team brief"),
+    (re.compile(r"\.\./shared\b(?!/data\b|/tools/netns_cluster\.sh\b)"), "a path beside the checkout that is no input"),
+    (re.compile(r"\b(?:[Ii]ssues?|PRs?|[Pp]ull requests?) ?#?\d+|(?<![\w.\-/])#\d+\b"), "an issue number"),
+]
+CODE_SUFFIXES = {".c", ".h", ".cu", ".cuh", ".cpp", ".py", ".sh"}
+# A docs page, with or without an #anchor; not a path inside another name (another project's docs folder).
+DOCS_REFERENCE = re.compile(r"(?<![\w./-])docs/([\w.-]+\.md)(?:#([\w-]+))?")
+
+
+def tracked_texts():
+    """(path relative to the repository, text) of every tracked text file but the docs' images."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for name in files.decode().split("\0"):
+        path = REPO / name
+        if not name or name.startswith("docs/images/") or not path.is_file():
+            continue
+        data = path.read_bytes()
+        if b"\0" in data[:8192]:
+            continue
+        try:
+            yield name, data.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+
+
+def outside_references(texts):
+    """One message per line of `texts` ((name, text) pairs) that refers out of the repository."""
+    errors = []
+    for name, text in texts:
+        for number, line in enumerate(text.split("\n"), 1):
+            for pattern, what in OUTSIDE_REFERENCES:
+                m = pattern.search(line)
+                if m:
+                    errors.append(f"{name}:{number}: {what} ({m.group(0)!r}): refer to a docs/ page instead")
+    return errors
+
+
+def is_code(name):
+    path = REPO / name
+    return path.suffix in CODE_SUFFIXES or path.name == "Makefile" or name.startswith(".ci/")
+
+
+def broken_docs_references(texts):
+    """One message per docs page reference (and #anchor) in code files of `texts` that leads nowhere."""
+    errors, page_anchors = [], {}
+    for name, text in texts:
+        if not is_code(name):
+            continue
+        for number, line in enumerate(text.split("\n"), 1):
+            for m in DOCS_REFERENCE.finditer(line):
+                page, fragment = REPO / "docs" / m.group(1), m.group(2)
+                where = f"{name}:{number}: {m.group(0)}"
+                if not page.is_file():
+                    errors.append(f"{where}: docs/{m.group(1)} does not exist")
+                    continue
+                if fragment:
+                    if page not in page_anchors:
+                        page_anchors[page] = anchors(page)
+                    if fragment not in page_anchors[page]:
+                        errors.append(f"{where}: no heading of docs/{m.group(1)} has the anchor #{fragment}")
+    return errors
+
+
+def test_nothing_refers_outside_the_repository():
+    errors = outside_references(tracked_texts())
+    assert not errors, "\n".join(errors)
+
+
+def test_docs_references_in_code_resolve():
+    errors = broken_docs_references(tracked_texts())
+    assert not errors, "\n".join(errors)
+
+
+def test_reference_checks_catch_planted_faults():
+    """Each check on lines it must reject and on lines it must let through (the planted faults)."""
+    brief, style, issue, pr, bare = ("see " + "DESIGN" + ".md", "STYLE" + ".md", "issue" + " 19", "PR #" + "12", "(#" + "23)")
+    shared = "../" + "shared/notes.md"
+    bad = [brief, style, issue, pr, bare, shared]
+    assert len(outside_references([("x.c", "\n".join(bad))])) == len(bad)
+    good = ["../shared/data/tinyshakespeare", "../shared/tools/netns_cluster.sh up 2",
+            "NVIDIA/cuDecomp#" + "24", "llm.c#" + "727", "docs/design.md#targets", "an issue order", "color #1f77b4"]
+    assert outside_references([("x.c", "\n".join(good))]) == []
+
+    page = "docs/" + "design.md"
+    bad = [page + "#nope", "docs/" + "nope.md", "docs/" + "nope.md#targets"]
+    for line in bad:
+        assert len(broken_docs_references([("x.c", f"/* see {line} */")])) == 1, line
+        assert len(broken_docs_references([("x.py", f"# see {line}")])) == 1, line
+        assert len(broken_docs_references([("Makefile", f"# see {line}")])) == 1, line
+    good = [page, page + "#targets", page + "#the-operand-map.", "mmaemu/docs" + "/nope.md"]
+    assert broken_docs_references([("x.cuh", "\n".join(good))]) == []
+    assert broken_docs_references([("x.md", "docs/" + "nope.md")]) == []    # pages: test_links_resolve
