@@ -1475,7 +1475,7 @@ def print_report(results, calibration, comparison, takes, args):
     print(f"llm8 performance model: one training step op by op ({source}); assumptions at the top of "
           f"scripts/perf_model.py")
     print(f"seq {args.seq_len}, global batch {args.global_batch:,} tokens; ZeRO-1 for 7B, ZeRO-2 for 13B "
-          f"(docs/design.md#targets) unless --zero; collectives {'overlapped' if not args.no_overlap else 'not overlapped'}; "
+          f"unless --zero; collectives {'overlapped' if not args.no_overlap else 'not overlapped'}; "
           f"{args.nics_per_node}x {args.nic_gbits:g} Gb/s NICs per node; gradients reduced in {args.grad_reduce}, "
           f"AdamW moments in {args.optim_state}, gradient buffer in {args.grad_buffer}, master weights in "
           f"{args.master_weights}")
@@ -1544,7 +1544,7 @@ def print_what_it_takes(t):
 
 
 def print_grad_reduce_comparison(rows):
-    print("\n== Gradient reduction, fp8 training (every multi-GPU row models docs/design.md#the-distributed-design)")
+    print("\n== Gradient reduction, fp8 training (every multi-GPU row models the trainer's collectives)")
     print("wire B/el: bytes per gradient element sent (fp8: E4M3 + one FP32 scale per 4096-element chunk; ZeRO-0 adds "
           "an FP32 all-gather); IB B/el/NIC: bytes per element each NIC sends out of the node; comm stream: link time "
           "+ the reduction's kernels (BF16 conversions, FP8 quantize and dequantize-and-sum); exposed: comm stream "
