@@ -46,6 +46,19 @@ CudnnAttWorkspace cudnn_att_backward_workspace(int B, int T, int NH, int NKV, in
  */
 int cudnn_att_set_deterministic(int on);
 
+/* One shape a run's attention takes: (B, T), and whether its backward runs too (training) or only its
+   forward (validation, evaluations, samples). */
+typedef struct {
+    int B, T, backward;
+} CudnnAttShape;
+
+/*
+ * Builds the graphs of every shape a run uses (with the backward algorithm selected now) and sizes the one
+ * workspace for the largest, so that no step allocates, frees or synchronizes; afterwards a shape not
+ * prepared stops the run naming it. Called once at start-up, after cudnn_att_init.
+ */
+void cudnn_att_prepare(const CudnnAttShape* shapes, int n, int NH, int NKV, int HS);
+
 /* "cuDNN X.Y.Z (built with X.Y.Z), frontend X.Y.Z": the library at run time, its headers at build time. */
 void cudnn_att_versions(char* out, size_t len);
 

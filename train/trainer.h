@@ -458,6 +458,10 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaC
     llama_build(&tr->model, &tr->cfg, (Precision)a->precision, a->B, a->T, &fp8, a->recompute, sharding,
                 train_args_state_formats(a));
     llama_set_bf16_blocks(&tr->model, tr->bf16_blocks);
+    /* every attention shape of the run before step 1: training (B, T), whose forward validation and the
+       evaluations share, and the samples' one sequence (1, T) */
+    AttentionShape shapes[2] = {{a->B, a->T, 1}, {1, a->T, 0}};
+    op_attention_prepare(shapes, a->sample_every > 0 ? 2 : 1, tr->cfg.n_heads, tr->cfg.n_kv_heads, llama_head_dim(&tr->cfg));
     tr->model.fp8_fprop_fast_accum = a->fp8_fast_accum;
     tr->model.fp8_accum = fp8_accum_parse(a->fp8_accum);
     tr->loss_sums = (double*)dev_alloc((size_t)tr->grad_accum_steps * sizeof(double));
