@@ -350,67 +350,66 @@ cudnnStatus_t finalize_tensor(Desc* d) {
 cudnnStatus_t finalize_op(Desc* d) {
     Op& op = d->op;
     const char* api = "cudnnBackendFinalize(OPERATION)";
-    auto need = [&](int attr) -> const Tensor* {
-        const Tensor* t = tensor_attr(d, attr);
-        if (t != nullptr) op.in.push_back(*t);
-        return t;
-    };
+    int sub_attr, out_attr; /* the operation's own descriptor, its output */
+    cudnnBackendDescriptorType_t sub_type = CUDNN_BACKEND_POINTWISE_DESCRIPTOR;
+    std::vector<int> in_attrs;
+    switch (d->type) {
+        case CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR:
+            op.kind = OP_MATMUL, sub_attr = CUDNN_ATTR_OPERATION_MATMUL_DESC, sub_type = CUDNN_BACKEND_MATMUL_DESCRIPTOR;
+            in_attrs = {CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_ATTR_OPERATION_MATMUL_BDESC}, out_attr = CUDNN_ATTR_OPERATION_MATMUL_CDESC;
+            break;
+        case CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR:
+            op.kind = OP_POINTWISE, sub_attr = CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR;
+            in_attrs = {CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_ATTR_OPERATION_POINTWISE_TDESC};
+            out_attr = CUDNN_ATTR_OPERATION_POINTWISE_YDESC;
+            break;
+        case CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR:
+            op.kind = OP_REDUCTION, sub_attr = CUDNN_ATTR_OPERATION_REDUCTION_DESC, sub_type = CUDNN_BACKEND_REDUCTION_DESCRIPTOR;
+            in_attrs = {CUDNN_ATTR_OPERATION_REDUCTION_XDESC}, out_attr = CUDNN_ATTR_OPERATION_REDUCTION_YDESC;
+            break;
+        default:
+            op.kind = OP_RESHAPE, sub_attr = 0;
+            in_attrs = {CUDNN_ATTR_OPERATION_RESHAPE_XDESC}, out_attr = CUDNN_ATTR_OPERATION_RESHAPE_YDESC;
+    }
     auto missing = [&](int attr) {
-        return refuse(CUDNN_STATUS_BAD_PARAM, api, "%s: required attribute %s not set (or not a finalized tensor)",
-                      desc_name(d->type), attr_spec(d->type, attr)->name);
+        return refuse(CUDNN_STATUS_BAD_PARAM, api, "%s: required attribute %s not set (or not finalized)", desc_name(d->type),
+                      attr_spec(d->type, attr)->name);
     };
-    int out_attr = 0;
-    if (d->type == CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR) {
-        op.kind = OP_MATMUL;
-        const Desc* mm = desc_attr(d, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_BACKEND_MATMUL_DESCRIPTOR);
-        if (mm == nullptr) return missing(CUDNN_ATTR_OPERATION_MATMUL_DESC); /* check:op_required */
-        if (scalar<cudnnDataType_t>(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_DATA_FLOAT) != CUDNN_DATA_FLOAT)
-            emu_fail("%s: matmul compute type other than FLOAT is not emulated", api);
-        for (int a : {CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_ATTR_OPERATION_MATMUL_BDESC})
-            if (need(a) == nullptr) return missing(a); /* check:op_required */
-        out_attr = CUDNN_ATTR_OPERATION_MATMUL_CDESC;
-    } else if (d->type == CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR) {
-        op.kind = OP_POINTWISE;
-        const Desc* pw = desc_attr(d, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
-        if (pw == nullptr) return missing(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR); /* check:op_required */
-        op.mode = scalar<int>(pw, CUDNN_ATTR_POINTWISE_MODE, -1);
-        op.axis = scalar<int64_t>(pw, CUDNN_ATTR_POINTWISE_AXIS, -1);
-        int inputs;
+    const Desc* sub = sub_attr ? desc_attr(d, sub_attr, sub_type) : nullptr;
+    if (sub_attr && sub == nullptr) /* check:op_required */
+        return missing(sub_attr);
+    if (op.kind == OP_MATMUL && scalar<cudnnDataType_t>(sub, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_DATA_FLOAT) != CUDNN_DATA_FLOAT)
+        emu_fail("%s: matmul compute type other than FLOAT is not emulated", api);
+    if (op.kind == OP_REDUCTION) {
+        op.mode = scalar<int>(sub, CUDNN_ATTR_REDUCTION_OPERATOR, -1);
+        if (op.mode != CUDNN_REDUCE_TENSOR_ADD && op.mode != CUDNN_REDUCE_TENSOR_MAX && op.mode != CUDNN_REDUCE_TENSOR_MIN &&
+            op.mode != CUDNN_REDUCE_TENSOR_AMAX)
+            emu_fail("%s: reduction operator %d is not emulated", api, op.mode);
+    }
+    if (op.kind == OP_POINTWISE) {
+        op.mode = scalar<int>(sub, CUDNN_ATTR_POINTWISE_MODE, -1);
+        op.axis = scalar<int64_t>(sub, CUDNN_ATTR_POINTWISE_AXIS, -1);
         switch (op.mode) {
             case CUDNN_POINTWISE_EXP: case CUDNN_POINTWISE_LOG: case CUDNN_POINTWISE_IDENTITY: case CUDNN_POINTWISE_NEG:
-            case CUDNN_POINTWISE_GEN_INDEX: inputs = 1; break;
+            case CUDNN_POINTWISE_GEN_INDEX: in_attrs.resize(1); break;
             case CUDNN_POINTWISE_ADD: case CUDNN_POINTWISE_SUB: case CUDNN_POINTWISE_MUL: case CUDNN_POINTWISE_DIV:
             case CUDNN_POINTWISE_MAX: case CUDNN_POINTWISE_MIN: case CUDNN_POINTWISE_CMP_EQ: case CUDNN_POINTWISE_CMP_NEQ:
             case CUDNN_POINTWISE_CMP_GT: case CUDNN_POINTWISE_CMP_GE: case CUDNN_POINTWISE_CMP_LT: case CUDNN_POINTWISE_CMP_LE:
-            case CUDNN_POINTWISE_LOGICAL_AND: case CUDNN_POINTWISE_LOGICAL_OR: inputs = 2; break;
-            case CUDNN_POINTWISE_BINARY_SELECT: inputs = 3; break;
+            case CUDNN_POINTWISE_LOGICAL_AND: case CUDNN_POINTWISE_LOGICAL_OR: in_attrs.resize(2); break;
+            case CUDNN_POINTWISE_BINARY_SELECT: break;
             default: emu_fail("%s: pointwise mode %d is not emulated", api, op.mode);
         }
         for (int a : {CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2})
             if (scalar<float>(d, a, 1.0f) != 1.0f) emu_fail("%s: pointwise %s other than 1 is not emulated", api, attr_spec(d->type, a)->name);
-        const int in_attrs[3] = {CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_ATTR_OPERATION_POINTWISE_BDESC,
-                                 CUDNN_ATTR_OPERATION_POINTWISE_TDESC};
-        for (int i = 0; i < inputs; i++)
-            if (need(in_attrs[i]) == nullptr) return missing(in_attrs[i]); /* check:op_required */
-        out_attr = CUDNN_ATTR_OPERATION_POINTWISE_YDESC;
-    } else if (d->type == CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR) {
-        op.kind = OP_REDUCTION;
-        const Desc* red = desc_attr(d, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
-        if (red == nullptr) return missing(CUDNN_ATTR_OPERATION_REDUCTION_DESC); /* check:op_required */
-        op.mode = scalar<int>(red, CUDNN_ATTR_REDUCTION_OPERATOR, -1);
-        if (op.mode != CUDNN_REDUCE_TENSOR_ADD && op.mode != CUDNN_REDUCE_TENSOR_MAX && op.mode != CUDNN_REDUCE_TENSOR_MIN &&
-            op.mode != CUDNN_REDUCE_TENSOR_AMAX)
-            emu_fail("%s: reduction operator %d is not emulated", api, op.mode);
-        if (need(CUDNN_ATTR_OPERATION_REDUCTION_XDESC) == nullptr) return missing(CUDNN_ATTR_OPERATION_REDUCTION_XDESC); /* check:op_required */
-        out_attr = CUDNN_ATTR_OPERATION_REDUCTION_YDESC;
-    } else {
-        op.kind = OP_RESHAPE;
-        if (need(CUDNN_ATTR_OPERATION_RESHAPE_XDESC) == nullptr) return missing(CUDNN_ATTR_OPERATION_RESHAPE_XDESC); /* check:op_required */
-        out_attr = CUDNN_ATTR_OPERATION_RESHAPE_YDESC;
     }
-    const Tensor* y = tensor_attr(d, out_attr);
-    if (y == nullptr) return missing(out_attr); /* check:op_required */
-    op.out = *y;
+    in_attrs.push_back(out_attr);
+    for (int a : in_attrs) {
+        const Tensor* t = tensor_attr(d, a);
+        if (t == nullptr) /* check:op_required */
+            return missing(a);
+        if (a == out_attr) op.out = *t;
+        else op.in.push_back(*t);
+    }
     const Tensor& x = op.in[0];
     size_t rank = op.out.dim.size();
     for (const Tensor& t : op.in)
@@ -441,7 +440,7 @@ cudnnStatus_t finalize_op(Desc* d) {
             if (!maps_onto(o[i], x.dim[i], true)) /* check:reduction_shape */
                 return refuse(CUDNN_STATUS_BAD_PARAM, api, "reduction: output %s is not a reduction of input %s",
                               describe(op.out).c_str(), describe(x).c_str());
-    } else if (elements(x) != elements(op.out)) { /* check:reshape_elements */
+    } else if (elements(x) != elements(op.out)) /* check:reshape_elements */ {
         return refuse(CUDNN_STATUS_BAD_PARAM, api, "reshape: input %s and output %s differ in elements", describe(x).c_str(),
                       describe(op.out).c_str());
     }
@@ -459,8 +458,9 @@ cudnnStatus_t finalize_graph(Desc* d) {
     std::map<int64_t, int> writer;
     std::vector<Op> pending;
     for (Desc* od : ops) {
-        if (od == nullptr || !od->finalized || desc_name(od->type) == nullptr || strncmp(desc_name(od->type), "OPERATION_", 10) != 0)
-            return refuse(CUDNN_STATUS_BAD_PARAM, api, "an entry of OPERATIONGRAPH_OPS is not a finalized operation"); /* check:graph_required */
+        bool is_op = od != nullptr && od->finalized && desc_name(od->type) && strncmp(desc_name(od->type), "OPERATION_", 10) == 0;
+        if (!is_op) /* check:graph_required */
+            return refuse(CUDNN_STATUS_BAD_PARAM, api, "an entry of OPERATIONGRAPH_OPS is not a finalized operation");
         pending.push_back(od->op);
         std::vector<const Tensor*> all;
         for (const Tensor& t : od->op.in) all.push_back(&t);
@@ -468,8 +468,9 @@ cudnnStatus_t finalize_graph(Desc* d) {
         for (const Tensor* t : all) {
             auto it = g->tensors.emplace(t->uid, *t).first;
             const Tensor& seen = it->second;
-            if (seen.dim != t->dim || seen.stride != t->stride || seen.dtype != t->dtype || seen.is_virtual != t->is_virtual ||
-                seen.by_value != t->by_value) /* check:graph_uid */
+            bool same = seen.dim == t->dim && seen.stride == t->stride && seen.dtype == t->dtype &&
+                        seen.is_virtual == t->is_virtual && seen.by_value == t->by_value;
+            if (!same) /* check:graph_uid */
                 return refuse(CUDNN_STATUS_BAD_PARAM, api, "UID %ld names two different tensors: %s and %s", (long)t->uid,
                               describe(seen).c_str(), describe(*t).c_str());
         }
@@ -535,14 +536,16 @@ cudnnStatus_t finalize(Desc* d) {
             if (g == nullptr) /* check:plan_required */
                 return refuse(CUDNN_STATUS_BAD_PARAM, api, "%s: %s not set (or not finalized)", desc_name(d->type),
                               attr_spec(d->type, attr)->name);
-            if (d->type == CUDNN_BACKEND_ENGINE_DESCRIPTOR && scalar<int64_t>(d, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, -1) != 0)
-                return refuse(CUDNN_STATUS_NOT_SUPPORTED, api, "ENGINE: the double has one engine, global index 0"); /* check:engine_index */
+            int64_t index = scalar<int64_t>(d, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, -1);
+            if (d->type == CUDNN_BACKEND_ENGINE_DESCRIPTOR && index != 0) /* check:engine_index */
+                return refuse(CUDNN_STATUS_NOT_SUPPORTED, api, "ENGINE: global index %ld; the double has one engine, index 0", (long)index);
             d->graph = g->graph;
             return CUDNN_STATUS_SUCCESS;
         }
         case CUDNN_BACKEND_ENGINECFG_DESCRIPTOR: {
             const Desc* e = desc_attr(d, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-            if (e == nullptr) return refuse(CUDNN_STATUS_BAD_PARAM, api, "ENGINECFG: ENGINECFG_ENGINE not set"); /* check:plan_required */
+            if (e == nullptr) /* check:plan_required */
+                return refuse(CUDNN_STATUS_BAD_PARAM, api, "ENGINECFG: ENGINECFG_ENGINE not set (or not finalized)");
             if (find(d, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES) != nullptr && find(d, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES)->count > 0)
                 emu_fail("%s: ENGINECFG knob choices are not emulated (the double's engine has no knobs)", api);
             d->graph = e->graph;
@@ -752,8 +755,9 @@ void run_graph(const Graph& g, const std::map<int64_t, char*>& ptrs, const std::
 
 cudnnStatus_t execute(cudnnHandle_t handle, Desc* plan, Desc* pack) {
     const char* api = "cudnnBackendExecute";
-    if (plan == nullptr || pack == nullptr || plan->type != CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR ||
-        pack->type != CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR || !plan->finalized || !pack->finalized) /* check:execute_finalized */
+    bool ready = plan != nullptr && pack != nullptr && plan->type == CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR &&
+                 pack->type == CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR && plan->finalized && pack->finalized;
+    if (!ready) /* check:execute_finalized */
         return refuse(CUDNN_STATUS_BAD_PARAM, api, "needs a finalized EXECUTION_PLAN and a finalized VARIANT_PACK");
     const Graph& g = *plan->graph;
     auto ids = array<int64_t>(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS);
@@ -823,7 +827,7 @@ cudnnStatus_t get(Desc* d, int attr, cudnnBackendAttributeType_t type, int64_t r
     if (spec->type != type) /* check:attribute_type */
         return refuse(CUDNN_STATUS_BAD_PARAM, api, "%s is of type %d, asked as %d", spec->name, (int)spec->type, (int)type);
     if (!d->finalized) /* check:get_finalized */
-        return refuse(CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED, api, "%s of a %s descriptor that is not finalized", spec->name,
+        return refuse(CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED, api, "%s of a descriptor (%s) not finalized", spec->name,
                       desc_name(d->type));
     switch (attr) {
         case CUDNN_ATTR_ENGINEHEUR_RESULTS: case CUDNN_ATTR_ENGINECFG_ENGINE: {
@@ -918,9 +922,9 @@ cudnnStatus_t cudnnBackendSetAttribute(cudnnBackendDescriptor_t descriptor, cudn
     const char* api = "cudnnBackendSetAttribute";
     Desc* d = desc_of(descriptor);
     const AttrSpec* spec = attr_spec(d->type, name);
-    if (spec == nullptr) emu_fail("%s: attribute %d of a %s descriptor is not emulated", api, (int)name, desc_name(d->type));
+    if (spec == nullptr) emu_fail("%s: attribute %d (cudnn_graph.h) of a %s descriptor is not emulated", api, (int)name, desc_name(d->type));
     if (d->finalized) /* check:set_finalized */
-        return refuse(CUDNN_STATUS_BAD_PARAM, api, "%s set on a finalized %s descriptor", spec->name, desc_name(d->type));
+        return refuse(CUDNN_STATUS_BAD_PARAM, api, "%s set on a finalized descriptor (%s)", spec->name, desc_name(d->type));
     if (type != spec->type) /* check:attribute_type */
         return refuse(CUDNN_STATUS_BAD_PARAM, api, "%s is of type %d, set as %d", spec->name, (int)spec->type, (int)type);
     if (count < 0 || (count > 0 && elements == nullptr)) /* check:attribute_type */
