@@ -447,6 +447,19 @@ cudnnStatus_t finalize_op(Desc* d) {
     return CUDNN_STATUS_SUCCESS;
 }
 
+/* LLM8_EMU_CUDNN_TRACE=1: each finalized graph's operations, in the order they run, on stderr. */
+void trace(const Graph& g) {
+    const char* kinds[] = {"matmul", "pointwise", "reduction", "reshape"};
+    fprintf(stderr, "emu cuDNN: graph of %zu operations\n", g.ops.size());
+    for (const Op& op : g.ops) {
+        fprintf(stderr, "  %s", kinds[op.kind]);
+        if (op.kind == OP_POINTWISE || op.kind == OP_REDUCTION) fprintf(stderr, " mode %d", op.mode);
+        if (op.axis >= 0) fprintf(stderr, " axis %ld", (long)op.axis);
+        for (const Tensor& t : op.in) fprintf(stderr, " [%s%s]", describe(t).c_str(), t.by_value ? " by value" : "");
+        fprintf(stderr, " -> [%s]\n", describe(op.out).c_str());
+    }
+}
+
 /* The graph: one description per UID, each tensor written once, every virtual input written by an
    operation, no cycle; the operations are ordered so that each runs after the ones it reads. */
 cudnnStatus_t finalize_graph(Desc* d) {
@@ -498,6 +511,7 @@ cudnnStatus_t finalize_graph(Desc* d) {
             return refuse(CUDNN_STATUS_BAD_PARAM, api, "the operations form a cycle");
     }
     d->graph = g;
+    if (getenv("LLM8_EMU_CUDNN_TRACE") != nullptr) trace(*g);
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -784,11 +798,9 @@ cudnnStatus_t execute(cudnnHandle_t handle, Desc* plan, Desc* pack) {
         if (t.by_value) {
             by_value[uid] = Values{load(t.dtype, it->second)}; /* read at the call, as the library reads host scalars */
         } else if (!emu_is_device_ptr(it->second, (size_t)extent_bytes(t))) {
-            bool in_workspace = workspace != nullptr && emu_is_device_ptr(workspace, 1) && it->second >= workspace;
-            emu_fail("%s: tensor %s at %p: its %ld bytes are not inside one device allocation%s", api, describe(t).c_str(),
-                     (void*)it->second, (long)extent_bytes(t),
-                     in_workspace ? " (it lies in the workspace the frontend carves: the workspace is smaller than the plan's "
-                                    "graph needs)" : "");
+            emu_fail("%s: tensor %s at %p: its %ld bytes %s", api, describe(t).c_str(), (void*)it->second, (long)extent_bytes(t),
+                     emu_is_device_ptr(it->second, 1) ? "run past the end of the device allocation they start in"
+                                                      : "are not device memory");
         }
     }
     int64_t ws = plan->workspace;
@@ -807,7 +819,7 @@ cudnnStatus_t execute(cudnnHandle_t handle, Desc* plan, Desc* pack) {
 
 cudnnStatus_t put(int64_t* count, void* out, int64_t requested, const void* src, int64_t n, size_t bytes) {
     if (count != nullptr) *count = n;
-    if (out != nullptr && requested > 0) memcpy(out, src, (size_t)std::min(requested, n) * bytes);
+    if (out != nullptr && requested > 0 && n > 0) memcpy(out, src, (size_t)std::min(requested, n) * bytes);
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -953,9 +965,10 @@ cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t
 
 /* ---------------------------------------------------------------- what else the frontend links
 
-   The CUDA runtime and NVRTC calls the frontend references beside cuDNN's. The ones its execute path
-   makes answer as a runtime with no stream capture and no driver entry points would; the others belong
-   to features llm8 does not use (runtime-compiled kernels, CUDA graphs) and stop the run naming them. */
+   The CUDA runtime, NVRTC and legacy cuDNN calls the frontend references beside the backend API. The ones
+   its execute path makes answer as a runtime with no stream capture and no driver entry points would; the
+   others belong to features llm8 does not use (runtime-compiled kernels, CUDA graphs, filter reordering)
+   and stop the run naming them. */
 
 cudaError_t cudaGetDriverEntryPointByVersion(const char*, void** fn, unsigned int, unsigned long long,
                                              cudaDriverEntryPointQueryResult* status) {
@@ -1001,6 +1014,14 @@ nvrtcResult nvrtcGetCUBINSize(nvrtcProgram, size_t*) { EMU_NOT_PROVIDED("nvrtcGe
 nvrtcResult nvrtcGetCUBIN(nvrtcProgram, char*) { EMU_NOT_PROVIDED("nvrtcGetCUBIN"); }
 nvrtcResult nvrtcGetProgramLogSize(nvrtcProgram, size_t*) { EMU_NOT_PROVIDED("nvrtcGetProgramLogSize"); }
 nvrtcResult nvrtcGetProgramLog(nvrtcProgram, char*) { EMU_NOT_PROVIDED("nvrtcGetProgramLog"); }
+/* the legacy filter API of the frontend's reorder helper, referenced when it is built without optimization */
+cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t*) { EMU_NOT_PROVIDED("cudnnCreateFilterDescriptor"); }
+cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t) { EMU_NOT_PROVIDED("cudnnDestroyFilterDescriptor"); }
+cudnnStatus_t cudnnSetFilterNdDescriptor(cudnnFilterDescriptor_t, cudnnDataType_t, cudnnTensorFormat_t, int, const int[]) {
+    EMU_NOT_PROVIDED("cudnnSetFilterNdDescriptor");
+}
+cudnnStatus_t cudnnReorderFilterAndBias(cudnnHandle_t, const cudnnFilterDescriptor_t, cudnnReorderType_t, const void*, void*, int,
+                                        const void*, void*) { EMU_NOT_PROVIDED("cudnnReorderFilterAndBias"); }
 #undef EMU_NOT_PROVIDED
 
 }  // extern "C"

@@ -378,7 +378,7 @@ else
     if [ "$rc" -eq 0 ] && [ -n "$info" ]; then row "device and library versions" info "${info%%; attention: *}"
     else row "device and library versions" FAIL "$(why_failed "$rc" "$TOOL_S" "$LOGS/device_info.log")"; fi
 fi
-if [ "$EMULATED" -eq 1 ]; then row "attention path" skip "$NOT_MEASURED: ${ATTENTION:-unknown} (cuDNN is not emulated)"
+if [ "$EMULATED" -eq 1 ]; then row "attention path" skip "$NOT_MEASURED: ${ATTENTION:-unknown} (through the cuDNN double, not cuDNN)"
 elif is_cudnn "$ATTENTION"; then row "attention path" ok "$ATTENTION"
 else row "attention path" FAIL "${ATTENTION:-unknown} (the GPU path must be cuDNN SDPA; carry build/device with cudnn_att.o)"; fi
 
@@ -531,7 +531,7 @@ phase_throughput() {
         else
             row "  $name memory plan" FAIL "plan ${planned:-missing (see plan_$p.log)} GiB; in use ${used:-not measured (the run failed: next row)}"
         fi
-        # cuDNN's attention workspace against the plan's figure (cuda/cudnn_att.cpp prints both at the first backward)
+        # cuDNN's attention workspace against the plan's figure (cuda/cudnn_att.cpp prints both at start-up)
         att=$(sed -n 's/^| attention backward [^:]*: \(workspace [0-9.]* MiB, planned [0-9.]* MiB\).*$/\1/p' "$log" | head -1)
         if [ -n "$att" ]; then
             if grep -q '^| attention backward .*more than the memory plan counts' "$log"; then row "  $name attention workspace" FAIL "$att: the plan undercounts it"

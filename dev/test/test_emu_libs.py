@@ -516,6 +516,7 @@ def run_sdpa(exe, work, heads, cases, env=None, **args):
     cmd = [str(exe), f"dir={work}", f"heads={NH},{NKV},{HS}", "cases=" + ",".join(f"{B}x{T}" for B, T in cases),
            *(f"{k}={v}" for k, v in args.items())]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT, env={**MPI_ENV, **(env or {})})
+    assert "runtime error:" not in r.stderr, r.stderr[-3000:]  # UBSan
     return r, inputs
 
 
@@ -579,6 +580,74 @@ def test_sdpa_shape_not_prepared_stops_the_run(tools, tmp_path):
                      r"built at start-up", r.stderr), r.stderr[-3000:]
 
 
+# Planted faults in cuda/cudnn_att.cpp, each in a copy built as make builds build/cudnn_att.o (at -O0) and
+# linked into lib_sdpa: (name, the source text, its faulty replacement, what must catch it).
+CUDNN_ATT_FAULTS = [
+    # dK's row stride that of a dq row: dK lands on the next rows' q, its own columns stay NaN
+    ("dk_stride", "        set_bhsd(dk, UID_DK, B, NKV, T, HS, QKV);\n", "        set_bhsd(dk, UID_DK, B, NKV, T, HS, C);\n",
+     r"d[QKV]: "),
+    # the forward's mask one key to the right: each query also sees the next one
+    ("causal_mask_shifted", ".set_causal_mask(true).set_attn_scale(scale);", ".set_diagonal_band_right_bound(1).set_attn_scale(scale);",
+     r"O: "),
+    ("workspace_one_byte_short", "    cudaCheck(cudaMalloc(&g_workspace, (size_t)need));\n",
+     "    cudaCheck(cudaMalloc(&g_workspace, (size_t)need - 1));\n",
+     r"emu: cudnnBackendExecute: tensor .* run past the end of the device allocation they start in"),
+]
+
+
+@pytest.fixture(scope="module")
+def faulty_cudnn_att(request, tmp_path_factory):
+    """{fault name: its build/cudnn_att.o, or make's output when it did not build}: each selected fault's
+    copy of the sources make needs, built two at a time (CI's 2 cores)."""
+    selected = {item.callspec.params["name"] for item in request.session.items
+                if item.originalname == "test_cudnn_att_planted_fault_is_caught"}
+    jobs = []
+    for name, old, new, _ in CUDNN_ATT_FAULTS:
+        if name not in selected:
+            continue
+        copy = tmp_path_factory.mktemp(name)
+        for f in ["Makefile", "scripts/setup.sh", "cuda/cudnn_att.cpp", "cuda/cudnn_att.h", "core/common.h", "core/cuda_check.h"]:
+            (copy / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / f, copy / f)
+        source = (copy / "cuda/cudnn_att.cpp").read_text()
+        assert source.count(old) == 1, f"cuda/cudnn_att.cpp no longer has exactly one copy of the text {name} replaces: {old!r}"
+        (copy / "cuda/cudnn_att.cpp").write_text(source.replace(old, new))
+        (copy / "build").mkdir()
+        (copy / "build/.setup-done").touch()
+        jobs.append((name, copy, ["make", "-C", str(copy), "CUDNN_ATT_O=-O0", "build/cudnn_att.o"]))
+    results, running = {}, []
+    for job in jobs + [None, None]:
+        if job is not None:
+            running.append((job, subprocess.Popen(job[2], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+        while running and (len(running) >= 2 or job is None):
+            (name, copy, _), proc = running.pop(0)
+            out, _ = proc.communicate()
+            results[name] = copy / "build/cudnn_att.o" if proc.returncode == 0 else out[-3000:]
+            if job is None:
+                break
+    return results
+
+
+@needs_cudnn_att
+@pytest.mark.parametrize("name, old, new, caught", CUDNN_ATT_FAULTS, ids=[f[0] for f in CUDNN_ATT_FAULTS])
+def test_cudnn_att_planted_fault_is_caught(tools, faulty_cudnn_att, tmp_path, name, old, new, caught):
+    """A fault planted in cuda/cudnn_att.cpp is caught through the double: a wrong layout or mask by the
+    comparison with float64 numpy (test_sdpa_through_cudnn_att_matches_float64 passes the same cases on
+    the real source), a workspace one byte short of what the frontend reports by the double at execute."""
+    obj = faulty_cudnn_att[name]
+    assert not isinstance(obj, str), f"{name}: the faulty copy did not build:\n{obj}"
+    exe = compile_program(tools["dir"] / f"lib_sdpa_{name}", [REPO / "emu/tests/lib_sdpa.cpp", REPO / "emu/cudnn.cpp",
+                                                               REPO / "emu/runtime.cpp"], [str(obj), "-lboost_context"])
+    heads, cases = (4, 2, 16), [(2, 64)]
+    r, inputs = run_sdpa(exe, tmp_path, heads, cases)
+    if caught.startswith("emu: "):
+        assert r.returncode != 0 and re.search(caught, r.stderr), r.stdout + r.stderr[-3000:]
+        return
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    with pytest.raises(AssertionError, match=caught):
+        compare_sdpa(tmp_path, 0, *cases[0], *heads, *inputs[0])
+
+
 CUDNN_CHECKS = sorted(set(re.findall(r"/\* check:(\w+) \*/", (REPO / "emu/cudnn.cpp").read_text())))
 
 
@@ -597,6 +666,7 @@ def cudnn_tools(tools):
 def run_cudnn(exe, env=None, **args):
     r = subprocess.run([str(exe), *(f"{k}={v}" for k, v in args.items())], capture_output=True, text=True, timeout=RUN_TIMEOUT,
                        env={**MPI_ENV, **(env or {})})
+    assert "runtime error:" not in r.stderr or "unchecked" in str(exe), r.stderr[-3000:]  # UBSan
     return r, dict(line.split(" ", 1) for line in r.stdout.splitlines() if " " in line)
 
 
@@ -660,8 +730,8 @@ def test_every_cudnn_check_has_a_refusal_test():
 
 
 @pytest.mark.parametrize("args,env,message", [
-    (dict(host=1), {}, "are not inside one device allocation"),
-    (dict(short=1), {}, "are not inside one device allocation"),
+    (dict(host=1), {}, "are not device memory"),
+    (dict(short=1), {}, "run past the end of the device allocation they start in"),
     (dict(workspace=4095), {"LLM8_EMU_CUDNN_WORKSPACE": "4096"}, "is not 4096 bytes of device memory"),
     (dict(unknown="descriptor"), {}, "cudnnBackendCreateDescriptor: descriptor type 1 (cudnn_graph.h) is not emulated"),
     (dict(unknown="attribute"), {}, "attribute 904 (cudnn_graph.h) of a TENSOR descriptor is not emulated"),
