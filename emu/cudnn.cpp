@@ -4,13 +4,13 @@
  * that the project's cuDNN glue and the frontend's own graph building run unchanged on the emulated GPU.
  * Compiled against the toolkit's real cudnn.h.
  *
- * The double interprets the operation graph the frontend emits (docs/emulated-gpu.md lists it): matmul,
+ * The double interprets the operation graph the frontend emits (emu/LIBS_NOTES.md lists it): matmul,
  * pointwise (arithmetic, exp/log, comparisons, GEN_INDEX, BINARY_SELECT), reduction and reshape operations
  * on tensors of up to CUDNN_DIM_MAX dimensions. Every tensor holds FP32 values: an operation computes in
- * float64 (a matmul's sum over k in a fixed order) and its result is rounded to its output's data type, so a BF16
- * tensor, virtual or not, holds BF16 values (the frontend declares P and dS BF16 before the matmuls that
- * read them, as the flash-attention kernels round them). The same arithmetic serves the deterministic and
- * the fastest backward graphs; it is deterministic, which cuDNN's fastest backward is not.
+ * float64 (a matmul's sum over k in a fixed order) and its result is rounded to its output's data type,
+ * so a BF16 tensor, virtual or not, holds BF16 values (the frontend declares P and dS BF16 before the
+ * matmuls that read them, as the flash-attention kernels round them). The same arithmetic serves the
+ * deterministic and the fastest backward graphs; it is deterministic, which cuDNN's fastest backward is not.
  *
  * Rules it enforces, each refused with the status the cuDNN API reference ("Backend Descriptor Types",
  * "cudnnBackendExecute()") gives and one "emu cuDNN: ..." line saying why: required attributes, attribute
@@ -835,7 +835,7 @@ cudnnStatus_t get(Desc* d, int attr, cudnnBackendAttributeType_t type, int64_t r
     const char* api = "cudnnBackendGetAttribute";
     const AttrSpec* spec = attr_spec(d->type, attr);
     if (spec == nullptr)
-        emu_fail("%s: attribute %d of a %s descriptor is not emulated", api, attr, desc_name(d->type) ? desc_name(d->type) : "?");
+        emu_fail("%s: attribute %d (cudnn_graph.h) of a %s descriptor is not emulated", api, attr, desc_name(d->type));
     if (spec->type != type) /* check:attribute_type */
         return refuse(CUDNN_STATUS_BAD_PARAM, api, "%s is of type %d, asked as %d", spec->name, (int)spec->type, (int)type);
     if (!d->finalized) /* check:get_finalized */
@@ -843,20 +843,11 @@ cudnnStatus_t get(Desc* d, int attr, cudnnBackendAttributeType_t type, int64_t r
                       desc_name(d->type));
     switch (attr) {
         case CUDNN_ATTR_ENGINEHEUR_RESULTS: case CUDNN_ATTR_ENGINECFG_ENGINE: {
-            /* one engine for every graph; a heuristic result is its configuration without knobs */
-            Desc engine{CUDNN_BACKEND_ENGINE_DESCRIPTOR, true, {}, {}, {}, d->graph};
-            int64_t index = 0;
-            engine.attrs[CUDNN_ATTR_ENGINE_GLOBAL_INDEX] = Attr{CUDNN_TYPE_INT64, 1, std::vector<char>((char*)&index, (char*)&index + 8)};
-            if (attr == CUDNN_ATTR_ENGINECFG_ENGINE) {
-                if (count != nullptr) *count = 1;
-                if (requested > 0) fill(out, engine);
-                return CUDNN_STATUS_SUCCESS;
-            }
+            /* one engine (index 0) for every graph; the heuristic's one result is its configuration, no knobs */
+            Desc result{attr == CUDNN_ATTR_ENGINECFG_ENGINE ? CUDNN_BACKEND_ENGINE_DESCRIPTOR : CUDNN_BACKEND_ENGINECFG_DESCRIPTOR,
+                        true, {}, {}, {}, d->graph};
             if (count != nullptr) *count = 1;
-            if (requested > 0) {
-                Desc cfg{CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, true, {}, {}, {}, d->graph};
-                fill(out, cfg);
-            }
+            if (requested > 0) fill(out, result);
             return CUDNN_STATUS_SUCCESS;
         }
         case CUDNN_ATTR_ENGINE_GLOBAL_INDEX: { int64_t v = 0; return put(count, out, requested, &v, 1, 8); }

