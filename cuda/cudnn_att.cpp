@@ -1,10 +1,12 @@
 /*
  * cuDNN SDPA for cuda/cudnn_att.h: forward (training mode, with the softmax statistics) and backward
- * graphs of the cuDNN frontend graph API, one per shape, built on first use and cached. q, k, v are read
+ * graphs of the cuDNN frontend graph API, one per shape, built at start-up (cudnn_att_prepare; a program
+ * that does not prepare builds them on first use) and cached. q, k, v are read
  * straight from the fused qkv buffer and dq, dk, dv written straight into dqkv through strides, so no
  * permute kernels run around attention; grouped-query attention is native (K/V tensors with NKV heads).
- * Host-only C++, compiled by g++ (see the header). API: cudnn_frontend/graph_interface.h and
- * graph_properties.h of the nvidia-cudnn-frontend release in use (1.x), docs/operations/Attention.md.
+ * Host-only C++, compiled by g++ (see the header); the emulated GPU links the same object against its
+ * cuDNN double (docs/emulated-gpu.md). API: cudnn_frontend/graph_interface.h and graph_properties.h of the
+ * nvidia-cudnn-frontend release in use (1.x), docs/operations/Attention.md.
  */
 #include "cudnn_att.h"
 
