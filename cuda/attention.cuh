@@ -199,7 +199,7 @@ __global__ void attention_backward_key_kernel(act_t* dqkv, const float* dsum, co
     }
 }
 
-static DeviceScratch g_attention_scratch;
+static DeviceScratch g_attention_scratch = {NULL, 0, "attention"};
 
 /* op_attention_forward of the fallback kernels. */
 static inline void attention_forward_fallback(act_t* out, float* stats, const act_t* qkv, int B, int T, int NH, int NKV, int HS) {
@@ -256,8 +256,8 @@ static inline void op_attention_backward(act_t* dqkv, const act_t* dout, const a
 #endif
 }
 
-/* Before the first step: cuDNN's graphs of every shape and their workspace (cuda/cudnn_att.h), or the
-   fallback's row sums for the largest backward. */
+/* Before the first step: cuDNN's graphs of every shape and their workspace (cuda/cudnn_att.h). The
+   fallback's row sums are sized with the other scratch, from the memory plan (backend_reserve_workspaces). */
 static inline void op_attention_prepare(const AttentionShape* shapes, int n, int NH, int NKV, int HS) {
 #ifdef USE_CUDNN
     CudnnAttShape* s = (CudnnAttShape*)mallocCheck((size_t)n * sizeof(CudnnAttShape));
@@ -269,10 +269,6 @@ static inline void op_attention_prepare(const AttentionShape* shapes, int n, int
     cudnn_att_prepare(s, n, NH, NKV, HS);
     free(s);
 #else
-    (void)NKV, (void)HS;
-    size_t rows = 0;
-    for (int i = 0; i < n; i++)
-        if (shapes[i].backward && (size_t)shapes[i].B * NH * shapes[i].T > rows) rows = (size_t)shapes[i].B * NH * shapes[i].T;
-    if (rows > 0) scratch_reserve(&g_attention_scratch, rows * sizeof(float));
+    (void)shapes, (void)n, (void)NH, (void)NKV, (void)HS;
 #endif
 }
