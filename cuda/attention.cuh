@@ -18,7 +18,7 @@
 
 static inline void attention_init(void) {
 #ifdef USE_CUDNN
-    cudnn_att_init();
+    cudnn_att_init(device_alloc, device_free);
 #endif
 }
 

@@ -40,6 +40,8 @@ static cudnnHandle_t g_cudnn = nullptr;
 static bool g_deterministic = false;
 static void* g_workspace = nullptr;
 static int64_t g_workspace_bytes = 0;
+static CudnnAttAlloc g_alloc = nullptr;
+static CudnnAttFree g_free = nullptr;
 /* Set by cudnn_att_prepare: from then on every shape's graph must exist already. */
 static bool g_prepared = false;
 
@@ -238,8 +240,8 @@ static fe::graph::Graph& build(const GraphKey& key) {
 static void grow_workspace(int64_t need) {
     if (need <= g_workspace_bytes) return;
     cudaCheck(cudaDeviceSynchronize());
-    cudaCheck(cudaFree(g_workspace));
-    cudaCheck(cudaMalloc(&g_workspace, (size_t)need));
+    if (g_workspace != nullptr) g_free(g_workspace);
+    cudaCheck(g_alloc(&g_workspace, (size_t)need));
     g_workspace_bytes = need;
 }
 
@@ -283,8 +285,10 @@ extern "C" void cudnn_att_prepare(const CudnnAttShape* shapes, int n, int NH, in
 
 static void* offset(const void* p, int64_t elements) { return (char*)p + elements * BF16_BYTES; }
 
-extern "C" void cudnn_att_init(void) {
+extern "C" void cudnn_att_init(CudnnAttAlloc alloc, CudnnAttFree free) {
     if (g_cudnn != nullptr) return;
+    g_alloc = alloc;
+    g_free = free;
     cudnnCheck(cudnnCreate(&g_cudnn));
     g_deterministic = cudnn_att_deterministic_env() != 0;
 }

@@ -15,12 +15,20 @@
 
 #include <stddef.h>
 
+#include <cuda_runtime_api.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Creates the cuDNN handle (once) and takes the backward algorithm from LLM8_DETERMINISTIC (1: deterministic). */
-void cudnn_att_init(void);
+/* How the workspace is allocated and freed: the backend's own, counted allocations (core/cuda_utils.cuh's
+   device_alloc / device_free), so that the memory report sees cuDNN's workspace as llm8's. */
+typedef cudaError_t (*CudnnAttAlloc)(void** p, size_t bytes);
+typedef void (*CudnnAttFree)(void* p);
+
+/* Creates the cuDNN handle (once), keeps the workspace's allocator and takes the backward algorithm from
+   LLM8_DETERMINISTIC (1: deterministic). */
+void cudnn_att_init(CudnnAttAlloc alloc, CudnnAttFree free);
 
 /* 1 when LLM8_DETERMINISTIC=1 asks for the deterministic backward (what cudnn_att_init will select). */
 int cudnn_att_deterministic_env(void);

@@ -574,8 +574,8 @@ CUDNN_ATT_FAULTS = [
     # the forward's mask one key to the right: each query also sees the next one
     ("causal_mask_shifted", ".set_causal_mask(true).set_attn_scale(scale);", ".set_diagonal_band_right_bound(1).set_attn_scale(scale);",
      r"O: "),
-    ("workspace_one_byte_short", "    cudaCheck(cudaMalloc(&g_workspace, (size_t)need));\n",
-     "    cudaCheck(cudaMalloc(&g_workspace, (size_t)need - 1));\n",
+    ("workspace_one_byte_short", "    cudaCheck(g_alloc(&g_workspace, (size_t)need));\n",
+     "    cudaCheck(g_alloc(&g_workspace, (size_t)need - 1));\n",
      r"emu: cudnnBackendExecute: tensor .* run past the end of the device allocation they start in"),
 ]
 

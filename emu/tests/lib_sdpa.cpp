@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
         size_t comma = list.find(',', at);
         at = comma == std::string::npos ? list.size() : comma + 1;
     }
-    cudnn_att_init();
+    cudnn_att_init(cudaMalloc, [](void* p) { cudaFree(p); });
     cudnn_att_set_deterministic(atoi(arg("det", "0").c_str()));
     if (atoi(arg("prepare", "0").c_str())) cudnn_att_prepare(cases.data(), (int)cases.size(), NH, NKV, HS);
     size_t C = (size_t)NH * HS, QKV = C + 2 * (size_t)NKV * HS;
