@@ -283,6 +283,11 @@ extern "C" void cudnn_att_prepare(const CudnnAttShape* shapes, int n, int NH, in
     printf("| attention: %zu cuDNN graph(s) built at start-up, workspace %.1f MiB\n", g_graphs.size(), (double)g_workspace_bytes / (1 << 20));
 }
 
+extern "C" void cudnn_att_reserve(size_t bytes) {
+    if (g_cudnn == nullptr) die("cudnn_att_init was not called before cudnn_att_reserve");
+    grow_workspace((int64_t)bytes);
+}
+
 static void* offset(const void* p, int64_t elements) { return (char*)p + elements * BF16_BYTES; }
 
 extern "C" void cudnn_att_init(CudnnAttAlloc alloc, CudnnAttFree free) {

@@ -67,6 +67,11 @@ typedef struct {
  */
 void cudnn_att_prepare(const CudnnAttShape* shapes, int n, int NH, int NKV, int HS);
 
+/* Makes the workspace at least `bytes`: the memory plan's cudnn_attention entry, so that a run holds what
+   its plan counts (more only where cuDNN asks for more, which the graph's start-up line warns of). Start-up
+   only, like cudnn_att_prepare. */
+void cudnn_att_reserve(size_t bytes);
+
 /* "cuDNN X.Y.Z (built with X.Y.Z), frontend X.Y.Z": the library at run time, its headers at build time. */
 void cudnn_att_versions(char* out, size_t len);
 

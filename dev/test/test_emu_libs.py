@@ -428,10 +428,11 @@ needs_cudnn_att = pytest.mark.skipif(not CUDNN_ATT_OBJ.exists() or not os.path.e
                                      reason="needs build/cudnn_att.o (make build/cudnn_att.o: the cuDNN frontend headers) and cudnn.h")
 
 
-def build_sdpa(tools, cudnn_source=REPO / "emu/cudnn.cpp", name="lib_sdpa"):
-    """emu/tests/lib_sdpa.cpp: the GPU build's cuda/cudnn_att.cpp object on the double and the lazy runtime."""
-    return compile_program(tools["dir"] / name, [REPO / "emu/tests/lib_sdpa.cpp", cudnn_source, REPO / "emu/runtime.cpp"],
-                           [str(CUDNN_ATT_OBJ), "-lboost_context"])
+def build_sdpa(tools, cudnn_source=REPO / "emu/cudnn.cpp", name="lib_sdpa", cudnn_att=CUDNN_ATT_OBJ):
+    """emu/tests/lib_sdpa.cpp: a cuda/cudnn_att.cpp object (the GPU build's) on the double and the lazy runtime
+    (with emu/nvtx.cpp, whose counts the runtime keeps)."""
+    return compile_program(tools["dir"] / name, [REPO / "emu/tests/lib_sdpa.cpp", cudnn_source, REPO / "emu/runtime.cpp",
+                                                 REPO / "emu/nvtx.cpp"], [str(cudnn_att), "-lboost_context"])
 
 
 def sdpa_reference(qkv, dout, NH, NKV, HS):
@@ -623,8 +624,7 @@ def test_cudnn_att_planted_fault_is_caught(tools, faulty_cudnn_att, tmp_path, na
     the real source), a workspace one byte short of what the frontend reports by the double at execute."""
     obj = faulty_cudnn_att[name]
     assert not isinstance(obj, str), f"{name}: the faulty copy did not build:\n{obj}"
-    exe = compile_program(tools["dir"] / f"lib_sdpa_{name}", [REPO / "emu/tests/lib_sdpa.cpp", REPO / "emu/cudnn.cpp",
-                                                               REPO / "emu/runtime.cpp"], [str(obj), "-lboost_context"])
+    exe = build_sdpa(tools, name=f"lib_sdpa_{name}", cudnn_att=obj)
     heads, cases = (4, 2, 16), [(2, 64)]
     r, inputs = run_sdpa(exe, tmp_path, heads, cases)
     if caught.startswith("emu: "):
