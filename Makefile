@@ -69,8 +69,10 @@ CUDNN_FRONTEND_INCLUDE ?= $(shell $(PYTHON) -c "import os,sysconfig; p=os.path.j
 # A build/cudnn_att.o compiled elsewhere (same x86-64 Linux) is used as is when the headers are missing.
 CUDNN_PREBUILT = $(if $(CUDNN_FRONTEND_INCLUDE),,$(wildcard build/cudnn_att.o))
 USE_CUDNN ?= $(if $(or $(CUDNN_FRONTEND_INCLUDE),$(CUDNN_PREBUILT)),1,0)
-# The frontend's JSON (de)serialization is unused here and is half of its compile time.
-CUDNN_ATT_FLAGS = -O2 -std=c++17 -fPIC -Wall -Wextra -DCUDNN_FRONTEND_SKIP_JSON_LIB
+# The frontend's JSON (de)serialization is unused here and is half of its compile time. The tests' copies
+# with a planted fault build it with CUDNN_ATT_O=-O0 (half the time).
+CUDNN_ATT_O ?= -O2
+CUDNN_ATT_FLAGS = $(CUDNN_ATT_O) -std=c++17 -fPIC -Wall -Wextra -DCUDNN_FRONTEND_SKIP_JSON_LIB
 ifeq ($(USE_CUDNN)$(origin USE_CUDNN),0file)
   ifneq ($(NVCC),)
     $(info note: no cuDNN frontend headers (pip install nvidia-cudnn-frontend): the GPU build uses the slow fallback attention)
@@ -181,8 +183,10 @@ test_llama: test_llama.cu train_llama.cu dev/cuda/kernel_cases.cuh build/cpu_ref
 	$(NVCC) $(NVCC_FLAGS) $< build/cpu_reference.o $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(CPU_LIBS) $(PTXAS_V)
 
 # The emulated GPU (emu/, docs/emulated-gpu.md): train_llama.cu and test_llama.cu compiled as C++
-# by g++ against emu/'s runtime, with ASan, and the doubles of cuBLASLt and NCCL; no nvcc, no GPU. cuDNN
-# is not emulated: the fallback attention runs (USE_CUDNN off). EMU_ASAN=0 builds without ASan.
+# by g++ against emu/'s runtime, with ASan, and the doubles of cuBLASLt, cuDNN and NCCL; no nvcc, no GPU.
+# With USE_CUDNN (the default where the frontend headers are) they link the GPU build's own
+# build/cudnn_att.o against the cuDNN double; USE_CUDNN=0 builds them with the fallback attention alone.
+# EMU_ASAN=0 builds without ASan.
 EMU_DIR = build/emu
 EMU_ASAN ?= 1
 # test_emu.py builds its planted-fault copies with EMU_O=-O0: half the compile time, the same checks.
@@ -193,25 +197,28 @@ EMU_CXXFLAGS = -x c++ -std=c++17 -DOMPI_SKIP_MPICXX=1 -DMPICH_SKIP_MPICXX=1 $(EM
 EMU_LIBS = -lboost_context -lgomp $(filter-out -pthread,$(MPI_LIBS)) -lpthread $(if $(filter 1,$(USE_CJSON)),-lcjson) \
 	$(if $(filter 1,$(EMU_ASAN)),-fsanitize=address)
 EMU_RUNTIME_SRCS = emu/runtime.cpp emu/nvtx.cpp emu/sanitizer_defaults.cpp
-EMU_LIB_SRCS = $(wildcard emu/cublaslt.cpp emu/nccl.cpp) $(if $(wildcard emu/nccl.cpp),,emu/nccl_stub.cpp)
+EMU_LIB_SRCS = $(wildcard emu/cublaslt.cpp emu/nccl.cpp) $(if $(wildcard emu/nccl.cpp),,emu/nccl_stub.cpp) \
+	$(if $(filter 1,$(USE_CUDNN)),emu/cudnn.cpp)
+# The trainer and its checks with cuDNN: the double above and the GPU build's glue object.
+EMU_CUDNN_FLAGS = $(if $(filter 1,$(USE_CUDNN)),-DUSE_CUDNN)
 EMU_OBJS = $(patsubst emu/%.cpp,$(EMU_DIR)/%.o,$(EMU_RUNTIME_SRCS) $(EMU_LIB_SRCS))
 EMU_HEADERS = $(wildcard emu/*.h emu/cub/block/*.cuh)
 .PHONY: emu
 emu: $(EMU_DIR)/train_llama $(EMU_DIR)/test_llama $(EMU_DIR)/test_intrinsics $(EMU_DIR)/attention_smem
 
 # The library doubles' CPU GEMMs are most of an emulated step: optimized (still under ASan).
-$(EMU_DIR)/cublaslt.o: EMU_OPT = -O3 -march=native
+$(EMU_DIR)/cublaslt.o $(EMU_DIR)/cudnn.o: EMU_OPT = -O3 -march=native
 $(EMU_DIR)/%.o: emu/%.cpp $(EMU_HEADERS) | $(SETUP_STAMP)
 	@mkdir -p $(@D)
 	$(CXX) $(filter-out -x c++,$(EMU_CXXFLAGS)) $(EMU_OPT) -c $< -o $@
 
-$(EMU_DIR)/train_llama: train_llama.cu $(EMU_OBJS) $(HEADERS) $(CUDA_HEADERS) $(EMU_HEADERS) | $(SETUP_STAMP)
+$(EMU_DIR)/train_llama: train_llama.cu $(EMU_OBJS) $(CUDNN_OBJ) $(HEADERS) $(CUDA_HEADERS) $(EMU_HEADERS) | $(SETUP_STAMP)
 	@mkdir -p $(@D)
-	$(CXX) $(EMU_CXXFLAGS) $< -x none $(EMU_OBJS) -o $@ $(EMU_LIBS)
+	$(CXX) $(EMU_CXXFLAGS) $(EMU_CUDNN_FLAGS) $< -x none $(EMU_OBJS) $(CUDNN_OBJ) -o $@ $(EMU_LIBS)
 
-$(EMU_DIR)/test_llama: test_llama.cu train_llama.cu dev/cuda/kernel_cases.cuh build/cpu_reference.o $(EMU_OBJS) $(HEADERS) $(CUDA_HEADERS) $(TEST_HEADERS) $(EMU_HEADERS) | $(SETUP_STAMP)
+$(EMU_DIR)/test_llama: test_llama.cu train_llama.cu dev/cuda/kernel_cases.cuh build/cpu_reference.o $(EMU_OBJS) $(CUDNN_OBJ) $(HEADERS) $(CUDA_HEADERS) $(TEST_HEADERS) $(EMU_HEADERS) | $(SETUP_STAMP)
 	@mkdir -p $(@D)
-	$(CXX) $(EMU_CXXFLAGS) $< -x none build/cpu_reference.o $(EMU_OBJS) -o $@ $(EMU_LIBS) $(CPU_LIBS)
+	$(CXX) $(EMU_CXXFLAGS) $(EMU_CUDNN_FLAGS) $< -x none build/cpu_reference.o $(EMU_OBJS) $(CUDNN_OBJ) -o $@ $(EMU_LIBS) $(CPU_LIBS)
 
 # The fallback attention's backward launched at a shape needing > 48 KiB of shared memory (test_emu.py).
 $(EMU_DIR)/attention_smem: emu/tests/attention_smem.cpp $(EMU_OBJS) $(HEADERS) $(CUDA_HEADERS) $(EMU_HEADERS) | $(SETUP_STAMP)

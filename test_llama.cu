@@ -118,12 +118,25 @@ KERNEL_CHECK(fp8_cast_vec)
 KERNEL_CHECK(fp8_weight)
 KERNEL_CHECK(gemm)
 KERNEL_CHECK(grad_fp8)
+#if defined(USE_CUDNN) && defined(ATTENTION_FALLBACK)
+KERNEL_CHECK(attention_fallback)
+#endif
 
 /* ------------------------------------------------------------ production shapes */
 
 /* The micro-batch the production-shape checks use: one sequence of 4096 tokens, as Llama-2 trains. */
 #define PROD_B 1
 #define PROD_T 4096
+
+/* The emulated GPU takes the attention checks at HS 128 with 8 heads and T 512: its double of cuDNN and
+   the CPU reference compute on the CPU. */
+#ifdef LLM8_EMU
+#define PROD_ATT_T 512
+#define PROD_ATT_HEADS 8
+#else
+#define PROD_ATT_T PROD_T
+#define PROD_ATT_HEADS c->n_heads
+#endif
 
 /*
  * Attention at the Llama-2 7B shape (T 4096, HS 128, the 13B head size too) with cuDNN's default backward
@@ -132,7 +145,8 @@ KERNEL_CHECK(grad_fp8)
  */
 static int prod_attention(int deterministic) {
     const LlamaConfig* c = llama_preset("llama2-7b");
-    KernelShape s = {PROD_B, PROD_T, c->dim, c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab_size};
+    int NH = PROD_ATT_HEADS, HS = c->dim / c->n_heads;
+    KernelShape s = {PROD_B, PROD_ATT_T, NH * HS, NH, NH * c->n_kv_heads / c->n_heads, c->ffn_dim, c->vocab_size};
     backend_init(PRECISION_BF16); /* first: its start-up reads LLM8_DETERMINISTIC */
     int previous = attention_set_deterministic(deterministic);
     printf("    attention backward: %s\n", deterministic ? "deterministic" : "default (fastest)");
@@ -511,6 +525,9 @@ static Check CHECKS[] = {
     {"kernel_rmsnorm", check_kernel_rmsnorm, "RMSNorm (+ fused residual) forward/backward vs CPU"},
     {"kernel_rope", check_kernel_rope, "RoPE forward/backward vs CPU"},
     {"kernel_attention", check_kernel_attention, "causal GQA attention forward/backward vs CPU"},
+#if defined(USE_CUDNN) && defined(ATTENTION_FALLBACK)
+    {"kernel_attention_fallback", check_kernel_attention_fallback, "the fallback attention kernels (emulated build) vs CPU"},
+#endif
     {"kernel_swiglu", check_kernel_swiglu, "SwiGLU forward/backward vs CPU"},
     {"kernel_classifier", check_kernel_classifier, "fused softmax cross-entropy vs CPU"},
     {"kernel_fp8_cast", check_kernel_fp8_cast, "amax + FP8 cast-transpose bit-identical to CPU"},
@@ -527,7 +544,7 @@ static Check CHECKS[] = {
     {"grad_accumulation", check_grad_accumulation, "GPU: 2 micro-batches accumulate the 1-batch gradient"},
     {"zero_one_rank", check_zero_one_rank, "GPU: ZeRO-1/2 on one rank without NCCL (local copies) equal ZeRO-0 bit for bit"},
     {"nccl_one_rank", check_nccl_one_rank, "GPU: NCCL starts (one-rank communicator); ZeRO-1/2 through it equal ZeRO-0 bit for bit"},
-    {"prod_attention", check_prod_attention, "attention at T 4096, HS 128, default (fastest) backward vs CPU on a slice"},
+    {"prod_attention", check_prod_attention, "attention at T 4096, HS 128 (emulated GPU: T 512, 8 heads), default (fastest) backward vs CPU on a slice"},
     {"prod_attention_deterministic", check_prod_attention_deterministic, "the same with the deterministic backward"},
     {"prod_fp8_linear_7b", check_prod_fp8_linear_7b, "Llama-2 7B linear layers, N 4096: FP8 casts vs CPU, fprop/dgrad/wgrad vs CPU emulation"},
     {"prod_fp8_linear_13b", check_prod_fp8_linear_13b, "Llama-2 13B linear layers, N 4096: the same"},

@@ -317,6 +317,10 @@ static inline void op_rope_backward(act_t* dqkv, const float* cos_t, const float
     rope_apply(dqkv, cos_t, sin_t, B, T, NH, NKV, HS, -1.0f);
 }
 
+static inline void op_attention_prepare(const AttentionShape* shapes, int n, int NH, int NKV, int HS) {
+    (void)shapes, (void)n, (void)NH, (void)NKV, (void)HS; /* the probabilities live in the activations */
+}
+
 /*
  * Causal attention with grouped-query heads: qkv (B, T, QKV) rows [q (NH*HS) | k (NKV*HS) | v (NKV*HS)],
  * query head h reads kv head h / (NH / NKV) (HF repeat_kv); out (B, T, NH*HS) = softmax(q k^T / sqrt(HS)) v.

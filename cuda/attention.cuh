@@ -18,7 +18,7 @@
 
 static inline void attention_init(void) {
 #ifdef USE_CUDNN
-    cudnn_att_init();
+    cudnn_att_init(device_alloc, device_free);
 #endif
 }
 
@@ -46,7 +46,10 @@ static inline int attention_set_deterministic(int on) {
 #endif
 }
 
-#ifndef USE_CUDNN
+/* The fallback kernels: the build's attention without cuDNN; the emulated GPU keeps them beside cuDNN's
+   (its kernel checks run both: docs/emulated-gpu.md). */
+#if !defined(USE_CUDNN) || defined(LLM8_EMU)
+#define ATTENTION_FALLBACK 1
 
 /* Threads per row of the fallback kernels. */
 #define ATT_THREADS 128
@@ -198,7 +201,33 @@ __global__ void attention_backward_key_kernel(act_t* dqkv, const float* dsum, co
 
 static DeviceScratch g_attention_scratch = {NULL, 0, "attention"};
 
-#endif /* !USE_CUDNN */
+/* op_attention_forward of the fallback kernels. */
+static inline void attention_forward_fallback(act_t* out, float* stats, const act_t* qkv, int B, int T, int NH, int NKV, int HS) {
+    size_t rows = (size_t)B * NH * T, smem = (size_t)T * sizeof(float);
+    smem_opt_in(attention_forward_fallback_kernel, smem);
+    LAUNCH(attention_forward_fallback_kernel, (unsigned int)rows, ATT_THREADS, smem)(out, stats, qkv, T, NH, NKV, HS,
+                                                                                 1.0f / sqrtf((float)HS));
+    launchCheck();
+}
+
+/* op_attention_backward of the fallback kernels (out unused: the row sums come from dout and the stats). */
+static inline void attention_backward_fallback(act_t* dqkv, const act_t* dout, const act_t* qkv, const float* stats, int B,
+                                               int T, int NH, int NKV, int HS) {
+    float scale = 1.0f / sqrtf((float)HS);
+    size_t query_rows = (size_t)B * NH * T, key_rows = (size_t)B * NKV * T;
+    float* dsum = (float*)scratch_reserve(&g_attention_scratch, query_rows * sizeof(float));
+    size_t smem_q = 2 * (size_t)T * sizeof(float), smem_k = (2 * (size_t)T + 2 * (size_t)HS) * sizeof(float);
+    smem_opt_in(attention_backward_query_kernel, smem_q);
+    smem_opt_in(attention_backward_key_kernel, smem_k);
+    LAUNCH(attention_backward_query_kernel, (unsigned int)query_rows, ATT_THREADS, smem_q)(dqkv, dsum, dout, qkv, stats, T, NH,
+                                                                                       NKV, HS, scale);
+    launchCheck();
+    LAUNCH(attention_backward_key_kernel, (unsigned int)key_rows, ATT_THREADS, smem_k)(dqkv, dsum, dout, qkv, stats, T, NH, NKV,
+                                                                                   HS, scale);
+    launchCheck();
+}
+
+#endif /* ATTENTION_FALLBACK */
 
 /*
  * Causal attention with grouped-query heads: qkv (B, T, QKV) rows [q (NH*HS) | k (NKV*HS) | v (NKV*HS)],
@@ -209,11 +238,7 @@ static inline void op_attention_forward(act_t* out, float* stats, const act_t* q
 #ifdef USE_CUDNN
     cudnn_att_forward(out, stats, qkv, B, T, NH, NKV, HS);
 #else
-    size_t rows = (size_t)B * NH * T, smem = (size_t)T * sizeof(float);
-    smem_opt_in(attention_forward_fallback_kernel, smem);
-    LAUNCH(attention_forward_fallback_kernel, (unsigned int)rows, ATT_THREADS, smem)(out, stats, qkv, T, NH, NKV, HS,
-                                                                                 1.0f / sqrtf((float)HS));
-    launchCheck();
+    attention_forward_fallback(out, stats, qkv, B, T, NH, NKV, HS);
 #endif
 }
 
@@ -227,17 +252,23 @@ static inline void op_attention_backward(act_t* dqkv, const act_t* dout, const a
     cudnn_att_backward(dqkv, dout, qkv, out, stats, B, T, NH, NKV, HS);
 #else
     (void)out;
-    float scale = 1.0f / sqrtf((float)HS);
-    size_t query_rows = (size_t)B * NH * T, key_rows = (size_t)B * NKV * T;
-    float* dsum = (float*)scratch_reserve(&g_attention_scratch, query_rows * sizeof(float));
-    size_t smem_q = 2 * (size_t)T * sizeof(float), smem_k = (2 * (size_t)T + 2 * (size_t)HS) * sizeof(float);
-    smem_opt_in(attention_backward_query_kernel, smem_q);
-    smem_opt_in(attention_backward_key_kernel, smem_k);
-    LAUNCH(attention_backward_query_kernel, (unsigned int)query_rows, ATT_THREADS, smem_q)(dqkv, dsum, dout, qkv, stats, T, NH,
-                                                                                       NKV, HS, scale);
-    launchCheck();
-    LAUNCH(attention_backward_key_kernel, (unsigned int)key_rows, ATT_THREADS, smem_k)(dqkv, dsum, dout, qkv, stats, T, NH, NKV,
-                                                                                   HS, scale);
-    launchCheck();
+    attention_backward_fallback(dqkv, dout, qkv, stats, B, T, NH, NKV, HS);
+#endif
+}
+
+/* Before the first step: cuDNN's graphs of every shape and their workspace (cuda/cudnn_att.h). The
+   fallback's row sums are sized with the other scratch, from the memory plan (backend_reserve_workspaces). */
+static inline void op_attention_prepare(const AttentionShape* shapes, int n, int NH, int NKV, int HS) {
+#ifdef USE_CUDNN
+    CudnnAttShape* s = (CudnnAttShape*)mallocCheck((size_t)n * sizeof(CudnnAttShape));
+    for (int i = 0; i < n; i++) {
+        s[i].B = shapes[i].B;
+        s[i].T = shapes[i].T;
+        s[i].backward = shapes[i].backward;
+    }
+    cudnn_att_prepare(s, n, NH, NKV, HS);
+    free(s);
+#else
+    (void)shapes, (void)n, (void)NH, (void)NKV, (void)HS;
 #endif
 }

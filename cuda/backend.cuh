@@ -28,7 +28,7 @@ typedef __nv_bfloat16 act_t;
 #define LLM8_BACKEND_MATH "GPU and cuBLASLt"
 /* The GPU accumulates as its tensor cores do: --fp8-accum hopper is refused (train/trainer.h). */
 #define BACKEND_MODELS_FP8_ACCUM 0
-/* Kernels load, GEMMs are planned and attention graphs built at first use: the trainer warms up. */
+/* Kernels load and GEMMs are planned at first use (attention graphs: op_attention_prepare): the trainer warms up. */
 #define BACKEND_WARMS_UP 1
 
 #include "../llama/backend.h"
@@ -269,7 +269,7 @@ static inline int backend_workspaces(const WorkspaceQuery* q, MemoryEstimate* ou
     CudnnAttWorkspace att = cudnn_att_backward_workspace(q->B, q->T, c->n_heads, c->n_kv_heads, c->dim / c->n_heads,
                                                          cudnn_att_deterministic_env(), sm);
     snprintf(attention_what, sizeof(attention_what), "%s%s", att.what, assumed ? "; no GPU here: planned for Hopper" : "");
-    out[n++] = (MemoryEstimate){"cudnn_attention", att.bytes, 1, attention_what, NULL};
+    out[n++] = (MemoryEstimate){"cudnn_attention", att.bytes, 0, attention_what, NULL};
 #else
     size_t rows = (size_t)q->B * (size_t)c->n_heads * (size_t)q->T;
     out[n++] = (MemoryEstimate){"attention", rows * sizeof(float), 0, "fallback attention backward row sums", &g_attention_scratch};
@@ -283,10 +283,15 @@ static inline int backend_workspaces(const WorkspaceQuery* q, MemoryEstimate* ou
     return n;
 }
 
-/* The largest upload of a step is op_encoder_backward's bucketing, 3 N + 1 ints (tokens and targets: N). */
+/* The largest upload of a step is op_encoder_backward's bucketing, 3 N + 1 ints (tokens and targets: N).
+   cuDNN's workspace, sized by cuda/cudnn_att.cpp, is held at its plan entry too. */
 static inline void backend_reserve_workspaces(const MemoryEstimate* ws, int n, size_t tokens) {
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         if (ws[i].scratch != NULL) scratch_size(ws[i].scratch, ws[i].bytes);
+#ifdef USE_CUDNN
+        if (strcmp(ws[i].name, "cudnn_attention") == 0) cudnn_att_reserve(ws[i].bytes);
+#endif
+    }
     for (int i = 0; i < UPLOAD_STAGES; i++) upload_stage_size(&g_upload_stages[i], (3 * tokens + 1) * sizeof(int));
     g_scratch_fixed = 1;
 }

@@ -1,13 +1,16 @@
 /*
  * cuDNN SDPA for cuda/cudnn_att.h: forward (training mode, with the softmax statistics) and backward
- * graphs of the cuDNN frontend graph API, one per shape, built on first use and cached. q, k, v are read
+ * graphs of the cuDNN frontend graph API, one per shape, built at start-up (cudnn_att_prepare; a program
+ * that does not prepare builds them on first use) and cached. q, k, v are read
  * straight from the fused qkv buffer and dq, dk, dv written straight into dqkv through strides, so no
  * permute kernels run around attention; grouped-query attention is native (K/V tensors with NKV heads).
- * Host-only C++, compiled by g++ (see the header). API: cudnn_frontend/graph_interface.h and
- * graph_properties.h of the nvidia-cudnn-frontend release in use (1.x), docs/operations/Attention.md.
+ * Host-only C++, compiled by g++ (see the header); the emulated GPU links the same object against its
+ * cuDNN double (docs/emulated-gpu.md). API: cudnn_frontend/graph_interface.h and graph_properties.h of the
+ * nvidia-cudnn-frontend release in use (1.x), docs/operations/Attention.md.
  */
 #include "cudnn_att.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -37,6 +40,10 @@ static cudnnHandle_t g_cudnn = nullptr;
 static bool g_deterministic = false;
 static void* g_workspace = nullptr;
 static int64_t g_workspace_bytes = 0;
+static CudnnAttAlloc g_alloc = nullptr;
+static CudnnAttFree g_free = nullptr;
+/* Set by cudnn_att_prepare: from then on every shape's graph must exist already. */
+static bool g_prepared = false;
 
 /* (B, T, NH, NKV, HS, backward, deterministic) -> built graph */
 typedef std::tuple<int, int, int, int, int, int, int> GraphKey;
@@ -204,39 +211,89 @@ extern "C" CudnnAttWorkspace cudnn_att_backward_workspace(int B, int T, int NH, 
 
 /* ---------------------------------------------------------------- graphs */
 
-/* The cached graph of a shape, with the shared workspace grown to what it needs. */
-static fe::graph::Graph& graph_for(bool backward, int B, int T, int NH, int NKV, int HS) {
-    if (g_cudnn == nullptr) die("cudnn_att_init was not called before attention");
-    GraphKey key(B, T, NH, NKV, HS, backward ? 1 : 0, backward && g_deterministic ? 1 : 0);
-    auto it = g_graphs.find(key);
-    bool built = it == g_graphs.end();
-    if (built) it = g_graphs.emplace(key, build_graph(backward, B, T, NH, NKV, HS)).first;
-    int64_t need = 0;
-    feCheck(it->second->get_workspace_size(need), shape_name(backward, B, T, NH, NKV, HS));
-    if (built && backward) {
+static std::string key_name(const GraphKey& k) {
+    return shape_name(std::get<5>(k) != 0, std::get<0>(k), std::get<1>(k), std::get<2>(k), std::get<3>(k), std::get<4>(k));
+}
+
+/* Builds the graph of a key; for a backward, prints cuDNN's workspace beside the memory plan's figure. */
+static fe::graph::Graph& build(const GraphKey& key) {
+    bool backward = std::get<5>(key) != 0;
+    int B = std::get<0>(key), T = std::get<1>(key), NH = std::get<2>(key), NKV = std::get<3>(key), HS = std::get<4>(key);
+    auto g = build_graph(backward, B, T, NH, NKV, HS);
+    if (backward) {
+        int64_t need = 0;
+        feCheck(g->get_workspace_size(need), key_name(key));
         /* what the memory plan counted for this shape against what cuDNN asks for: the plan must not be short */
         int device = 0, major = 0;
         cudaCheck(cudaGetDevice(&device));
         cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
         CudnnAttWorkspace planned = cudnn_att_backward_workspace(B, T, NH, NKV, HS, g_deterministic, major);
-        printf("| attention %s: workspace %.1f MiB, planned %.1f MiB (%s)%s\n", shape_name(true, B, T, NH, NKV, HS).c_str(),
-               (double)need / (1 << 20), (double)planned.bytes / (1 << 20), planned.what,
+        printf("| attention %s: workspace %.1f MiB, planned %.1f MiB (%s)%s\n", key_name(key).c_str(), (double)need / (1 << 20),
+               (double)planned.bytes / (1 << 20), planned.what,
                (size_t)need > planned.bytes ? ": warning: more than the memory plan counts" : "");
     }
-    if (need > g_workspace_bytes) {
-        /* the old workspace may still be in use by a queued attention kernel */
-        cudaCheck(cudaDeviceSynchronize());
-        cudaCheck(cudaFree(g_workspace));
-        cudaCheck(cudaMalloc(&g_workspace, (size_t)need));
-        g_workspace_bytes = need;
-    }
-    return *it->second;
+    return *g_graphs.emplace(key, g).first->second;
+}
+
+/* Makes the shared workspace at least `need` bytes. Only at start-up (cudnn_att_prepare) or for a caller
+   that never prepared: the old workspace may still be in use by a queued attention kernel. */
+static void grow_workspace(int64_t need) {
+    if (need <= g_workspace_bytes) return;
+    cudaCheck(cudaDeviceSynchronize());
+    if (g_workspace != nullptr) g_free(g_workspace);
+    cudaCheck(g_alloc(&g_workspace, (size_t)need));
+    g_workspace_bytes = need;
+}
+
+static GraphKey graph_key(bool backward, int B, int T, int NH, int NKV, int HS) {
+    return GraphKey(B, T, NH, NKV, HS, backward ? 1 : 0, backward && g_deterministic ? 1 : 0);
+}
+
+/* The cached graph of a shape. After cudnn_att_prepare a shape it did not prepare stops the run (it would
+   build a graph and grow the workspace mid-run); before, it is built here and the workspace grown. */
+static fe::graph::Graph& graph_for(bool backward, int B, int T, int NH, int NKV, int HS) {
+    if (g_cudnn == nullptr) die("cudnn_att_init was not called before attention");
+    GraphKey key = graph_key(backward, B, T, NH, NKV, HS);
+    auto it = g_graphs.find(key);
+    if (it != g_graphs.end()) return *it->second;
+    if (g_prepared)
+        die("attention %s%s: not among the shapes cudnn_att_prepare built at start-up", key_name(key).c_str(),
+            backward && g_deterministic ? " (deterministic)" : "");
+    fe::graph::Graph& g = build(key);
+    int64_t need = 0;
+    feCheck(g.get_workspace_size(need), key_name(key));
+    grow_workspace(need);
+    return g;
+}
+
+extern "C" void cudnn_att_prepare(const CudnnAttShape* shapes, int n, int NH, int NKV, int HS) {
+    if (g_cudnn == nullptr) die("cudnn_att_init was not called before cudnn_att_prepare");
+    int64_t need = g_workspace_bytes;
+    for (int i = 0; i < n; i++)
+        for (int backward = 0; backward <= shapes[i].backward; backward++) {
+            GraphKey key = graph_key(backward != 0, shapes[i].B, shapes[i].T, NH, NKV, HS);
+            auto it = g_graphs.find(key);
+            fe::graph::Graph& g = it != g_graphs.end() ? *it->second : build(key);
+            int64_t bytes = 0;
+            feCheck(g.get_workspace_size(bytes), key_name(key));
+            need = std::max(need, bytes);
+        }
+    grow_workspace(need);
+    g_prepared = true;
+    printf("| attention: %zu cuDNN graph(s) built at start-up, workspace %.1f MiB\n", g_graphs.size(), (double)g_workspace_bytes / (1 << 20));
+}
+
+extern "C" void cudnn_att_reserve(size_t bytes) {
+    if (g_cudnn == nullptr) die("cudnn_att_init was not called before cudnn_att_reserve");
+    grow_workspace((int64_t)bytes);
 }
 
 static void* offset(const void* p, int64_t elements) { return (char*)p + elements * BF16_BYTES; }
 
-extern "C" void cudnn_att_init(void) {
+extern "C" void cudnn_att_init(CudnnAttAlloc alloc, CudnnAttFree free) {
     if (g_cudnn != nullptr) return;
+    g_alloc = alloc;
+    g_free = free;
     cudnnCheck(cudnnCreate(&g_cudnn));
     g_deterministic = cudnn_att_deterministic_env() != 0;
 }

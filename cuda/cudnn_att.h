@@ -15,12 +15,20 @@
 
 #include <stddef.h>
 
+#include <cuda_runtime_api.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Creates the cuDNN handle (once) and takes the backward algorithm from LLM8_DETERMINISTIC (1: deterministic). */
-void cudnn_att_init(void);
+/* How the workspace is allocated and freed: the backend's own, counted allocations (core/cuda_utils.cuh's
+   device_alloc / device_free), so that the memory report sees cuDNN's workspace as llm8's. */
+typedef cudaError_t (*CudnnAttAlloc)(void** p, size_t bytes);
+typedef void (*CudnnAttFree)(void* p);
+
+/* Creates the cuDNN handle (once), keeps the workspace's allocator and takes the backward algorithm from
+   LLM8_DETERMINISTIC (1: deterministic). */
+void cudnn_att_init(CudnnAttAlloc alloc, CudnnAttFree free);
 
 /* 1 when LLM8_DETERMINISTIC=1 asks for the deterministic backward (what cudnn_att_init will select). */
 int cudnn_att_deterministic_env(void);
@@ -45,6 +53,24 @@ CudnnAttWorkspace cudnn_att_backward_workspace(int B, int T, int NH, int NKV, in
  * atomics and is not bit-reproducible (on == 0); both kinds of graphs are cached. Returns the previous choice.
  */
 int cudnn_att_set_deterministic(int on);
+
+/* One shape a run's attention takes: (B, T), and whether its backward runs too (training) or only its
+   forward (validation, evaluations, samples). */
+typedef struct {
+    int B, T, backward;
+} CudnnAttShape;
+
+/*
+ * Builds the graphs of every shape a run uses (with the backward algorithm selected now) and sizes the one
+ * workspace for the largest, so that no step allocates, frees or synchronizes; afterwards a shape not
+ * prepared stops the run naming it. Called once at start-up, after cudnn_att_init.
+ */
+void cudnn_att_prepare(const CudnnAttShape* shapes, int n, int NH, int NKV, int HS);
+
+/* Makes the workspace at least `bytes`: the memory plan's cudnn_attention entry, so that a run holds what
+   its plan counts (more only where cuDNN asks for more, which the graph's start-up line warns of). Start-up
+   only, like cudnn_att_prepare. */
+void cudnn_att_reserve(size_t bytes);
 
 /* "cuDNN X.Y.Z (built with X.Y.Z), frontend X.Y.Z": the library at run time, its headers at build time. */
 void cudnn_att_versions(char* out, size_t len);

@@ -441,6 +441,18 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
     p->canMapHostMemory = 1;
     return cudaSuccess;
 }
+/* The attributes the project and the cuDNN frontend read (compute capability, SM count), as the
+   properties above give them; any other is refused as a runtime without it would. */
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+    cudaDeviceProp p;
+    cudaGetDeviceProperties(&p, device);
+    switch (attr) {
+        case cudaDevAttrComputeCapabilityMajor: *value = p.major; return cudaSuccess;
+        case cudaDevAttrComputeCapabilityMinor: *value = p.minor; return cudaSuccess;
+        case cudaDevAttrMultiProcessorCount: *value = p.multiProcessorCount; return cudaSuccess;
+        default: return set_error(cudaErrorInvalidValue);
+    }
+}
 cudaError_t cudaRuntimeGetVersion(int* v) {
     *v = CUDART_VERSION;
     return cudaSuccess;

@@ -170,6 +170,14 @@ static inline void op_attention_forward(act_t* out, float* stats, const act_t* q
    heads) given dout (B, T, NH HS) and the forward's qkv, out and stats. */
 static inline void op_attention_backward(act_t* dqkv, const act_t* dout, const act_t* qkv, const act_t* out,
                                          const float* stats, int B, int T, int NH, int NKV, int HS);
+/* A (B, T) shape a run's attention takes: with its backward (training) or its forward only. */
+typedef struct {
+    int B, T, backward;
+} AttentionShape;
+/* Readies attention for the n shapes a run uses, before its first step, so that no step allocates: the
+   GPU builds cuDNN's graphs and sizes their workspace for the largest (a shape not prepared then stops
+   the run); the CPU needs nothing. */
+static inline void op_attention_prepare(const AttentionShape* shapes, int n, int NH, int NKV, int HS);
 
 /* ---------------------------------------------------------------- SwiGLU and classifier */
 

@@ -5,7 +5,8 @@
 #           a C/C++ toolchain (gcc's ASan/UBSan runtimes come with it: `make SANITIZE=1`), clang and its
 #           runtime with libFuzzer (`make fuzz`);
 #   PyPI:   numpy, sentencepiece (tokenizing), ml_dtypes (FP8 test reference), matplotlib (loss plots),
-#           safetensors (HF checkpoint interop), pytest, nvidia-cudnn-frontend (header-only cuDNN graph API),
+#           safetensors (HF checkpoint interop), pytest, nvidia-cudnn-frontend 1.32.0 (header-only cuDNN graph
+#           API; pinned: emu/cudnn.cpp, the emulated GPU's cuDNN, interprets the graphs this release emits),
 #           zstandard and pyarrow (reading .jsonl.zst and .parquet corpora in dev/data/tokenize.py),
 #           transformers 4.57 with JAX and Flax on the CPU (the reference Llama and Llama-2 tokenizer of
 #           dev/test/test_eval_parity.py: about 0.9 GB and 45 s, where torch's CUDA wheels take 5.6 GB and
@@ -44,12 +45,13 @@ if [ ${#missing_apt[@]} -gt 0 ]; then
 fi
 
 command -v "$PYTHON" >/dev/null || { echo "error: $PYTHON not found (install python3 and python3-pip)" >&2; exit 1; }
-# The PyPI packages of "module:package" specs whose module is missing.
+# The PyPI packages of "module:package[==version]" specs whose module is missing (or, pinned, at another version).
 missing_modules() {
     for spec in "$@"; do
-        module=${spec%%:*}
-        "$PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$module') is None)" 2>/dev/null ||
-            echo "${spec#*:}"
+        module=${spec%%:*} package=${spec#*:}
+        "$PYTHON" -c "import importlib.util, importlib.metadata as m, sys
+sys.exit(importlib.util.find_spec('$module') is None or ('==' in '$package' and m.version('${package%%==*}') != '${package##*==}'))" \
+            2>/dev/null || echo "$package"
     done
 }
 # pip install of the packages given, saying what for ($1).
@@ -64,7 +66,7 @@ pip_install() {
     "$PYTHON" -m pip install -q "$@" 2>/dev/null || "$PYTHON" -m pip install -q --break-system-packages "$@"
 }
 mapfile -t missing_pip < <(missing_modules numpy:numpy sentencepiece:sentencepiece ml_dtypes:ml_dtypes \
-    matplotlib:matplotlib safetensors:safetensors pytest:pytest cudnn:nvidia-cudnn-frontend zstandard:zstandard \
+    matplotlib:matplotlib safetensors:safetensors pytest:pytest cudnn:nvidia-cudnn-frontend==1.32.0 zstandard:zstandard \
     pyarrow:pyarrow)
 pip_install "PyPI packages" "${missing_pip[@]}"
 # pinned together: FlaxLlamaForCausalLM is in transformers 4.x only, and these jax/flax run it

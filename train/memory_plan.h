@@ -137,7 +137,7 @@ static inline MemoryPlan memory_plan(const PlanSettings* s, int print) {
 /*
  * After step 1, where the backend measures device memory (the GPU, real or emulated): this run's plan by
  * category against what the run allocated (its buffer tables; for "workspaces", llm8's allocator total
- * less the tables), and the plan's estimates (the CUDA context, cuDNN's workspace, NCCL's buffers)
+ * less the tables), and the plan's estimates (the CUDA context, NCCL's buffers)
  * against cudaMemGetInfo's memory in use less llm8's allocations. Prints a table and one line
  * "memory after step 1: {JSON}" that scripts/device_check.sh reads (docs/memory.md). Allocates nothing.
  */

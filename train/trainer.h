@@ -390,8 +390,8 @@ static inline void trainer_reserve(Trainer* tr) {
  * Runs each once on a throwaway batch: the shadow check's passes where the run checks, a training
  * micro-step (forward, backward with the driver's reductions off, gradient norm) at the training shape,
  * which validation and evaluations share, and a sample's (1, T) forward where the run samples; then the
- * collectives of a step (dp_warmup) and the loading of the update's kernels (backend_load_kernels). The
- * passes build cuDNN's graphs of these shapes (cuda/cudnn_att.cpp keeps one per shape). Everything it
+ * collectives of a step (dp_warmup) and the loading of the update's kernels (backend_load_kernels). cuDNN's
+ * attention graphs of these shapes exist already (op_attention_prepare, trainer_init). Everything it
  * writes a step writes again before reading: gradients, activations, the FP8 records, flags and step
  * amaxes are reset when a step begins, so the run's results are those of a run without it.
  */
@@ -527,6 +527,10 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaC
     llama_build(&tr->model, &tr->cfg, (Precision)a->precision, a->B, a->T, &fp8, a->recompute, sharding,
                 train_args_state_formats(a));
     llama_set_bf16_blocks(&tr->model, tr->bf16_blocks);
+    /* every attention shape of the run before step 1: training (B, T), whose forward validation and the
+       evaluations share, and the samples' one sequence (1, T) */
+    AttentionShape shapes[2] = {{a->B, a->T, 1}, {1, a->T, 0}};
+    op_attention_prepare(shapes, a->sample_every > 0 ? 2 : 1, tr->cfg.n_heads, tr->cfg.n_kv_heads, llama_head_dim(&tr->cfg));
     tr->model.fp8_fprop_fast_accum = a->fp8_fast_accum;
     tr->model.fp8_accum = fp8_accum_parse(a->fp8_accum);
     tr->loss_sums = (double*)dev_alloc((size_t)tr->grad_accum_steps * sizeof(double));

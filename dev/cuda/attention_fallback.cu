@@ -8,4 +8,7 @@
 #include <cuda_bf16.h>
 #include "../../core/cuda_utils.cuh"
 typedef __nv_bfloat16 act_t; /* as cuda/backend.cuh has it */
+typedef struct {
+    int B, T, backward;
+} AttentionShape; /* as llama/backend.h has it */
 #include "../../cuda/attention.cuh"

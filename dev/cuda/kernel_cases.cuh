@@ -797,7 +797,19 @@ static inline void kc_copy_cols(float* dst, size_t dst_stride, size_t dst_col, c
  * rel L2 1e-2 for out and 2e-2 for dq, dk, dv (the backward compounds two roundings), max abs 2e-2 /
  * 3e-2 x max|cpu|. A layout or masking bug gives errors of order 1.
  */
-static int kc_attention_compare(const char* label, int B, int T, int NH, int NKV, int HS, int iters, uint64_t seed) {
+/* The ops a comparison runs: the build's (op_attention_*), or on the emulated GPU with cuDNN also the
+   fallback kernels, which that build keeps (cuda/attention.cuh). */
+typedef void (*KcAttForward)(act_t*, float*, const act_t*, int, int, int, int, int);
+typedef void (*KcAttBackward)(act_t*, const act_t*, const act_t*, const act_t*, const float*, int, int, int, int, int);
+#if defined(USE_CUDNN) && defined(ATTENTION_FALLBACK)
+static inline void kc_attention_backward_fallback(act_t* dqkv, const act_t* dout, const act_t* qkv, const act_t*, const float* stats,
+                                                  int B, int T, int NH, int NKV, int HS) {
+    attention_backward_fallback(dqkv, dout, qkv, stats, B, T, NH, NKV, HS);
+}
+#endif
+
+static int kc_attention_compare(const char* label, int B, int T, int NH, int NKV, int HS, int iters, uint64_t seed,
+                                KcAttForward forward = op_attention_forward, KcAttBackward backward = op_attention_backward) {
     uint64_t stream = seed;
     int failed = 0;
     size_t C = (size_t)NH * HS, KVC = (size_t)NKV * HS, QKV = C + 2 * KVC, BT = (size_t)B * T;
@@ -823,8 +835,8 @@ static int kc_attention_compare(const char* label, int B, int T, int NH, int NKV
     kc_poison(d_out, BT * C * sizeof(act_t));
     kc_poison(d_stats, att_stats_size((size_t)B, NH, T) * sizeof(float));
     kc_poison(d_dqkv, BT * QKV * sizeof(act_t));
-    op_attention_forward(d_out, d_stats, d_qkv, B, T, NH, NKV, HS);
-    op_attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_stats, B, T, NH, NKV, HS);
+    forward(d_out, d_stats, d_qkv, B, T, NH, NKV, HS);
+    backward(d_dqkv, d_dout, d_qkv, d_out, d_stats, B, T, NH, NKV, HS);
     float* got_out = kc_get_act(d_out, BT * C);
     float* got_dqkv = kc_get_act(d_dqkv, BT * QKV);
     size_t nonfinite = kc_count_nonfinite(got_out, BT * C) + kc_count_nonfinite(got_dqkv, BT * QKV);
@@ -863,9 +875,8 @@ static int kc_attention_compare(const char* label, int B, int T, int NH, int NKV
 
     /* causal: half of the T x T scores; forward 2 GEMMs (QK^T, PV), backward 5 (S, dP, dV, dQ, dK) */
     double fwd_flops = 2.0 * B * NH * (double)T * T * HS;
-    kc_time("attention_forward", iters, 0.0, fwd_flops, [&] { op_attention_forward(d_out, d_stats, d_qkv, B, T, NH, NKV, HS); });
-    kc_time("attention_backward", iters, 0.0, 2.5 * fwd_flops,
-            [&] { op_attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_stats, B, T, NH, NKV, HS); });
+    kc_time("attention_forward", iters, 0.0, fwd_flops, [&] { forward(d_out, d_stats, d_qkv, B, T, NH, NKV, HS); });
+    kc_time("attention_backward", iters, 0.0, 2.5 * fwd_flops, [&] { backward(d_dqkv, d_dout, d_qkv, d_out, d_stats, B, T, NH, NKV, HS); });
 
     free(got);
     free(ref);
@@ -902,6 +913,14 @@ static int kc_case_attention(const KernelShape* s, int iters, uint64_t seed) {
     }
     return failed;
 }
+
+#if defined(USE_CUDNN) && defined(ATTENTION_FALLBACK)
+/* The fallback kernels at the shape, in the emulated build that runs cuDNN's attention (the double). */
+static int kc_case_attention_fallback(const KernelShape* s, int iters, uint64_t seed) {
+    return kc_attention_compare("fallback kernels", s->B, s->T, s->NH, s->NKV, s->C / s->NH, iters, seed,
+                                attention_forward_fallback, kc_attention_backward_fallback);
+}
+#endif
 
 /* ------------------------------------------------------------ swiglu */
 
@@ -1963,6 +1982,9 @@ static const KernelCase KERNEL_CASES[] = {
     {"rmsnorm", "op_rmsnorm_forward, op_residual_rmsnorm_forward, op_rmsnorm_backward", kc_case_rmsnorm},
     {"rope", "op_rope_forward, op_rope_backward", kc_case_rope},
     {"attention", "op_attention_forward, op_attention_backward (causal, GQA)", kc_case_attention},
+#if defined(USE_CUDNN) && defined(ATTENTION_FALLBACK)
+    {"attention_fallback", "the fallback attention kernels (kept beside cuDNN by the emulated build)", kc_case_attention_fallback},
+#endif
     {"swiglu", "op_swiglu_forward, op_swiglu_backward", kc_case_swiglu},
     {"classifier", "op_classifier (losses and dlogits)", kc_case_classifier},
     {"fp8_cast", "op_amax, op_cast_transpose (E4M3, E5M2)", kc_case_fp8_cast},

@@ -421,6 +421,323 @@ def test_missing_issue_event_before_collective(tools):
     assert results[0][0] != results[0][1], "without it the early schedule runs the collective before the copy"
 
 
+# ---------------------------------------------------------------------------------------------- cuDNN
+
+CUDNN_ATT_OBJ = REPO / "build/cudnn_att.o"
+needs_cudnn_att = pytest.mark.skipif(not CUDNN_ATT_OBJ.exists() or not os.path.exists(f"{CUDA_INCLUDE}/cudnn.h"),
+                                     reason="needs build/cudnn_att.o (make build/cudnn_att.o: the cuDNN frontend headers) and cudnn.h")
+
+
+def build_sdpa(tools, cudnn_source=REPO / "emu/cudnn.cpp", name="lib_sdpa", cudnn_att=CUDNN_ATT_OBJ):
+    """emu/tests/lib_sdpa.cpp: a cuda/cudnn_att.cpp object (the GPU build's) on the double and the lazy runtime
+    (with emu/nvtx.cpp, whose counts the runtime keeps)."""
+    return compile_program(tools["dir"] / name, [REPO / "emu/tests/lib_sdpa.cpp", cudnn_source, REPO / "emu/runtime.cpp",
+                                                 REPO / "emu/nvtx.cpp"], [str(cudnn_att), "-lboost_context"])
+
+
+def sdpa_reference(qkv, dout, NH, NKV, HS):
+    """Causal grouped-query attention and its gradients in float64, from their definitions (the frontend's
+    docs/operations/Attention.md: O = softmax(scale Q K^T + causal mask) V, Stats the natural-log
+    logsumexp of each row; query head h reads kv head h // (NH / NKV), HF's repeat_kv), with what the
+    tolerances need: P, dS, dP, D."""
+    B, T, _ = qkv.shape
+    C, KV, g = NH * HS, NKV * HS, NH // NKV
+    heads = lambda x, n: x.reshape(B, T, n, HS).transpose(0, 2, 1, 3)  # noqa: E731  (b, h, t, d)
+    q, k, v = heads(qkv[..., :C], NH), heads(qkv[..., C:C + KV], NKV), heads(qkv[..., C + KV:], NKV)
+    k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+    scale = 1.0 / np.sqrt(HS)
+    s = np.where(np.tril(np.ones((T, T), bool)), q @ k.transpose(0, 1, 3, 2) * scale, -np.inf)
+    m = s.max(-1, keepdims=True)
+    e = np.exp(s - m)
+    p = e / e.sum(-1, keepdims=True)
+    r = dict(q=q, k=k, v=v, p=p, scale=scale, lse=(m + np.log(e.sum(-1, keepdims=True)))[..., 0], o=p @ v, do=heads(dout, NH))
+    r["dp"] = r["do"] @ v.transpose(0, 1, 3, 2)
+    r["D"] = (r["do"] * r["o"]).sum(-1, keepdims=True)
+    r["ds"] = p * (r["dp"] - r["D"])
+    group_sum = lambda x: x.reshape(B, NKV, g, T, HS).sum(2)  # noqa: E731
+    r["dq"] = r["ds"] @ k * scale
+    r["dk"] = group_sum(r["ds"].transpose(0, 1, 3, 2) @ q * scale)
+    r["dv"] = group_sum(p.transpose(0, 1, 3, 2) @ r["do"])
+    return r
+
+
+def check_sdpa(got, bound, ref, what):
+    assert np.isfinite(got).all(), f"{what}: non-finite elements (not written?)"
+    err = np.abs(got - ref)
+    worst = np.unravel_index(np.argmax(err / bound), err.shape)
+    assert (err <= bound).all(), f"{what}: |got - ref| {err[worst]:.3g} > bound {bound[worst]:.3g} at {worst}"
+    return float((err / bound).max())
+
+
+def compare_sdpa(work, i, B, T, NH, NKV, HS, qkv, dout):
+    """Case i of lib_sdpa against sdpa_reference, element by element within bounds derived from the BF16
+    roundings the SDPA kernels make (cudnn_frontend's CompositeSDPANode and its backward declare P BF16
+    before P V and P^T dO, dS BF16 before dS^T Q, with GQA each head's dK and dV BF16 before their group's
+    sum; O, dQ, dK, dV are stored BF16): a rounding to BF16 (8 significant bits) moves a value by at most
+    2^-8 of it, taken twice (2^-7) for margin. Returns the largest err / bound seen."""
+    r = sdpa_reference(qkv.astype(np.float64), dout.astype(np.float64), NH, NKV, HS)
+    C, KV, g = NH * HS, NKV * HS, NH // NKV
+    u = 2.0 ** -7
+    heads = lambda x, n: x.astype(np.float64).reshape(B, T, n, HS).transpose(0, 2, 1, 3)  # noqa: E731
+    out = np.fromfile(work / f"out{i}.bin", BF16).reshape(B, T, C)
+    stats = np.fromfile(work / f"stats{i}.bin", np.float32).reshape(B, NH, T).astype(np.float64)
+    dqkv = np.fromfile(work / f"dqkv{i}.bin", BF16).reshape(B, T, C + 2 * KV)
+    P, aq, ak, av, ado = r["p"], np.abs(r["q"]), np.abs(r["k"]), np.abs(r["v"]), np.abs(r["do"])
+    group_sum = lambda x: x.reshape(B, NKV, g, T, HS).sum(2)  # noqa: E731
+    worst = []
+    o_bound = u * (P @ av + np.abs(r["o"])) + 1e-6  # P rounded before P V; O rounded
+    worst.append(check_sdpa(heads(out, NH), o_bound, r["o"], "O"))
+    worst.append(check_sdpa(stats, 1e-5 * (1 + np.abs(r["lse"])), r["lse"], "Stats"))
+    # D = rowsum(dO * O) reads the stored O; dS = P (dP - D) then carries P's and D's errors
+    d_bound = (ado * o_bound).sum(-1, keepdims=True)
+    ds_bound = P * (u * (np.abs(r["dp"]) + np.abs(r["D"])) + d_bound)
+    dq_bound = (ds_bound @ ak) * r["scale"] + u * np.abs(r["dq"]) + 1e-6
+    # with GQA each query head's dK and dV are BF16 too before their group's sum
+    dk_full, dv_full = r["ds"].transpose(0, 1, 3, 2) @ r["q"] * r["scale"], P.transpose(0, 1, 3, 2) @ r["do"]
+    full = float(g > 1)
+    dk_bound = group_sum(((ds_bound + u * np.abs(r["ds"])).transpose(0, 1, 3, 2) @ aq) * r["scale"] + full * u * np.abs(dk_full)) \
+        + u * np.abs(r["dk"]) + 1e-6
+    dv_bound = group_sum(u * P.transpose(0, 1, 3, 2) @ ado + full * u * np.abs(dv_full)) + u * np.abs(r["dv"]) + 1e-6
+    worst.append(check_sdpa(heads(dqkv[..., :C], NH), dq_bound, r["dq"], "dQ"))
+    worst.append(check_sdpa(heads(dqkv[..., C:C + KV], NKV), dk_bound, r["dk"], "dK"))
+    worst.append(check_sdpa(heads(dqkv[..., C + KV:], NKV), dv_bound, r["dv"], "dV"))
+    return max(worst)
+
+
+def run_sdpa(exe, work, heads, cases, env=None, **args):
+    """Writes fresh BF16 inputs for each (B, T) case, runs lib_sdpa, returns (result, inputs)."""
+    rng = np.random.default_rng()
+    NH, NKV, HS = heads
+    work.mkdir(parents=True, exist_ok=True)
+    inputs = []
+    for i, (B, T) in enumerate(cases):
+        qkv = rng.standard_normal((B, T, (NH + 2 * NKV) * HS)).astype(BF16)
+        dout = rng.standard_normal((B, T, NH * HS)).astype(BF16)
+        qkv.tofile(work / f"qkv{i}.bin")
+        dout.tofile(work / f"dout{i}.bin")
+        inputs.append((qkv, dout))
+    cmd = [str(exe), f"dir={work}", f"heads={NH},{NKV},{HS}", "cases=" + ",".join(f"{B}x{T}" for B, T in cases),
+           *(f"{k}={v}" for k, v in args.items())]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT, env={**MPI_ENV, **(env or {})})
+    assert "runtime error:" not in r.stderr, r.stderr[-3000:]  # UBSan
+    return r, inputs
+
+
+SDPA_CASES = [  # heads (NH, NKV, HS), (B, T) cases run in one process, deterministic backward
+    ((4, 4, 16), [(2, 64)], 0),
+    ((4, 4, 16), [(2, 64)], 1),
+    ((4, 2, 32), [(1, 96), (2, 32), (1, 96)], 0),  # GQA, T off the 64 tiles, a cached graph run again
+    ((8, 2, 16), [(1, 128)], 1),
+]
+
+
+@needs_cudnn_att
+@pytest.mark.parametrize("heads,cases,det", SDPA_CASES, ids=[f"{h[0]}x{h[1]}x{h[2]}-{len(c)}cases-det{d}" for h, c, d in SDPA_CASES])
+def test_sdpa_through_cudnn_att_matches_float64(tools, tmp_path, heads, cases, det):
+    """cuda/cudnn_att.cpp's forward and backward graphs (strided q, k, v in qkv and dq, dk, dv in dqkv,
+    the causal mask, GQA), built by the frontend and run by the double, against float64 numpy; every
+    element of out, stats and dqkv written (they start as NaN bytes). The planted faults below (a wrong
+    stride, the mask shifted by one) make the same comparison fail."""
+    exe = build_sdpa(tools)
+    r, inputs = run_sdpa(exe, tmp_path, heads, cases, det=det)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    worst = [compare_sdpa(tmp_path, i, B, T, *heads, *inputs[i]) for i, (B, T) in enumerate(cases)]
+    print(f"largest |err| / bound: {max(worst):.3f}")
+
+
+@needs_cudnn_att
+def test_sdpa_engine_workspace_is_passed_and_sized(tools, tmp_path):
+    """With every plan asking for an engine workspace of its own (LLM8_EMU_CUDNN_WORKSPACE, which execute
+    fills with NaN bytes as a kernel's scratch), cudnn_att.cpp still sizes and passes the workspace the
+    frontend reports (the engine's part plus the frontend's row sums and dQ accumulator): same results."""
+    exe = build_sdpa(tools)
+    heads, cases = (4, 2, 16), [(2, 64), (1, 32)]
+    r, inputs = run_sdpa(exe, tmp_path, heads, cases, env={"LLM8_EMU_CUDNN_WORKSPACE": "65536"}, prepare=1)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    for i, (B, T) in enumerate(cases):
+        compare_sdpa(tmp_path, i, B, T, *heads, *inputs[i])
+
+
+@needs_cudnn_att
+def test_sdpa_shape_not_prepared_stops_the_run(tools, tmp_path):
+    """After cudnn_att_prepare, attention at a shape it did not build stops with one line naming it,
+    instead of building a graph and growing the workspace mid-run."""
+    r, _ = run_sdpa(build_sdpa(tools), tmp_path, (4, 2, 16), [(1, 64)], prepare=1, extra="2x64")
+    assert r.returncode != 0 and "case 0 done" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert re.search(r"error: attention forward \(B 2, T 64, NH 4, NKV 2, HS 16\): not among the shapes cudnn_att_prepare "
+                     r"built at start-up", r.stderr), r.stderr[-3000:]
+
+
+# Planted faults in cuda/cudnn_att.cpp, each in a copy built as make builds build/cudnn_att.o (at -O0) and
+# linked into lib_sdpa: (name, the source text, its faulty replacement, what must catch it).
+CUDNN_ATT_FAULTS = [
+    # dK's row stride that of a dq row: dK lands on the next rows' q, its own columns stay NaN
+    ("dk_stride", "        set_bhsd(dk, UID_DK, B, NKV, T, HS, QKV);\n", "        set_bhsd(dk, UID_DK, B, NKV, T, HS, C);\n",
+     r"d[QKV]: "),
+    # the forward's mask one key to the right: each query also sees the next one
+    ("causal_mask_shifted", ".set_causal_mask(true).set_attn_scale(scale);", ".set_diagonal_band_right_bound(1).set_attn_scale(scale);",
+     r"O: "),
+    ("workspace_one_byte_short", "    cudaCheck(g_alloc(&g_workspace, (size_t)need));\n",
+     "    cudaCheck(g_alloc(&g_workspace, (size_t)need - 1));\n",
+     r"emu: cudnnBackendExecute: tensor .* run past the end of the device allocation they start in"),
+]
+
+
+@pytest.fixture(scope="module")
+def faulty_cudnn_att(request, tmp_path_factory):
+    """{fault name: its build/cudnn_att.o, or make's output when it did not build}: each selected fault's
+    copy of the sources make needs, built two at a time (CI's 2 cores)."""
+    selected = {item.callspec.params["name"] for item in request.session.items
+                if item.originalname == "test_cudnn_att_planted_fault_is_caught"}
+    jobs = []
+    for name, old, new, _ in CUDNN_ATT_FAULTS:
+        if name not in selected:
+            continue
+        copy = tmp_path_factory.mktemp(name)
+        for f in ["Makefile", "scripts/setup.sh", "cuda/cudnn_att.cpp", "cuda/cudnn_att.h", "core/common.h", "core/cuda_check.h"]:
+            (copy / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / f, copy / f)
+        source = (copy / "cuda/cudnn_att.cpp").read_text()
+        assert source.count(old) == 1, f"cuda/cudnn_att.cpp no longer has exactly one copy of the text {name} replaces: {old!r}"
+        (copy / "cuda/cudnn_att.cpp").write_text(source.replace(old, new))
+        (copy / "build").mkdir()
+        (copy / "build/.setup-done").touch()
+        jobs.append((name, copy, ["make", "-C", str(copy), "CUDNN_ATT_O=-O0", "build/cudnn_att.o"]))
+    results, running = {}, []
+    for job in jobs + [None, None]:
+        if job is not None:
+            running.append((job, subprocess.Popen(job[2], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+        while running and (len(running) >= 2 or job is None):
+            (name, copy, _), proc = running.pop(0)
+            out, _ = proc.communicate()
+            results[name] = copy / "build/cudnn_att.o" if proc.returncode == 0 else out[-3000:]
+            if job is None:
+                break
+    return results
+
+
+@needs_cudnn_att
+@pytest.mark.parametrize("name, old, new, caught", CUDNN_ATT_FAULTS, ids=[f[0] for f in CUDNN_ATT_FAULTS])
+def test_cudnn_att_planted_fault_is_caught(tools, faulty_cudnn_att, tmp_path, name, old, new, caught):
+    """A fault planted in cuda/cudnn_att.cpp is caught through the double: a wrong layout or mask by the
+    comparison with float64 numpy (test_sdpa_through_cudnn_att_matches_float64 passes the same cases on
+    the real source), a workspace one byte short of what the frontend reports by the double at execute."""
+    obj = faulty_cudnn_att[name]
+    assert not isinstance(obj, str), f"{name}: the faulty copy did not build:\n{obj}"
+    exe = build_sdpa(tools, name=f"lib_sdpa_{name}", cudnn_att=obj)
+    heads, cases = (4, 2, 16), [(2, 64)]
+    r, inputs = run_sdpa(exe, tmp_path, heads, cases)
+    if caught.startswith("emu: "):
+        assert r.returncode != 0 and re.search(caught, r.stderr), r.stdout + r.stderr[-3000:]
+        return
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    with pytest.raises(AssertionError, match=caught):
+        compare_sdpa(tmp_path, 0, *cases[0], *heads, *inputs[0])
+
+
+CUDNN_CHECKS = sorted(set(re.findall(r"/\* check:(\w+) \*/", (REPO / "emu/cudnn.cpp").read_text())))
+
+
+@pytest.fixture(scope="module")
+def cudnn_tools(tools):
+    """emu/tests/lib_cudnn.cpp (the backend API by hand, no frontend) on the double and on a copy of it with
+    every tagged check disabled, both on the eager runtime stub."""
+    if not os.path.exists(f"{CUDA_INCLUDE}/cudnn.h"):
+        pytest.skip("needs cudnn.h (the cuDNN headers of the toolkit)")
+    stub, driver = REPO / "emu/tests/lib_stub_runtime.cpp", REPO / "emu/tests/lib_cudnn.cpp"
+    unchecked = disable_checks(REPO / "emu/cudnn.cpp", CUDNN_CHECKS, tools["dir"] / "cudnn_unchecked.cpp")
+    return {"checked": compile_program(tools["dir"] / "lib_cudnn", [driver, REPO / "emu/cudnn.cpp", stub]),
+            "unchecked": compile_program(tools["dir"] / "lib_cudnn_unchecked", [driver, unchecked, stub])}
+
+
+def run_cudnn(exe, env=None, **args):
+    r = subprocess.run([str(exe), *(f"{k}={v}" for k, v in args.items())], capture_output=True, text=True, timeout=RUN_TIMEOUT,
+                       env={**MPI_ENV, **(env or {})})
+    assert "runtime error:" not in r.stderr or "unchecked" in str(exe), r.stderr[-3000:]  # UBSan
+    return r, dict(line.split(" ", 1) for line in r.stdout.splitlines() if " " in line)
+
+
+# One case per rule of the cuDNN API reference ("Backend Descriptor Types": each descriptor's required
+# attributes and finalization errors; cudnnBackendSetAttribute/GetAttribute/Execute): (check tag, driver
+# arguments, the step that refuses, the status).
+SCALARS = dict(x="1,1,1,1", b="1,1,1,1", y="1,1,1,1")
+CUDNN_REFUSALS = [
+    ("tensor_required", dict(skip="TENSOR_BYTE_ALIGNMENT"), "tensor_x", "CUDNN_STATUS_BAD_PARAM"),
+    ("tensor_rank", dict(xs="64,32,8"), "tensor_x", "CUDNN_STATUS_BAD_PARAM"),
+    ("tensor_positive", dict(xs="64,32,0,1"), "tensor_x", "CUDNN_STATUS_BAD_PARAM"),
+    ("tensor_alignment", dict(align=2), "tensor_x", "CUDNN_STATUS_BAD_PARAM"),
+    ("tensor_virtual_by_value", dict(SCALARS, bvirt=1, bvalue=1), "tensor_b", "CUDNN_STATUS_BAD_PARAM"),
+    ("tensor_by_value_scalar", dict(bvalue=1), "tensor_b", "CUDNN_STATUS_BAD_PARAM"),
+    ("op_required", dict(skip="XDESC"), "op", "CUDNN_STATUS_BAD_PARAM"),
+    ("op_rank", dict(y="2,4,8"), "op", "CUDNN_STATUS_BAD_PARAM"),
+    ("op_output_by_value", dict(SCALARS, yvalue=1), "op", "CUDNN_STATUS_BAD_PARAM"),
+    ("matmul_shape", dict(op="matmul", b="1,2,7,3"), "op", "CUDNN_STATUS_BAD_PARAM"),
+    ("pointwise_broadcast", dict(b="1,2,3,8"), "op", "CUDNN_STATUS_BAD_PARAM"),
+    ("gen_index_axis", dict(op="gen_index", axis=4), "op", "CUDNN_STATUS_BAD_PARAM"),
+    ("reduction_shape", dict(op="reduce", y="1,2,3,1"), "op", "CUDNN_STATUS_BAD_PARAM"),
+    ("reshape_elements", dict(op="reshape", y="1,2,8,5", ys="80,40,5,1"), "op", "CUDNN_STATUS_BAD_PARAM"),
+    ("graph_required", dict(ops=0), "graph", "CUDNN_STATUS_BAD_PARAM"),
+    ("graph_uid", dict(buid=1), "graph", "CUDNN_STATUS_BAD_PARAM"),
+    ("graph_single_writer", dict(ops=2), "graph", "CUDNN_STATUS_BAD_PARAM"),
+    ("graph_virtual_input", dict(xvirt=1), "graph", "CUDNN_STATUS_BAD_PARAM"),
+    ("graph_cycle", dict(cycle=1), "graph", "CUDNN_STATUS_BAD_PARAM"),
+    ("plan_required", dict(noconfig=1), "plan", "CUDNN_STATUS_BAD_PARAM"),
+    ("engine_index", dict(engine=1), "engine", "CUDNN_STATUS_NOT_SUPPORTED"),
+    ("variant_pack_pairs", dict(pairs=2), "pack", "CUDNN_STATUS_BAD_PARAM"),
+    ("execute_finalized", dict(unfinalized=1), "execute", "CUDNN_STATUS_BAD_PARAM"),
+    ("pack_uid", dict(packuid=99), "execute", "CUDNN_STATUS_BAD_PARAM"),
+    ("pack_pointer", dict(nopacky=1), "execute", "CUDNN_STATUS_BAD_PARAM_NULL_POINTER"),
+    ("pack_alignment", dict(xoffset=4), "execute", "CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER"),
+    ("attribute_type", dict(attrtype=1), "set_uid_int32", "CUDNN_STATUS_BAD_PARAM"),
+    ("set_finalized", dict(setafter=1), "set", "CUDNN_STATUS_BAD_PARAM"),
+    ("get_finalized", dict(getbefore=1), "get", "CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED"),
+]
+
+
+@pytest.mark.parametrize("op", ["add", "matmul", "reduce", "reshape", "gen_index"])
+def test_cudnn_backend_graph_runs(cudnn_tools, op):
+    """The driver's valid graph of each operation kind finalizes and executes (Y = X + B checked here)."""
+    r, out = run_cudnn(cudnn_tools["checked"], op=op)
+    assert out.get("execute") == "CUDNN_STATUS_SUCCESS" and out.get("y") == "ok", r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("check,args,where,status", CUDNN_REFUSALS, ids=[c[0] for c in CUDNN_REFUSALS])
+def test_cudnn_refusal(cudnn_tools, check, args, where, status):
+    """The double refuses what the API reference says cuDNN refuses, with that status and one line saying
+    why; on the copy with its checks disabled the same step no longer refuses so (so the refusal is the check's)."""
+    r, out = run_cudnn(cudnn_tools["checked"], **args)
+    assert out.get(where) == status, r.stdout + r.stderr
+    assert "emu cuDNN:" in r.stderr, "a refusal says why"
+    r, out = run_cudnn(cudnn_tools["unchecked"], **args)
+    assert out.get(where) != status, f"without check:{check} the step must not refuse so\n{r.stdout}{r.stderr[-2000:]}"
+
+
+def test_every_cudnn_check_has_a_refusal_test():
+    assert set(CUDNN_CHECKS) == {c[0] for c in CUDNN_REFUSALS}
+
+
+@pytest.mark.parametrize("args,env,message", [
+    (dict(host=1), {}, "are not device memory"),
+    (dict(short=1), {}, "run past the end of the device allocation they start in"),
+    (dict(workspace=4095), {"LLM8_EMU_CUDNN_WORKSPACE": "4096"}, "is not 4096 bytes of device memory"),
+    (dict(unknown="descriptor"), {}, "cudnnBackendCreateDescriptor: descriptor type 1 (cudnn_graph.h) is not emulated"),
+    (dict(unknown="attribute"), {}, "attribute 904 (cudnn_graph.h) of a TENSOR descriptor is not emulated"),
+])
+def test_cudnn_faults_stop_the_run(cudnn_tools, args, env, message):
+    """What a GPU would fault on (host memory, a tensor past its allocation, a workspace smaller than the
+    plan's EXECUTION_PLAN_WORKSPACE_SIZE) and what the double does not know (a descriptor type, an
+    attribute) stop the run with "emu: ..." naming it, instead of computing."""
+    r, out = run_cudnn(cudnn_tools["checked"], env=env, **args)
+    assert r.returncode != 0 and "emu: " in r.stderr and message in r.stderr, r.stdout + r.stderr[-3000:]
+
+
+def test_cudnn_workspace_as_the_plan_reports(cudnn_tools):
+    """A plan asking for a workspace (LLM8_EMU_CUDNN_WORKSPACE) reports it and runs given that much."""
+    r, out = run_cudnn(cudnn_tools["checked"], env={"LLM8_EMU_CUDNN_WORKSPACE": "4096"}, workspace=4096)
+    assert "workspace size 4096" in r.stdout, r.stdout
+    assert out.get("execute") == "CUDNN_STATUS_SUCCESS" and out.get("y") == "ok", r.stdout + r.stderr
+
+
 # ------------------------------------------------------------------- the emulated binaries' leak check
 
 def run_without_sanitizer_variables(exe, *args):
