@@ -191,7 +191,7 @@ EMU_CXXFLAGS = -x c++ -std=c++17 -DOMPI_SKIP_MPICXX=1 -DMPICH_SKIP_MPICXX=1 $(EM
 	$(filter -I% -D%,$(MPI_CFLAGS)) -DLLM8_BUILD_ID='"$(BUILD_ID)"' $(if $(filter 1,$(USE_CJSON)),-DLLM8_CJSON) \
 	$(if $(filter 1,$(EMU_ASAN)),-fsanitize=address)
 EMU_LIBS = -lboost_context -lgomp $(filter-out -pthread,$(MPI_LIBS)) -lpthread $(if $(filter 1,$(USE_CJSON)),-lcjson) \
-	$(if $(filter 1,$(EMU_ASAN)),-fsanitize=address)
+	$(if $(filter 1,$(EMU_ASAN)),-fsanitize=address -static-libasan)
 EMU_RUNTIME_SRCS = emu/runtime.cpp emu/sanitizer_defaults.cpp
 EMU_LIB_SRCS = $(wildcard emu/cublaslt.cpp emu/nccl.cpp) $(if $(wildcard emu/nccl.cpp),,emu/nccl_stub.cpp)
 EMU_OBJS = $(patsubst emu/%.cpp,$(EMU_DIR)/%.o,$(EMU_RUNTIME_SRCS) $(EMU_LIB_SRCS))

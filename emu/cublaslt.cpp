@@ -26,6 +26,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
@@ -259,8 +260,33 @@ double load(const void* p, cudaDataType_t t, size_t index) {
 /* Output tile of the micro-kernel: TILE_I rows of op(A) against TILE_J columns of op(B). */
 #define TILE_I 2
 #define TILE_J 4
+/* Cache blocks: BLOCK_M rows of op(A) and BLOCK_N columns of op(B), BLOCK_K deep (64 KiB and 128 KiB of
+   doubles), stay in L2 while their tiles run; a dot's lanes carry from one k block to the next, so its
+   sum keeps the order of one uninterrupted pass. */
+#define BLOCK_M 32
+#define BLOCK_N 64
+#define BLOCK_K 256
 
 typedef double lanes_t __attribute__((vector_size(LANES * sizeof(double))));
+
+/* Element `index` of X as a double (exact: every emulated type's values are doubles). */
+template <typename T>
+double element(const void* x, size_t index);
+template <> double element<float>(const void* x, size_t index) { return ((const float*)x)[index]; }
+template <> double element<uint16_t>(const void* x, size_t index) { return load(x, CUDA_R_16BF, index); }
+template <> double element<__nv_fp8_e4m3>(const void* x, size_t index) { return g_fp8.e4m3[((const uint8_t*)x)[index]]; }
+template <> double element<__nv_fp8_e5m2>(const void* x, size_t index) { return g_fp8.e5m2[((const uint8_t*)x)[index]]; }
+
+template <typename T>
+void unpack_rows(double* out, const void* x, size_t ld, bool trans, uint64_t rows, uint64_t k, size_t kp) {
+    /* op(X)[i][p] = trans ? X[p][i] : X[i][p]; column-major X[r][c] is at r + c * ld: read along memory */
+    if (trans)
+        for (uint64_t i = 0; i < rows; i++)
+            for (uint64_t p = 0; p < k; p++) out[i * kp + p] = element<T>(x, p + i * ld);
+    else
+        for (uint64_t p = 0; p < k; p++)
+            for (uint64_t i = 0; i < rows; i++) out[i * kp + p] = element<T>(x, i + p * ld);
+}
 
 /*
  * Copies op(X) (rows x k) into out row by row, so the dot products run over contiguous k; rows and k
@@ -269,29 +295,36 @@ typedef double lanes_t __attribute__((vector_size(LANES * sizeof(double))));
 size_t unpack_op(std::vector<double>& out, const void* x, const Layout& l, bool trans, uint64_t rows, uint64_t k,
                  uint64_t row_multiple) {
     size_t kp = (k + LANES - 1) / LANES * LANES, rp = (rows + row_multiple - 1) / row_multiple * row_multiple;
-    out.assign(rp * kp, 0.0);
-    for (uint64_t i = 0; i < rows; i++)
-        for (uint64_t p = 0; p < k; p++) {
-            /* op(X)[i][p] = trans ? X[p][i] : X[i][p]; column-major X[r][c] is at r + c * ld */
-            size_t index = trans ? p + i * (size_t)l.ld : i + p * (size_t)l.ld;
-            out[i * kp + p] = load(x, l.type, index);
-        }
+    out.resize(rp * kp);
+    for (uint64_t i = 0; i < rows; i++) std::fill(&out[i * kp + k], &out[i * kp + kp], 0.0);
+    std::fill(&out[rows * kp], &out[rp * kp], 0.0);
+    switch (l.type) {
+        case CUDA_R_32F: unpack_rows<float>(out.data(), x, l.ld, trans, rows, k, kp); break;
+        case CUDA_R_16BF: unpack_rows<uint16_t>(out.data(), x, l.ld, trans, rows, k, kp); break;
+        case CUDA_R_8F_E4M3: unpack_rows<__nv_fp8_e4m3>(out.data(), x, l.ld, trans, rows, k, kp); break;
+        case CUDA_R_8F_E5M2: unpack_rows<__nv_fp8_e5m2>(out.data(), x, l.ld, trans, rows, k, kp); break;
+        default: emu_fail("cublasLtMatmul: load of type %d not emulated", (int)l.type);
+    }
     return kp;
 }
 
 /*
- * dots[ii][jj] = sum_p a[i0+ii][p] b[j0+jj][p] for a TILE_I x TILE_J tile, each sum in a fixed order:
- * LANES interleaved partial sums over k, then (s0 + s1) + (s2 + s3). The products of BF16, FP8 and even
- * FP32 inputs are exact in double, so a fused multiply-add gives the same bits as a multiply and an add,
- * and the result does not depend on the instruction set the clone below runs. Reads only the padded
- * scratch of unpack_op, so it is left uninstrumented (ASan checks the unpacking from device memory).
+ * acc[ii][jj] += the products a[ii][p] b[jj][p], p < len, for a TILE_I x TILE_J tile (rows `stride`
+ * apart), product p into lane p % LANES; the caller adds the lanes as (s0 + s1) + (s2 + s3) once k is
+ * done. The products of BF16, FP8 and even FP32 inputs are exact in double, so a fused multiply-add
+ * gives the same bits as a multiply and an add, and the result does not depend on the instruction set
+ * the clone below runs. Reads only the padded scratch of unpack_op, so it is left uninstrumented (ASan
+ * checks the unpacking from device memory).
  */
 __attribute__((no_sanitize_address, target_clones("avx2", "default")))
-void dot_tile(const double* a, const double* b, size_t kp, double dots[TILE_I][TILE_J]) {
+void dot_tile(const double* a, const double* b, size_t stride, size_t len, lanes_t acc[TILE_I][TILE_J]) {
     /* named accumulators, not arrays: they stay in registers (8 of the 16 vector registers) */
-    lanes_t s00 = {}, s01 = {}, s02 = {}, s03 = {}, s10 = {}, s11 = {}, s12 = {}, s13 = {};
-    const double *a1 = a + kp, *b1 = b + kp, *b2 = b + 2 * kp, *b3 = b + 3 * kp;
-    for (size_t p = 0; p < kp; p += LANES) {
+    lanes_t s00, s01, s02, s03, s10, s11, s12, s13;
+    lanes_t* sums[TILE_I][TILE_J] = {{&s00, &s01, &s02, &s03}, {&s10, &s11, &s12, &s13}};
+    for (int ii = 0; ii < TILE_I; ii++)
+        for (int jj = 0; jj < TILE_J; jj++) memcpy(sums[ii][jj], &acc[ii][jj], sizeof(lanes_t));
+    const double *a1 = a + stride, *b1 = b + stride, *b2 = b + 2 * stride, *b3 = b + 3 * stride;
+    for (size_t p = 0; p < len; p += LANES) {
         /* memcpy, not a helper: a function returning a vector would not share this clone's instruction set */
         lanes_t x0, x1, y0, y1, y2, y3;
         memcpy(&x0, a + p, sizeof(lanes_t)); memcpy(&x1, a1 + p, sizeof(lanes_t));
@@ -300,12 +333,8 @@ void dot_tile(const double* a, const double* b, size_t kp, double dots[TILE_I][T
         s00 += x0 * y0; s01 += x0 * y1; s02 += x0 * y2; s03 += x0 * y3;
         s10 += x1 * y0; s11 += x1 * y1; s12 += x1 * y2; s13 += x1 * y3;
     }
-    const lanes_t* sums[TILE_I][TILE_J] = {{&s00, &s01, &s02, &s03}, {&s10, &s11, &s12, &s13}};
     for (int ii = 0; ii < TILE_I; ii++)
-        for (int jj = 0; jj < TILE_J; jj++) {
-            const lanes_t& v = *sums[ii][jj];
-            dots[ii][jj] = (v[0] + v[1]) + (v[2] + v[3]);
-        }
+        for (int jj = 0; jj < TILE_J; jj++) memcpy(&acc[ii][jj], sums[ii][jj], sizeof(lanes_t));
 }
 
 /* Everything a queued GEMM needs, captured at the call. */
@@ -322,7 +351,8 @@ struct Gemm {
    build's -march. */
 __attribute__((optimize("fp-contract=off")))
 void run_gemm(const Gemm& g) {
-    std::vector<double> ar, bc;
+    /* scratch kept between GEMMs: the unpacked operands of the lm_head's GEMMs are tens of MiB */
+    static thread_local std::vector<double> ar, bc;
     size_t kp = unpack_op(ar, g.pa, g.a, g.desc.trans_a == CUBLAS_OP_T, g.m, g.k, TILE_I);
     unpack_op(bc, g.pb, g.b, g.desc.trans_b != CUBLAS_OP_T, g.n, g.k, TILE_J); /* row j = column j of op(B) */
     /* the scales are read now, on the stream, as the GPU reads them (cublasLt.h: "Device pointer to the
@@ -331,16 +361,31 @@ void run_gemm(const Gemm& g) {
     for (int i = 0; i < 2; i++)
         if (g.desc.scale_ptr[i]) scale *= *(const float*)g.desc.scale_ptr[i];
     const float scale_f = (float)scale, beta_f = (float)g.beta;
-    for (uint64_t j0 = 0; j0 < g.n; j0 += TILE_J)
-        for (uint64_t i0 = 0; i0 < g.m; i0 += TILE_I) {
-            double dots[TILE_I][TILE_J];
-            dot_tile(&ar[i0 * kp], &bc[j0 * kp], kp, dots);
-            for (uint64_t j = j0; j < j0 + TILE_J && j < g.n; j++)
-                for (uint64_t i = i0; i < i0 + TILE_I && i < g.m; i++) {
+    static thread_local lanes_t acc[BLOCK_M][BLOCK_N]; /* the lanes of one output block */
+    for (uint64_t j0 = 0; j0 < g.n; j0 += BLOCK_N)
+        for (uint64_t i0 = 0; i0 < g.m; i0 += BLOCK_M) {
+            uint64_t i1 = std::min<uint64_t>(i0 + BLOCK_M, g.m), j1 = std::min<uint64_t>(j0 + BLOCK_N, g.n);
+            memset(acc, 0, sizeof(acc));
+            for (size_t p0 = 0; p0 < kp; p0 += BLOCK_K) {
+                size_t len = std::min<size_t>(BLOCK_K, kp - p0);
+                for (uint64_t jt = j0; jt < j1; jt += TILE_J)
+                    for (uint64_t it = i0; it < i1; it += TILE_I) {
+                        lanes_t tile[TILE_I][TILE_J];
+                        for (int ii = 0; ii < TILE_I; ii++)
+                            for (int jj = 0; jj < TILE_J; jj++) tile[ii][jj] = acc[it - i0 + ii][jt - j0 + jj];
+                        dot_tile(&ar[it * kp + p0], &bc[jt * kp + p0], kp, len, tile);
+                        for (int ii = 0; ii < TILE_I; ii++)
+                            for (int jj = 0; jj < TILE_J; jj++) acc[it - i0 + ii][jt - j0 + jj] = tile[ii][jj];
+                    }
+            }
+            for (uint64_t j = j0; j < j1; j++)
+                for (uint64_t i = i0; i < i1; i++) {
+                    const lanes_t& v = acc[i - i0][j - j0];
+                    double dot = (v[0] + v[1]) + (v[2] + v[3]);
                     /* the FP32 epilogue: the accumulator rounded to FP32 first, then scaled and added to C
                        in FP32, fl(fl(scale * fl(acc)) + fl(beta * C)); so a wgrad accumulated through
                        beta = 1 equals the same product stored and then added by a kernel, as on the GPU */
-                    float f = scale_f * (float)dots[i - i0][j - j0];
+                    float f = scale_f * (float)dot;
                     /* C is not read when beta is 0 (docs, cublasLtMatmul), so NaN-poisoned D/C stays harmless */
                     if (g.beta != 0.0) f += beta_f * (float)load(g.pc, g.c.type, i + j * (size_t)g.c.ld);
                     size_t at = i + j * (size_t)g.d.ld;

@@ -7,6 +7,7 @@
  *   LLM8_EMU_SCHEDULE=late|early  non-blocking streams run as late as the rules allow (default) or at once
  *   LLM8_EMU_RACE=1               every launch runs twice, in two thread and block orders, compared bit for bit
  *   LLM8_EMU_MEMORY=<GiB>         device capacity for cudaMalloc and cudaMemGetInfo (default 80, an H100 SXM)
+ *   LLM8_EMU_STATS=1              at exit, per kernel: launches, threads, fiber switches and host time
  * Violations a GPU would fault on or leave undefined stop with "emu: ..." naming the call or kernel.
  */
 #include <boost/context/detail/fcontext.hpp>
@@ -18,10 +19,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <deque>
 #include <map>
 #include <set>
@@ -64,6 +67,57 @@ static const char* env_or(const char* name, const char* fallback) {
 }
 static bool g_race = std::string(env_or("LLM8_EMU_RACE", "0")) == "1";
 static bool g_early = std::string(env_or("LLM8_EMU_SCHEDULE", "late")) == "early";
+static bool g_stats = std::string(env_or("LLM8_EMU_STATS", "0")) == "1";
+
+/* ---------------------------------------------------------------- statistics (LLM8_EMU_STATS=1) */
+
+/* What one kernel's launches cost the emulator (docs/emulated-gpu.md, "Speed"): a resume is one switch
+ * into a thread's fiber and one back (a thread run as a plain call has none); ms is this host thread's
+ * CPU time, so a busy machine does not inflate it. */
+struct KernelStats {
+    uint64_t launches = 0, blocks = 0, threads = 0, resumes = 0;
+    double ms = 0.0;
+};
+static std::map<std::string, KernelStats> g_kernel_stats;
+static uint64_t g_resumes = 0; /* switches into fibers so far */
+static const char* const LIBRARY_WORK = "(library doubles: cuBLASLt, NCCL)";
+
+static double cpu_ms() {
+    timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
+
+static void print_stats() {
+    std::vector<std::pair<std::string, KernelStats>> rows(g_kernel_stats.begin(), g_kernel_stats.end());
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    KernelStats sum;
+    for (const auto& r : rows)
+        sum.launches += r.second.launches, sum.blocks += r.second.blocks, sum.threads += r.second.threads,
+            sum.resumes += r.second.resumes, sum.ms += r.second.ms;
+    rows.emplace_back("total", sum);
+    fprintf(stderr, "emu stats (pid %d): %-44s %9s %10s %12s %12s %10s\n", (int)getpid(), "kernel", "launches", "blocks",
+            "threads", "resumes", "cpu ms");
+    for (const auto& r : rows)
+        fprintf(stderr, "emu stats (pid %d): %-44.44s %9llu %10llu %12llu %12llu %10.1f\n", (int)getpid(), r.first.c_str(),
+                (unsigned long long)r.second.launches, (unsigned long long)r.second.blocks,
+                (unsigned long long)r.second.threads, (unsigned long long)r.second.resumes, r.second.ms);
+}
+
+/* Adds one launch (kernel name) or one piece of library work (LIBRARY_WORK) that took [t0, now). */
+static void count(const char* name, double t0, uint64_t blocks, uint64_t threads, uint64_t resumes) {
+    static bool registered = false;
+    if (!registered) {
+        registered = true;
+        atexit(print_stats);
+    }
+    KernelStats& k = g_kernel_stats[name];
+    k.launches++;
+    k.blocks += blocks;
+    k.threads += threads;
+    k.resumes += resumes;
+    k.ms += cpu_ms() - t0;
+}
 
 /* ---------------------------------------------------------------- H100 SXM limits */
 
@@ -249,7 +303,15 @@ void emu_redzone(void* p, size_t bytes) {
     });
 }
 
-void emu_stream_enqueue(cudaStream_t s, std::function<void()> work) { enqueue(resolve(s), std::move(work)); }
+void emu_stream_enqueue(cudaStream_t s, std::function<void()> work) {
+    if (g_stats)
+        work = [w = std::move(work)] {
+            double t0 = cpu_ms();
+            w();
+            count(LIBRARY_WORK, t0, 0, 0, 0);
+        };
+    enqueue(resolve(s), std::move(work));
+}
 
 static double now_ms() {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -515,7 +577,7 @@ struct Fiber {
 
 /* 128 KiB per emulated thread (a GPU gives each thread at most 512 KiB of local memory; ours use little),
  * below it a PROT_NONE page so an overflow faults instead of corrupting the next stack. */
-static const size_t STACK_BYTES = 128 * 1024, GUARD_BYTES = 4096, STACK_TOP_BYTES = 16 * 1024;
+static const size_t STACK_BYTES = 128 * 1024, GUARD_BYTES = 4096, STACK_TOP_BYTES = 2 * 1024;
 static std::vector<void*> g_free_stacks;
 
 static void* stack_get() {
@@ -532,7 +594,7 @@ static void* stack_get() {
 static void stack_put(void* s) {
 #if EMU_ASAN
     /* a finished fiber's kernel frames returned (and unpoisoned themselves); only the frames of
-     * fiber_entry and leave_fiber, at the top, keep their redzones: the next fiber starts clean */
+     * fiber_entry and leave_fiber, at the top (256 bytes), keep their redzones: the next fiber starts clean */
     ASAN_UNPOISON_MEMORY_REGION((char*)s + STACK_BYTES - STACK_TOP_BYTES, STACK_TOP_BYTES);
 #endif
     g_free_stacks.push_back(s);
@@ -754,6 +816,7 @@ static void run_block(const EmuLaunchSpec& spec, EmuBlock& block, std::vector<Fi
             void* fake = nullptr;
             __sanitizer_start_switch_fiber(&fake, f.stack, STACK_BYTES);
 #endif
+            g_resumes++;
             ctx::transfer_t tr = ctx::jump_fcontext(f.ctx, nullptr);
 #if EMU_ASAN
             __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
@@ -830,6 +893,18 @@ static void run_grid_twice(const EmuLaunchSpec& spec) {
     }
 }
 
+/* Runs a launch's grid (twice in race mode), counted when LLM8_EMU_STATS asks. */
+static void run_launch(const EmuLaunchSpec& spec) {
+    double t0 = g_stats ? cpu_ms() : 0.0;
+    uint64_t r0 = g_resumes;
+    if (g_race)
+        run_grid_twice(spec);
+    else
+        run_grid(spec, false);
+    uint64_t blocks = (uint64_t)spec.grid.x * spec.grid.y * spec.grid.z;
+    if (g_stats) count(spec.name, t0, blocks, blocks * spec.block.x * spec.block.y * spec.block.z, g_resumes - r0);
+}
+
 void emu_launch_spec(EmuLaunchSpec&& spec) {
     const dim3& b = spec.block;
     const dim3& g = spec.grid;
@@ -871,10 +946,5 @@ void emu_launch_spec(EmuLaunchSpec&& spec) {
             emu_fail("launch of %s: pointer argument %p (the kernel's pointer parameter %zu) is not device memory", spec.name, p, i);
     }
     auto shared = std::make_shared<EmuLaunchSpec>(std::move(spec));
-    enqueue(resolve(shared->stream), [shared] {
-        if (g_race)
-            run_grid_twice(*shared);
-        else
-            run_grid(*shared, false);
-    });
+    enqueue(resolve(shared->stream), [shared] { run_launch(*shared); });
 }
