@@ -279,13 +279,17 @@ template <> double element<__nv_fp8_e5m2>(const void* x, size_t index) { return 
 
 template <typename T>
 void unpack_rows(double* out, const void* x, size_t ld, bool trans, uint64_t rows, uint64_t k, size_t kp) {
-    /* op(X)[i][p] = trans ? X[p][i] : X[i][p]; column-major X[r][c] is at r + c * ld: read along memory */
-    if (trans)
+    /* op(X)[i][p] = trans ? X[p][i] : X[i][p]; column-major X[r][c] is at r + c * ld */
+    if (trans) {
         for (uint64_t i = 0; i < rows; i++)
             for (uint64_t p = 0; p < k; p++) out[i * kp + p] = element<T>(x, p + i * ld);
-    else
-        for (uint64_t p = 0; p < k; p++)
-            for (uint64_t i = 0; i < rows; i++) out[i * kp + p] = element<T>(x, i + p * ld);
+        return;
+    }
+    /* a transpose, in 64 x 64 tiles: the tile's reads and writes both stay in L1 */
+    for (uint64_t i0 = 0; i0 < rows; i0 += 64)
+        for (uint64_t p0 = 0; p0 < k; p0 += 64)
+            for (uint64_t p = p0; p < std::min<uint64_t>(p0 + 64, k); p++)
+                for (uint64_t i = i0; i < std::min<uint64_t>(i0 + 64, rows); i++) out[i * kp + p] = element<T>(x, i + p * ld);
 }
 
 /*
@@ -309,23 +313,27 @@ size_t unpack_op(std::vector<double>& out, const void* x, const Layout& l, bool 
 }
 
 /*
- * acc[ii][jj] += the products a[ii][p] b[jj][p], p < len, for a TILE_I x TILE_J tile (rows `stride`
- * apart), product p into lane p % LANES; the caller adds the lanes as (s0 + s1) + (s2 + s3) once k is
- * done. The products of BF16, FP8 and even FP32 inputs are exact in double, so a fused multiply-add
+ * acc[ii * acc_stride + jj] = (first ? 0 : acc[...]) + the products a[ii][p] b[jj][p], p < len, for a
+ * TILE_I x TILE_J tile (rows `stride` apart), product p into lane p % LANES; the caller adds the lanes
+ * as (s0 + s1) + (s2 + s3) once k is done. The products of BF16, FP8 and even FP32 inputs are exact in double, so a fused multiply-add
  * gives the same bits as a multiply and an add, and the result does not depend on the instruction set
  * the clone below runs. Reads only the padded scratch of unpack_op, so it is left uninstrumented (ASan
  * checks the unpacking from device memory).
  */
 __attribute__((no_sanitize_address, target_clones("avx2", "default")))
-void dot_tile(const double* a, const double* b, size_t stride, size_t len, lanes_t acc[TILE_I][TILE_J]) {
-    /* named accumulators, not arrays: they stay in registers (8 of the 16 vector registers) */
-    lanes_t s00, s01, s02, s03, s10, s11, s12, s13;
-    lanes_t* sums[TILE_I][TILE_J] = {{&s00, &s01, &s02, &s03}, {&s10, &s11, &s12, &s13}};
-    for (int ii = 0; ii < TILE_I; ii++)
-        for (int jj = 0; jj < TILE_J; jj++) memcpy(sums[ii][jj], &acc[ii][jj], sizeof(lanes_t));
+void dot_tile(const double* a, const double* b, size_t stride, size_t len, lanes_t* acc, size_t acc_stride, bool first) {
+    /* named accumulators, not arrays: they stay in registers (8 of the 16 vector registers); memcpy, not a
+       helper: a function returning a vector would not share this clone's instruction set */
+    lanes_t s00 = {}, s01 = {}, s02 = {}, s03 = {}, s10 = {}, s11 = {}, s12 = {}, s13 = {};
+    lanes_t* acc1 = acc + acc_stride;
+    if (!first) {
+        memcpy(&s00, acc, sizeof(lanes_t)); memcpy(&s01, acc + 1, sizeof(lanes_t));
+        memcpy(&s02, acc + 2, sizeof(lanes_t)); memcpy(&s03, acc + 3, sizeof(lanes_t));
+        memcpy(&s10, acc1, sizeof(lanes_t)); memcpy(&s11, acc1 + 1, sizeof(lanes_t));
+        memcpy(&s12, acc1 + 2, sizeof(lanes_t)); memcpy(&s13, acc1 + 3, sizeof(lanes_t));
+    }
     const double *a1 = a + stride, *b1 = b + stride, *b2 = b + 2 * stride, *b3 = b + 3 * stride;
     for (size_t p = 0; p < len; p += LANES) {
-        /* memcpy, not a helper: a function returning a vector would not share this clone's instruction set */
         lanes_t x0, x1, y0, y1, y2, y3;
         memcpy(&x0, a + p, sizeof(lanes_t)); memcpy(&x1, a1 + p, sizeof(lanes_t));
         memcpy(&y0, b + p, sizeof(lanes_t)); memcpy(&y1, b1 + p, sizeof(lanes_t));
@@ -333,8 +341,10 @@ void dot_tile(const double* a, const double* b, size_t stride, size_t len, lanes
         s00 += x0 * y0; s01 += x0 * y1; s02 += x0 * y2; s03 += x0 * y3;
         s10 += x1 * y0; s11 += x1 * y1; s12 += x1 * y2; s13 += x1 * y3;
     }
-    for (int ii = 0; ii < TILE_I; ii++)
-        for (int jj = 0; jj < TILE_J; jj++) memcpy(&acc[ii][jj], sums[ii][jj], sizeof(lanes_t));
+    memcpy(acc, &s00, sizeof(lanes_t)); memcpy(acc + 1, &s01, sizeof(lanes_t));
+    memcpy(acc + 2, &s02, sizeof(lanes_t)); memcpy(acc + 3, &s03, sizeof(lanes_t));
+    memcpy(acc1, &s10, sizeof(lanes_t)); memcpy(acc1 + 1, &s11, sizeof(lanes_t));
+    memcpy(acc1 + 2, &s12, sizeof(lanes_t)); memcpy(acc1 + 3, &s13, sizeof(lanes_t));
 }
 
 /* Everything a queued GEMM needs, captured at the call. */
@@ -365,18 +375,11 @@ void run_gemm(const Gemm& g) {
     for (uint64_t j0 = 0; j0 < g.n; j0 += BLOCK_N)
         for (uint64_t i0 = 0; i0 < g.m; i0 += BLOCK_M) {
             uint64_t i1 = std::min<uint64_t>(i0 + BLOCK_M, g.m), j1 = std::min<uint64_t>(j0 + BLOCK_N, g.n);
-            memset(acc, 0, sizeof(acc));
             for (size_t p0 = 0; p0 < kp; p0 += BLOCK_K) {
                 size_t len = std::min<size_t>(BLOCK_K, kp - p0);
                 for (uint64_t jt = j0; jt < j1; jt += TILE_J)
-                    for (uint64_t it = i0; it < i1; it += TILE_I) {
-                        lanes_t tile[TILE_I][TILE_J];
-                        for (int ii = 0; ii < TILE_I; ii++)
-                            for (int jj = 0; jj < TILE_J; jj++) tile[ii][jj] = acc[it - i0 + ii][jt - j0 + jj];
-                        dot_tile(&ar[it * kp + p0], &bc[jt * kp + p0], kp, len, tile);
-                        for (int ii = 0; ii < TILE_I; ii++)
-                            for (int jj = 0; jj < TILE_J; jj++) acc[it - i0 + ii][jt - j0 + jj] = tile[ii][jj];
-                    }
+                    for (uint64_t it = i0; it < i1; it += TILE_I)
+                        dot_tile(&ar[it * kp + p0], &bc[jt * kp + p0], kp, len, &acc[it - i0][jt - j0], BLOCK_N, p0 == 0);
             }
             for (uint64_t j = j0; j < j1; j++)
                 for (uint64_t i = i0; i < i1; i++) {
