@@ -59,6 +59,8 @@ struct Desc {
     int32_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
     int8_t fast_accum = 0;
     const void* scale_ptr[4] = {nullptr, nullptr, nullptr, nullptr}; /* A, B, C, D */
+    uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    int32_t bias_type = -1; /* cublasLt.h: -1, the type the table gives for the GEMM's types */
 };
 
 struct Layout {
@@ -126,11 +128,20 @@ bool fp8_cd_allowed(cudaDataType_t a, cudaDataType_t b, cudaDataType_t c, cudaDa
     return false;
 }
 
+/* The FP8 type table's bias column: BF16 with C in BF16 or FP32 (FP32 D), FP16 with C in FP16. */
+cudaDataType_t fp8_bias_type(cudaDataType_t c) { return c == CUDA_R_16F ? CUDA_R_16F : CUDA_R_16BF; }
+
+/* Epilogues that read a bias vector or write a bias gradient (cublasLt.h, cublasLtEpilogue_t). */
+bool has_bias(uint32_t epilogue) {
+    return (epilogue & CUBLASLT_EPILOGUE_BIAS) || epilogue == CUBLASLT_EPILOGUE_DRELU_BGRAD ||
+           epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD || epilogue == CUBLASLT_EPILOGUE_BGRADA || epilogue == CUBLASLT_EPILOGUE_BGRADB;
+}
+
 /* One 64-bit summary of what an algorithm's choice depends on (types, shapes, transposes, scales set). */
 uint64_t problem_key(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dd) {
     uint64_t h = 1469598103934665603ULL;
     auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ULL; };
-    mix(d.compute); mix(d.scale_type); mix(d.trans_a); mix(d.trans_b); mix(d.fast_accum);
+    mix(d.compute); mix(d.scale_type); mix(d.trans_a); mix(d.trans_b); mix(d.fast_accum); mix(d.epilogue); mix((uint64_t)d.bias_type);
     for (int i = 0; i < 4; i++) mix(d.scale_ptr[i] != nullptr);
     for (const Layout* l : {&a, &b, &c, &dd}) { mix(l->type); mix(l->rows); mix(l->cols); mix((uint64_t)l->ld); }
     return h;
@@ -142,6 +153,11 @@ uint64_t problem_key(const Desc& d, const Layout& a, const Layout& b, const Layo
  */
 cublasStatus_t check_problem(const char* api, const Desc& d, const Layout& a, const Layout& b, const Layout& c,
                              const Layout& dd, uint64_t* m, uint64_t* n, uint64_t* k) {
+    bool fp8 = is_fp8(a.type) || is_fp8(b.type);
+    /* FP8 requirements: "The compute type must be CUBLAS_COMPUTE_32F", "The scale type must be CUDA_R_32F" */
+    if (fp8 && (d.compute != CUBLAS_COMPUTE_32F || d.scale_type != CUDA_R_32F)) /* check:fp8_compute */
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, api, "FP8 GEMM with compute type %d and scale type %d (needs "
+                      "CUBLAS_COMPUTE_32F and CUDA_R_32F)", (int)d.compute, (int)d.scale_type);
     if (d.compute != CUBLAS_COMPUTE_32F || d.scale_type != CUDA_R_32F)
         emu_fail("%s: compute type %d / scale type %d not emulated (only CUBLAS_COMPUTE_32F with CUDA_R_32F)", api,
                  (int)d.compute, (int)d.scale_type);
@@ -163,22 +179,21 @@ cublasStatus_t check_problem(const char* api, const Desc& d, const Layout& a, co
             return refuse(CUBLAS_STATUS_INVALID_VALUE, api, "leading dimension %ld < rows %lu", (long)l->ld, (unsigned long)l->rows);
         if (type_bytes(l->type) == 0) emu_fail("%s: matrix type %d not emulated", api, (int)l->type);
     }
-    if (dd.type != CUDA_R_32F && dd.type != CUDA_R_16BF && !is_fp8(dd.type))
-        emu_fail("%s: D of type %s is not emulated (BF16 or FP32)", api, type_name(dd.type));
-    bool fp8 = is_fp8(a.type) || is_fp8(b.type);
     if (!fp8) {
         /* the scale pointers apply to 8-bit inputs only; "If set for an unsupported matrix data, scale, and
            compute type combination, calling cublasLtMatmul() will return CUBLAS_INVALID_VALUE" (cublasLt.h,
            CUBLASLT_MATMUL_DESC_A_SCALE_POINTER) */
         if (d.scale_ptr[0] || d.scale_ptr[1] || d.scale_ptr[2] || d.scale_ptr[3]) /* check:scale_non_fp8 */
             return refuse(CUBLAS_STATUS_INVALID_VALUE, api, "a scale pointer is set on a %s x %s GEMM", type_name(a.type), type_name(b.type));
-        /* the docs' regular type table: BF16 x BF16 -> C = D in BF16 or FP32; FP32 x FP32 -> FP32 */
+        /* the docs' table for CUBLAS_COMPUTE_32F: A = B in BF16 or FP16 -> C = D in that type or FP32;
+           FP32 -> FP32 */
         bool ok = a.type == b.type && c.type == dd.type &&
-                  ((a.type == CUDA_R_16BF && (dd.type == CUDA_R_16BF || dd.type == CUDA_R_32F)) ||
+                  (((a.type == CUDA_R_16BF || a.type == CUDA_R_16F) && (dd.type == a.type || dd.type == CUDA_R_32F)) ||
                    (a.type == CUDA_R_32F && dd.type == CUDA_R_32F));
-        if (!ok)
+        if (!ok) /* check:regular_types */
             return refuse(CUBLAS_STATUS_NOT_SUPPORTED, api, "type combination A %s B %s C %s D %s", type_name(a.type),
                           type_name(b.type), type_name(c.type), type_name(dd.type));
+        if (a.type == CUDA_R_16F) emu_fail("%s: FP16 GEMMs are not emulated (BF16 and FP32)", api);
         return CUBLAS_STATUS_SUCCESS;
     }
     /* ---- FP8 (docs, cublasLtMatmul: "To use FP8 kernels, the following set of requirements must be satisfied") */
@@ -208,7 +223,12 @@ cublasStatus_t check_problem(const char* api, const Desc& d, const Layout& a, co
     if (!fp8_cd_allowed(a.type, b.type, c.type, dd.type)) /* check:fp8_cd */
         return refuse(CUBLAS_STATUS_NOT_SUPPORTED, api, "FP8 GEMM %s x %s with C %s, D %s is not in the FP8 type table",
                       type_name(a.type), type_name(b.type), type_name(c.type), type_name(dd.type));
-    if (is_fp8(dd.type)) emu_fail("%s: FP8 GEMM with D %s: FP8 D is not emulated", api, type_name(dd.type));
+    /* the bias column of the FP8 type table (and cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE) */
+    if (has_bias(d.epilogue) && d.bias_type != -1 && d.bias_type != fp8_bias_type(c.type)) /* check:fp8_bias */
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, api, "FP8 GEMM with C %s and a bias of type %s (the FP8 type table "
+                      "gives %s)", type_name(c.type), type_name((cudaDataType_t)d.bias_type), type_name(fp8_bias_type(c.type)));
+    if (is_fp8(dd.type) || dd.type == CUDA_R_16F)
+        emu_fail("%s: FP8 GEMM with D %s is not emulated (BF16 or FP32 D)", api, type_name(dd.type));
     if (d.scale_ptr[2] || d.scale_ptr[3]) emu_fail("%s: C/D scale pointers are not emulated (only FP8 D uses them)", api);
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -498,6 +518,14 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasL
             if (!sized(sizeof(int32_t))) return refuse(CUBLAS_STATUS_INVALID_VALUE, api, "SCALE_TYPE size %zu", size);
             d->scale_type = (cudaDataType_t)*(const int32_t*)buf;
             return CUBLAS_STATUS_SUCCESS;
+        case CUBLASLT_MATMUL_DESC_EPILOGUE: /* uint32_t; checked against the type table, computed only if DEFAULT */
+            if (!sized(sizeof(uint32_t))) return refuse(CUBLAS_STATUS_INVALID_VALUE, api, "EPILOGUE size %zu", size);
+            memcpy(&d->epilogue, buf, sizeof(uint32_t));
+            return CUBLAS_STATUS_SUCCESS;
+        case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: /* int32_t */
+            if (!sized(sizeof(int32_t))) return refuse(CUBLAS_STATUS_INVALID_VALUE, api, "BIAS_DATA_TYPE size %zu", size);
+            memcpy(&d->bias_type, buf, sizeof(int32_t));
+            return CUBLAS_STATUS_SUCCESS;
         case CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET: /* a performance hint: nothing to emulate */
             if (!sized(sizeof(int32_t))) return refuse(CUBLAS_STATUS_INVALID_VALUE, api, "SM_COUNT_TARGET size %zu", size);
             return CUBLAS_STATUS_SUCCESS;
@@ -649,6 +677,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     g.d = *layout_of(ddesc);
     cublasStatus_t status = check_problem(api, g.desc, g.a, g.b, g.c, g.d, &g.m, &g.n, &g.k);
     if (status != CUBLAS_STATUS_SUCCESS) return status;
+    if (g.desc.epilogue != CUBLASLT_EPILOGUE_DEFAULT) emu_fail("%s: epilogue %u is not emulated", api, g.desc.epilogue);
     bool fp8 = is_fp8(g.a.type);
     if (fp8) {
         /* FP8 requirements: "pointers ... must support 16-byte alignment" */
