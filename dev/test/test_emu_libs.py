@@ -459,7 +459,8 @@ def test_emulated_binaries_leak_check_reports_our_leaks_not_open_mpis(tools):
     own is still reported, that leak alone. Without the file (the plant), Open MPI's leftovers at exit
     make the clean program exit non-zero, so the first assertion is not vacuous."""
     src = REPO / "emu/tests/leak_after_mpi.cpp"
-    exe = compile_program(tools["dir"] / "leak_after_mpi", [src, REPO / "emu/sanitizer_defaults.cpp"])
+    # linked as `make emu` links the emulated binaries: the ASan runtime static
+    exe = compile_program(tools["dir"] / "leak_after_mpi", [src, REPO / "emu/sanitizer_defaults.cpp"], ["-static-libasan"])
     clean = run_without_sanitizer_variables(exe)
     assert clean.returncode == 0 and "Sanitizer" not in clean.stderr and "Suppressions" not in clean.stderr, \
         clean.stdout + clean.stderr[-4000:]
@@ -471,7 +472,7 @@ def test_emulated_binaries_leak_check_reports_our_leaks_not_open_mpis(tools):
     assert reports and all(size == "4321" for _, size in reports), leaky.stderr[-4000:]
     assert len(reports) == (2 if MPIRUN else 1), leaky.stderr[-4000:]
 
-    bare = compile_program(tools["dir"] / "leak_after_mpi_bare", [src])
+    bare = compile_program(tools["dir"] / "leak_after_mpi_bare", [src], ["-static-libasan"])
     planted = run_without_sanitizer_variables(bare)
     assert planted.returncode != 0 and "LeakSanitizer" in planted.stderr, \
         "without emu/sanitizer_defaults.cpp Open MPI's allocations must show as leaks (else this test proves nothing)"
