@@ -600,39 +600,99 @@ static void stack_put(void* s) {
     g_free_stacks.push_back(s);
 }
 
+/*
+ * One block's run: its threads resumed phase by phase in `reverse` order or not, each phase from every
+ * thread's start or barrier to its next barrier or its end. A thread that reaches a barrier switches
+ * straight to the next thread of the phase (the last one to the first of the next phase); a thread that
+ * ends returns to run_block, which frees its stack. k, at_barrier and done describe the phase so far.
+ */
 struct BlockRun {
     const EmuLaunchSpec* spec;
+    const EmuBlock* block;
+    Fiber* fibers;
+    size_t n;
+    bool reverse;
+    size_t k = 0, at_barrier = 0, done = 0;
     ctx::fcontext_t scheduler = nullptr;
-    Fiber* fiber = nullptr;
+    Fiber* fiber = nullptr; /* the thread running, or nullptr in run_block */
     const void* scheduler_stack_bottom = nullptr;
     size_t scheduler_stack_size = 0;
     bool direct = false; /* threads run as plain calls: the block's first thread exited without a barrier */
 };
 static __thread BlockRun* g_run = nullptr;
 
-/* Back in a fiber after a switch: the scheduler's context (and, under ASan, its stack) to return to. */
-static void arrived_in_fiber(ctx::transfer_t tr) {
-    g_run->scheduler = tr.fctx;
-#if EMU_ASAN
-    __sanitizer_finish_switch_fiber(g_run->fiber->fake_stack, &g_run->scheduler_stack_bottom, &g_run->scheduler_stack_size);
-#endif
-}
-static void leave_fiber(bool dying) {
-#if EMU_ASAN
-    __sanitizer_start_switch_fiber(dying ? nullptr : &g_run->fiber->fake_stack, g_run->scheduler_stack_bottom,
-                                   g_run->scheduler_stack_size);
-#else
-    (void)dying;
-#endif
-    ctx::transfer_t tr = ctx::jump_fcontext(g_run->scheduler, nullptr);
-    arrived_in_fiber(tr);
+static void fiber_entry(ctx::transfer_t tr);
+
+/* The thread at position k of the phase's order. */
+static Fiber& fiber_at(BlockRun& run, size_t k) { return run.fibers[run.reverse ? run.n - 1 - k : k]; }
+
+/* Moves run.k to the next thread to resume, counting the finished ones it passes; at the end of a phase
+ * checks the barrier and starts the next phase. Returns nullptr when every thread has ended. */
+static Fiber* next_thread(BlockRun& run) {
+    for (;;) {
+        for (; run.k < run.n; run.k++) {
+            Fiber& f = fiber_at(run, run.k);
+            if (f.state != FIBER_DONE) return &f;
+            run.done++;
+        }
+        if (run.done == run.n) return nullptr;
+        if (run.done > 0)
+            emu_fail("kernel %s, block (%u, %u, %u): __syncthreads reached by %zu of the block's %zu threads (the others exited)",
+                     run.spec->name, run.block->idx.x, run.block->idx.y, run.block->idx.z, run.at_barrier, run.n);
+        run.k = run.at_barrier = run.done = 0;
+    }
 }
 
+/* Records where a switch came from: the thread that left (its context, to resume it later) or run_block. */
+static void arrived(ctx::transfer_t tr) {
+    Fiber* from = (Fiber*)tr.data;
+    if (from)
+        from->ctx = tr.fctx;
+    else
+        g_run->scheduler = tr.fctx;
+}
+
+/* Switches from the running thread (`from`, or run_block when nullptr) to thread `to`, which then runs
+ * until it switches on. Under ASan both ends tell the sanitizer which stack they run on. */
+static void switch_to(Fiber* from, Fiber& to) {
+    if (to.state == FIBER_NEW) {
+        to.stack = stack_get();
+        to.ctx = ctx::make_fcontext((char*)to.stack + STACK_BYTES, STACK_BYTES, fiber_entry);
+    }
+    to.state = FIBER_RUNNING;
+    g_run->fiber = &to;
+    emu_current_thread = &to.t;
+    g_resumes++;
+#if EMU_ASAN
+    void* scheduler_fake = nullptr;
+    __sanitizer_start_switch_fiber(from ? &from->fake_stack : &scheduler_fake, to.stack, STACK_BYTES);
+#endif
+    ctx::transfer_t tr = ctx::jump_fcontext(to.ctx, from);
+    arrived(tr);
+#if EMU_ASAN
+    if (from)
+        __sanitizer_finish_switch_fiber(from->fake_stack, nullptr, nullptr);
+    else
+        __sanitizer_finish_switch_fiber(scheduler_fake, nullptr, nullptr);
+#endif
+}
+
+/* First code of every fiber: under ASan, a switch from run_block tells where run_block's stack is. */
 static void fiber_entry(ctx::transfer_t tr) {
-    arrived_in_fiber(tr);
+    arrived(tr);
+#if EMU_ASAN
+    const void** bottom = tr.data ? nullptr : &g_run->scheduler_stack_bottom;
+    size_t* size = tr.data ? nullptr : &g_run->scheduler_stack_size;
+    __sanitizer_finish_switch_fiber(nullptr, bottom, size);
+#endif
     g_run->spec->body();
-    g_run->fiber->state = FIBER_DONE;
-    leave_fiber(true);
+    /* ended: back to run_block, which frees this stack (a fiber cannot free the stack it runs on) */
+    Fiber* self = g_run->fiber;
+    self->state = FIBER_DONE;
+#if EMU_ASAN
+    __sanitizer_start_switch_fiber(nullptr, g_run->scheduler_stack_bottom, g_run->scheduler_stack_size);
+#endif
+    ctx::jump_fcontext(g_run->scheduler, self);
 }
 
 void __syncthreads() {
@@ -643,8 +703,17 @@ void __syncthreads() {
                  g_run->spec->name, b->idx.x, b->idx.y, b->idx.z, threadIdx.x, threadIdx.y, threadIdx.z);
     }
     if (!g_run || !g_run->fiber) emu_fail("__syncthreads called outside a kernel");
-    g_run->fiber->state = FIBER_AT_BARRIER;
-    leave_fiber(false);
+    BlockRun& run = *g_run;
+    Fiber* self = run.fiber;
+    self->state = FIBER_AT_BARRIER;
+    run.at_barrier++;
+    run.k++;
+    Fiber* next = next_thread(run); /* not nullptr: this thread has not ended */
+    if (next == self) {             /* the only thread left in the block: past its barrier at once */
+        self->state = FIBER_RUNNING;
+        return;
+    }
+    switch_to(self, *next);
 }
 
 unsigned char* emu_dynamic_shared() { return emu_current_block->dynamic_smem; }
@@ -772,12 +841,15 @@ static const std::vector<std::pair<unsigned char*, size_t>>& static_shared() {
 static void run_block(const EmuLaunchSpec& spec, EmuBlock& block, std::vector<Fiber>& fibers, bool reverse) {
     BlockRun run;
     run.spec = &spec;
+    run.block = &block;
+    run.fibers = fibers.data();
+    run.n = fibers.size();
+    run.reverse = reverse;
     g_run = &run;
     emu_current_block = &block;
     /* shared memory, dynamic and static, is uninitialized at block start: NaN bytes, as in cudaMalloc */
     if (spec.smem) memset(block.dynamic_smem, 0xFF, spec.smem);
     for (const auto& r : static_shared()) memset(r.first, 0xFF, r.second);
-    size_t n = fibers.size();
     unsigned int i = 0;
     for (unsigned int z = 0; z < block.dim.z; z++)
         for (unsigned int y = 0; y < block.dim.y; y++)
@@ -785,56 +857,23 @@ static void run_block(const EmuLaunchSpec& spec, EmuBlock& block, std::vector<Fi
                 fibers[i].t.idx = make_uint3(x, y, z);
                 fibers[i].state = FIBER_NEW;
             }
-    for (;;) {
-        size_t at_barrier = 0, done = 0;
-        for (size_t k = 0; k < n; k++) {
-            Fiber& f = fibers[reverse ? n - 1 - k : k];
-            if (f.state == FIBER_DONE) {
-                done++;
-                continue;
-            }
-            /* the first thread ran to its end without a barrier: in a correct kernel no thread of the block
-             * reaches one (all or none must), so the others run as plain calls, without switches; one that
-             * does reach a barrier is reported by __syncthreads */
-            if (f.state == FIBER_NEW && k > 0 && done == k && at_barrier == 0) {
-                run.direct = true;
-                run.fiber = nullptr;
-                emu_current_thread = &f.t;
-                spec.body();
-                f.state = FIBER_DONE;
-                done++;
-                continue;
-            }
-            if (f.state == FIBER_NEW) {
-                f.stack = stack_get();
-                f.ctx = ctx::make_fcontext((char*)f.stack + STACK_BYTES, STACK_BYTES, fiber_entry);
-            }
-            f.state = FIBER_RUNNING;
-            run.fiber = &f;
-            emu_current_thread = &f.t;
-#if EMU_ASAN
-            void* fake = nullptr;
-            __sanitizer_start_switch_fiber(&fake, f.stack, STACK_BYTES);
-#endif
-            g_resumes++;
-            ctx::transfer_t tr = ctx::jump_fcontext(f.ctx, nullptr);
-#if EMU_ASAN
-            __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
-#endif
-            f.ctx = tr.fctx;
-            if (f.state == FIBER_DONE) {
-                stack_put(f.stack);
-                done++;
-            } else {
-                at_barrier++;
-            }
+    while (Fiber* f = next_thread(run)) {
+        /* the first thread ran to its end without a barrier: in a correct kernel no thread of the block
+         * reaches one (all or none must), so the others run as plain calls, without switches; one that
+         * does reach a barrier is reported by __syncthreads */
+        if (f->state == FIBER_NEW && run.k > 0 && run.done == run.k && run.at_barrier == 0) {
+            run.direct = true;
+            run.fiber = nullptr;
+            emu_current_thread = &f->t;
+            spec.body();
+            f->state = FIBER_DONE;
+            continue; /* next_thread counts it */
         }
-        if (done == n) break;
-        if (done > 0)
-            emu_fail("kernel %s, block (%u, %u, %u): __syncthreads reached by %zu of the block's %zu threads (the others exited)",
-                     spec.name, block.idx.x, block.idx.y, block.idx.z, at_barrier, n);
+        /* runs threads, switching from barrier to barrier, until one ends */
+        switch_to(nullptr, *f);
+        stack_put(run.fiber->stack);
+        run.fiber = nullptr;
     }
-    run.fiber = nullptr;
     g_run = nullptr;
     emu_current_thread = nullptr;
     emu_current_block = nullptr;
