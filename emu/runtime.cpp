@@ -7,7 +7,7 @@
  *   LLM8_EMU_SCHEDULE=late|early  non-blocking streams run as late as the rules allow (default) or at once
  *   LLM8_EMU_RACE=1               every launch runs twice, in two thread and block orders, compared bit for bit
  *   LLM8_EMU_MEMORY=<GiB>         device capacity for cudaMalloc and cudaMemGetInfo (default 80, an H100 SXM)
- *   LLM8_EMU_STATS=1              at exit, per kernel: launches, threads, fiber switches and host time
+ *   LLM8_EMU_STATS=1              at exit, per kernel: launches, blocks, threads, thread resumes, CPU time
  * Violations a GPU would fault on or leave undefined stop with "emu: ..." naming the call or kernel.
  */
 #include <boost/context/detail/fcontext.hpp>
@@ -72,14 +72,14 @@ static bool g_stats = std::string(env_or("LLM8_EMU_STATS", "0")) == "1";
 /* ---------------------------------------------------------------- statistics (LLM8_EMU_STATS=1) */
 
 /* What one kernel's launches cost the emulator (docs/emulated-gpu.md, "Speed"): a resume is one switch
- * into a thread's fiber and one back (a thread run as a plain call has none); ms is this host thread's
- * CPU time, so a busy machine does not inflate it. */
+ * into a thread's fiber, from run_block or from the thread before it (a thread run as a plain call has
+ * none); ms is this host thread's CPU time, so a busy machine does not inflate it. */
 struct KernelStats {
     uint64_t launches = 0, blocks = 0, threads = 0, resumes = 0;
     double ms = 0.0;
 };
 static std::map<std::string, KernelStats> g_kernel_stats;
-static uint64_t g_resumes = 0; /* switches into fibers so far */
+static uint64_t g_resumes = 0; /* switches into threads' fibers so far */
 static const char* const LIBRARY_WORK = "(library doubles: cuBLASLt, NCCL)";
 
 static double cpu_ms() {
@@ -594,7 +594,8 @@ static void* stack_get() {
 static void stack_put(void* s) {
 #if EMU_ASAN
     /* a finished fiber's kernel frames returned (and unpoisoned themselves); only the frames of
-     * fiber_entry and leave_fiber, at the top (256 bytes), keep their redzones: the next fiber starts clean */
+     * fiber_entry and the switch, at the top (256 bytes measured), keep their redzones: the next fiber
+     * starts clean */
     ASAN_UNPOISON_MEMORY_REGION((char*)s + STACK_BYTES - STACK_TOP_BYTES, STACK_TOP_BYTES);
 #endif
     g_free_stacks.push_back(s);
