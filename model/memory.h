@@ -193,8 +193,8 @@ typedef struct {
     float* rope_sin;           /* (T, HS/2) */
     int* inputs;               /* (B, T) device copy of the micro-batch's tokens */
     int* targets;              /* (B, T) */
-    act_t* bf16_scratch;       /* (bf16_scratch_elems) llama_bf16_weight's, allocated on first use (fp8: a block
-                                  linear running BF16; the memory plan counts it when the flags allow one) */
+    act_t* bf16_scratch;       /* (bf16_scratch_elems) llama_bf16_weight's (fp8: a block linear running BF16), at
+                                  start-up when the flags allow one (the memory plan counts it), else on first use */
     const int* inputs_host;    /* the host tokens of the last forward */
     float* losses_host;        /* (B*T) */
     int last_B, last_T;        /* shape of the last forward */
@@ -754,6 +754,7 @@ static inline void llama_fp8_finish_layer(Llama* m, int layer) {
  * rest under ZeRO-1/2.
  */
 static inline void llama_refresh_working_weights(Llama* m) {
+    if (m->precision == PRECISION_FP8) op_fp8_reset_amax(fp8_scale(m, 0, FP8_OP_W), llama_fp8_slots(m)); /* one memset for all W amaxes */
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* s = &m->segs[i];
         size_t b, n, OC, C;

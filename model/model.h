@@ -77,16 +77,17 @@ static inline int llama_rebuilds_input(const Llama* m, int layer, LinearId lin, 
  * an FP8 layer): the one way to read it, whether or not the layer keeps a working copy. Read-only.
  * A layer with a working copy returns it (no cost; valid until the next update). An FP8 layer has none:
  * the BF16 rounding of its master weights is rebuilt into bf16_scratch (the largest FP8 weight, padded;
- * Llama-2 7B: w13, 172 MiB; allocated on the first call, and in the memory plan of a run whose flags can
- * run a block linear in BF16: --bf16-layers, --shadow-every) and, under
+ * Llama-2 7B: w13, 172 MiB; in the memory plan of a run whose flags can run a block linear in BF16,
+ * --bf16-layers or --shadow-every, which reserves it at start-up; else allocated on the first call) and, under
  * ZeRO-1/2, all-gathered through the all_gather hook (2 bytes per element over the wire, waited for: a
  * sharded run pays a blocking gather per call). Every rank must then call it, in the same order. Valid
  * until the next call.
  */
+static inline void llama_reserve_bf16_weight(Llama* m);
 static inline const act_t* llama_bf16_weight(Llama* m, int layer, LinearId lin) {
     ModelSegment* s = llama_segment(m, llama_linear_tensor(lin), layer);
     if (!s->fp8) return m->weights + s->weight_offset;
-    if (m->bf16_scratch == NULL) m->bf16_scratch = (act_t*)dev_alloc(m->bf16_scratch_elems * sizeof(act_t));
+    llama_reserve_bf16_weight(m);
     size_t b, n;
     llama_own_piece(m, s, &b, &n);
     if (n > 0) op_params_from_master(m->bf16_scratch + b, llama_master_piece(m, s, 1), n);
@@ -95,6 +96,12 @@ static inline const act_t* llama_bf16_weight(Llama* m, int layer, LinearId lin) 
         m->hooks.all_gather(m->hooks.ctx, m->bf16_scratch, s->shard.piece * sizeof(act_t));
     }
     return m->bf16_scratch;
+}
+
+/* Allocates llama_bf16_weight's scratch now: the trainer does so at start-up when its flags can run a
+   block linear in BF16, so that no step allocates it. */
+static inline void llama_reserve_bf16_weight(Llama* m) {
+    if (m->bf16_scratch == NULL) m->bf16_scratch = (act_t*)dev_alloc(m->bf16_scratch_elems * sizeof(act_t));
 }
 
 /* Linear layer `lin` of block `layer` (NO_LAYER for LIN_OUTPUT). */
@@ -333,6 +340,9 @@ static inline void llama_forward_pass(Llama* m, const int* inputs, const int* ta
     m->last_B = B;
     m->last_T = T;
     m->inputs_host = inputs;
+    /* every X and dY amax of this forward and its backward zeroed at once (the ops then skip theirs) */
+    if (m->precision == PRECISION_FP8 && !m->linears_bf16)
+        op_fp8_reset_amax(fp8_scale(m, 0, FP8_OP_X), FP8_DELAYED_OPS * llama_fp8_slots(m));
     dev_upload_async(m->inputs, inputs, N * sizeof(int));
     if (targets != NULL) dev_upload_async(m->targets, targets, N * sizeof(int));
 

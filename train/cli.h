@@ -12,6 +12,7 @@
 #include <math.h>
 
 #include "../comm/wire.h"
+#include "../dataloader/eval_sets.h"
 #include "../fp8/gemm.h"
 #include "../llama/config.h"
 #include "../llama/model_file.h"
@@ -44,6 +45,7 @@ typedef struct {
     int eval_every;             /* --eval-every; -1: as -v */
     int eval_limit;             /* --eval-limit: first N examples of each set; -1: all */
     const char* eval_dump;      /* --eval-dump DIR: the scored logits (tests); NULL: off */
+    const char* eval_compat;    /* --eval-compat harness | llm8 (dataloader/eval_sets.h EvalCompat) */
     int ckpt_every;             /* -n; 0: only at the end (when -o is given); NO_CHECKPOINTS: never */
     int resume;                 /* -y */
     int zero_stage;             /* -z */
@@ -68,6 +70,7 @@ typedef struct {
     int max_skips;              /* --max-skips */
     int n_layers;               /* --n-layers, overrides the preset's layer count; 0: keep */
     int profile_every;          /* --profile: per-phase times of every N-th step; 0: off */
+    int warmup_pass;            /* --warmup-pass: 1 runs a step's kernels, GEMMs and collectives once before step 1 */
     int dry_run;                /* --dry-run: print the memory plan and exit */
     int plan_ranks;             /* --ranks: ranks the plan is for; 0: this job's */
     float gpu_mem_gib;          /* --gpu-mem: memory the plan is checked against, GiB; 0: the backend's */
@@ -122,6 +125,10 @@ static const ArgSpec TRAIN_ARG_SPECS[] = {
     ARG("--eval-every", ARG_INT, eval_every, "downstream evaluations every N steps (0: only at the end; -1: as -v)"),
     ARG("--eval-limit", ARG_INT, eval_limit, "evaluate the first N examples (documents) of each set (-1: all)"),
     ARG("--eval-dump", ARG_STR, eval_dump, "write the evaluations' scored logits under DIR (tests' independent scorer)"),
+    ARG("--eval-compat", ARG_STR, eval_compat,
+        "rules of the eval files and scores: harness (lm-evaluation-harness's for an HF Llama-2: no BOS, its WikiText "
+        "detokenizer, acc_norm per character) | llm8 (BOS first, llm8's detokenizer, acc_norm per byte); each file "
+        "records its mode (dev/data/*.py --eval-compat)"),
     ARG("-s", ARG_INT, sample_every, "print a sample every N steps (0: never)"),
     ARG("-g", ARG_INT, sample_tokens, "tokens per sample"),
     ARG("-n", ARG_INT, ckpt_every, "checkpoint every N steps (0: only at the end; needs -o; -1: never, e.g. benchmarks)"),
@@ -156,6 +163,7 @@ static const ArgSpec TRAIN_ARG_SPECS[] = {
     ARG("--max-skips", ARG_INT, max_skips, "stop after this many consecutive non-finite steps"),
     ARG("--n-layers", ARG_INT, n_layers, "override the preset's layer count (benchmarks)"),
     ARG("--profile", ARG_INT, profile_every, "print forward/backward/optimizer/FP8-cast ms of every N-th step (0: off)"),
+    ARG("--warmup-pass", ARG_INT, warmup_pass, "GPU: 1 runs every kernel, GEMM shape and collective of a step once before step 1, 0 not"),
     ARG("--dry-run", ARG_INT, dry_run, "1: print the per-rank memory plan of these settings and exit (allocates and reads nothing)"),
     ARG("--ranks", ARG_INT, plan_ranks, "with --dry-run: the rank count to plan for (0: 1)"),
     ARG("--gpu-mem", ARG_FLOAT, gpu_mem_gib, "with --dry-run: device memory in GiB to plan against (0: the device's, or host RAM)"),
@@ -202,6 +210,7 @@ static inline TrainArgs train_args_default(void) {
     a.eval_every = -1;
     a.eval_limit = -1;
     a.eval_dump = NULL;
+    a.eval_compat = EVAL_COMPAT_NAMES[EVAL_COMPAT_HARNESS];
     a.ckpt_every = 0;
     a.resume = 0;
     a.zero_stage = 0;
@@ -226,6 +235,7 @@ static inline TrainArgs train_args_default(void) {
     a.max_skips = 5;
     a.n_layers = 0;
     a.profile_every = 0;
+    a.warmup_pass = 1;
     a.dry_run = 0;
     a.plan_ranks = 0;
     a.gpu_mem_gib = 0.0f;
@@ -378,6 +388,7 @@ static inline void train_args_check(const TrainArgs* a) {
     if (a->val_every < 0 || a->sample_every < 0 || a->fp8_stats_every < 0 || a->profile_every < 0)
         die("flags -v, -s, --fp8-stats, --profile must be >= 0");
     if (a->ckpt_every < NO_CHECKPOINTS) die("flag -n: must be >= 0, or %d (never)", NO_CHECKPOINTS);
+    if (a->warmup_pass != 0 && a->warmup_pass != 1) die("flag --warmup-pass: must be 0 or 1");
     if (a->val_batches < -1 || a->val_batches == 0) die("flag -m: validation batches must be positive or -1 (all)");
     if (a->sample_tokens <= 0) die("flag -g: sample tokens must be positive");
     if (a->hellaswag != 0 && a->hellaswag != 1) die("flag -h: must be 0 or 1 (HellaSwag), or alone for help");
@@ -387,7 +398,9 @@ static inline void train_args_check(const TrainArgs* a) {
     if (a->eval_limit < -1 || a->eval_limit == 0) die("flag --eval-limit: must be positive or -1 (all)");
     const char* eval_flag = a->eval_every != defaults.eval_every ? "--eval-every"
                             : a->eval_limit != defaults.eval_limit ? "--eval-limit"
-                            : a->eval_dump != NULL ? "--eval-dump" : NULL;
+                            : a->eval_dump != NULL ? "--eval-dump"
+                            : strcmp(a->eval_compat, defaults.eval_compat) != 0 ? "--eval-compat" : NULL;
+    if (eval_compat_parse(a->eval_compat) < 0) die("flag --eval-compat: '%s' is not harness or llm8", a->eval_compat);
     if (eval_flag != NULL && !evals) die("flag %s: needs an evaluation (-h 1, --eval-lambada or --eval-wikitext)", eval_flag);
     if (a->resume != 0 && a->resume != 1) die("flag -y: must be 0 or 1");
     if (a->resume && a->output_dir == NULL) die("flag -y 1 needs -o (the directory to resume from)");
