@@ -41,6 +41,10 @@
 #else
 #define EMU_ASAN 0
 #endif
+/* The thread switch's own code (docs/emulated-gpu.md, "Speed"): uninstrumented, since its shadow checks of
+ * the block's fibers and of its locals land on the cold shadow of the stack it arrives on; the kernels,
+ * the barrier checks and ASan's fiber calls are unchanged. */
+#define EMU_SWITCH_PATH __attribute__((no_sanitize_address))
 
 namespace ctx = boost::context::detail;
 
@@ -641,11 +645,11 @@ static __thread BlockRun* g_run = nullptr;
 static void fiber_entry(ctx::transfer_t tr);
 
 /* The thread at position k of the phase's order. */
-static Fiber& fiber_at(BlockRun& run, size_t k) { return run.fibers[run.reverse ? run.n - 1 - k : k]; }
+EMU_SWITCH_PATH static Fiber& fiber_at(BlockRun& run, size_t k) { return run.fibers[run.reverse ? run.n - 1 - k : k]; }
 
 /* Moves run.k to the next thread to resume, counting the finished ones it passes; at the end of a phase
  * checks the barrier and starts the next phase. Returns nullptr when every thread has ended. */
-static Fiber* next_thread(BlockRun& run) {
+EMU_SWITCH_PATH static Fiber* next_thread(BlockRun& run) {
     for (;;) {
         for (; run.k < run.n; run.k++) {
             Fiber& f = fiber_at(run, run.k);
@@ -661,7 +665,7 @@ static Fiber* next_thread(BlockRun& run) {
 }
 
 /* Records where a switch came from: the thread that left (its context, to resume it later) or run_block. */
-static void arrived(ctx::transfer_t tr) {
+EMU_SWITCH_PATH static void arrived(ctx::transfer_t tr) {
     Fiber* from = (Fiber*)tr.data;
     if (from)
         from->ctx = tr.fctx;
@@ -671,7 +675,7 @@ static void arrived(ctx::transfer_t tr) {
 
 /* Switches from the running thread (`from`, or run_block when nullptr) to thread `to`, which then runs
  * until it switches on. Under ASan both ends tell the sanitizer which stack they run on. */
-static void switch_to(Fiber* from, Fiber& to) {
+EMU_SWITCH_PATH static void switch_to(Fiber* from, Fiber& to) {
     if (to.state == FIBER_NEW) {
         to.stack = stack_get();
         to.ctx = ctx::make_fcontext((char*)to.stack + STACK_BYTES, STACK_BYTES, fiber_entry);
@@ -695,7 +699,7 @@ static void switch_to(Fiber* from, Fiber& to) {
 }
 
 /* First code of every fiber: under ASan, a switch from run_block tells where run_block's stack is. */
-static void fiber_entry(ctx::transfer_t tr) {
+EMU_SWITCH_PATH static void fiber_entry(ctx::transfer_t tr) {
     arrived(tr);
 #if EMU_ASAN
     const void** bottom = tr.data ? nullptr : &g_run->scheduler_stack_bottom;
@@ -712,7 +716,7 @@ static void fiber_entry(ctx::transfer_t tr) {
     ctx::jump_fcontext(g_run->scheduler, self);
 }
 
-void __syncthreads() {
+EMU_SWITCH_PATH void __syncthreads() {
     if (g_run && g_run->direct) {
         const EmuBlock* b = emu_current_block;
         emu_fail("kernel %s, block (%u, %u, %u): __syncthreads reached by thread (%u, %u, %u), but the block's first "
