@@ -26,6 +26,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
@@ -58,6 +59,8 @@ struct Desc {
     int32_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
     int8_t fast_accum = 0;
     const void* scale_ptr[4] = {nullptr, nullptr, nullptr, nullptr}; /* A, B, C, D */
+    uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    int32_t bias_type = -1; /* cublasLt.h: -1, the type the table gives for the GEMM's types */
 };
 
 struct Layout {
@@ -125,11 +128,20 @@ bool fp8_cd_allowed(cudaDataType_t a, cudaDataType_t b, cudaDataType_t c, cudaDa
     return false;
 }
 
+/* The FP8 type table's bias column: BF16 with C in BF16 or FP32 (FP32 D), FP16 with C in FP16. */
+cudaDataType_t fp8_bias_type(cudaDataType_t c) { return c == CUDA_R_16F ? CUDA_R_16F : CUDA_R_16BF; }
+
+/* Epilogues that read a bias vector or write a bias gradient (cublasLt.h, cublasLtEpilogue_t). */
+bool has_bias(uint32_t epilogue) {
+    return (epilogue & CUBLASLT_EPILOGUE_BIAS) || epilogue == CUBLASLT_EPILOGUE_DRELU_BGRAD ||
+           epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD || epilogue == CUBLASLT_EPILOGUE_BGRADA || epilogue == CUBLASLT_EPILOGUE_BGRADB;
+}
+
 /* One 64-bit summary of what an algorithm's choice depends on (types, shapes, transposes, scales set). */
 uint64_t problem_key(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dd) {
     uint64_t h = 1469598103934665603ULL;
     auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ULL; };
-    mix(d.compute); mix(d.scale_type); mix(d.trans_a); mix(d.trans_b); mix(d.fast_accum);
+    mix(d.compute); mix(d.scale_type); mix(d.trans_a); mix(d.trans_b); mix(d.fast_accum); mix(d.epilogue); mix((uint64_t)d.bias_type);
     for (int i = 0; i < 4; i++) mix(d.scale_ptr[i] != nullptr);
     for (const Layout* l : {&a, &b, &c, &dd}) { mix(l->type); mix(l->rows); mix(l->cols); mix((uint64_t)l->ld); }
     return h;
@@ -141,6 +153,11 @@ uint64_t problem_key(const Desc& d, const Layout& a, const Layout& b, const Layo
  */
 cublasStatus_t check_problem(const char* api, const Desc& d, const Layout& a, const Layout& b, const Layout& c,
                              const Layout& dd, uint64_t* m, uint64_t* n, uint64_t* k) {
+    bool fp8 = is_fp8(a.type) || is_fp8(b.type);
+    /* FP8 requirements: "The compute type must be CUBLAS_COMPUTE_32F", "The scale type must be CUDA_R_32F" */
+    if (fp8 && (d.compute != CUBLAS_COMPUTE_32F || d.scale_type != CUDA_R_32F)) /* check:fp8_compute */
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, api, "FP8 GEMM with compute type %d and scale type %d (needs "
+                      "CUBLAS_COMPUTE_32F and CUDA_R_32F)", (int)d.compute, (int)d.scale_type);
     if (d.compute != CUBLAS_COMPUTE_32F || d.scale_type != CUDA_R_32F)
         emu_fail("%s: compute type %d / scale type %d not emulated (only CUBLAS_COMPUTE_32F with CUDA_R_32F)", api,
                  (int)d.compute, (int)d.scale_type);
@@ -162,22 +179,21 @@ cublasStatus_t check_problem(const char* api, const Desc& d, const Layout& a, co
             return refuse(CUBLAS_STATUS_INVALID_VALUE, api, "leading dimension %ld < rows %lu", (long)l->ld, (unsigned long)l->rows);
         if (type_bytes(l->type) == 0) emu_fail("%s: matrix type %d not emulated", api, (int)l->type);
     }
-    if (dd.type != CUDA_R_32F && dd.type != CUDA_R_16BF && !is_fp8(dd.type))
-        emu_fail("%s: D of type %s is not emulated (BF16 or FP32)", api, type_name(dd.type));
-    bool fp8 = is_fp8(a.type) || is_fp8(b.type);
     if (!fp8) {
         /* the scale pointers apply to 8-bit inputs only; "If set for an unsupported matrix data, scale, and
            compute type combination, calling cublasLtMatmul() will return CUBLAS_INVALID_VALUE" (cublasLt.h,
            CUBLASLT_MATMUL_DESC_A_SCALE_POINTER) */
         if (d.scale_ptr[0] || d.scale_ptr[1] || d.scale_ptr[2] || d.scale_ptr[3]) /* check:scale_non_fp8 */
             return refuse(CUBLAS_STATUS_INVALID_VALUE, api, "a scale pointer is set on a %s x %s GEMM", type_name(a.type), type_name(b.type));
-        /* the docs' regular type table: BF16 x BF16 -> C = D in BF16 or FP32; FP32 x FP32 -> FP32 */
+        /* the docs' table for CUBLAS_COMPUTE_32F: A = B in BF16 or FP16 -> C = D in that type or FP32;
+           FP32 -> FP32 */
         bool ok = a.type == b.type && c.type == dd.type &&
-                  ((a.type == CUDA_R_16BF && (dd.type == CUDA_R_16BF || dd.type == CUDA_R_32F)) ||
+                  (((a.type == CUDA_R_16BF || a.type == CUDA_R_16F) && (dd.type == a.type || dd.type == CUDA_R_32F)) ||
                    (a.type == CUDA_R_32F && dd.type == CUDA_R_32F));
-        if (!ok)
+        if (!ok) /* check:regular_types */
             return refuse(CUBLAS_STATUS_NOT_SUPPORTED, api, "type combination A %s B %s C %s D %s", type_name(a.type),
                           type_name(b.type), type_name(c.type), type_name(dd.type));
+        if (a.type == CUDA_R_16F) emu_fail("%s: FP16 GEMMs are not emulated (BF16 and FP32)", api);
         return CUBLAS_STATUS_SUCCESS;
     }
     /* ---- FP8 (docs, cublasLtMatmul: "To use FP8 kernels, the following set of requirements must be satisfied") */
@@ -207,7 +223,12 @@ cublasStatus_t check_problem(const char* api, const Desc& d, const Layout& a, co
     if (!fp8_cd_allowed(a.type, b.type, c.type, dd.type)) /* check:fp8_cd */
         return refuse(CUBLAS_STATUS_NOT_SUPPORTED, api, "FP8 GEMM %s x %s with C %s, D %s is not in the FP8 type table",
                       type_name(a.type), type_name(b.type), type_name(c.type), type_name(dd.type));
-    if (is_fp8(dd.type)) emu_fail("%s: FP8 GEMM with D %s: FP8 D is not emulated", api, type_name(dd.type));
+    /* the bias column of the FP8 type table (and cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE) */
+    if (has_bias(d.epilogue) && d.bias_type != -1 && d.bias_type != fp8_bias_type(c.type)) /* check:fp8_bias */
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, api, "FP8 GEMM with C %s and a bias of type %s (the FP8 type table "
+                      "gives %s)", type_name(c.type), type_name((cudaDataType_t)d.bias_type), type_name(fp8_bias_type(c.type)));
+    if (is_fp8(dd.type) || dd.type == CUDA_R_16F)
+        emu_fail("%s: FP8 GEMM with D %s is not emulated (BF16 or FP32 D)", api, type_name(dd.type));
     if (d.scale_ptr[2] || d.scale_ptr[3]) emu_fail("%s: C/D scale pointers are not emulated (only FP8 D uses them)", api);
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -259,8 +280,37 @@ double load(const void* p, cudaDataType_t t, size_t index) {
 /* Output tile of the micro-kernel: TILE_I rows of op(A) against TILE_J columns of op(B). */
 #define TILE_I 2
 #define TILE_J 4
+/* Cache blocks: BLOCK_M rows of op(A) and BLOCK_N columns of op(B), BLOCK_K deep (64 KiB and 128 KiB of
+   doubles), stay in L2 while their tiles run; a dot's lanes carry from one k block to the next, so its
+   sum keeps the order of one uninterrupted pass. */
+#define BLOCK_M 32
+#define BLOCK_N 64
+#define BLOCK_K 256
 
 typedef double lanes_t __attribute__((vector_size(LANES * sizeof(double))));
+
+/* Element `index` of X as a double (exact: every emulated type's values are doubles). */
+template <typename T>
+double element(const void* x, size_t index);
+template <> double element<float>(const void* x, size_t index) { return ((const float*)x)[index]; }
+template <> double element<uint16_t>(const void* x, size_t index) { return load(x, CUDA_R_16BF, index); }
+template <> double element<__nv_fp8_e4m3>(const void* x, size_t index) { return g_fp8.e4m3[((const uint8_t*)x)[index]]; }
+template <> double element<__nv_fp8_e5m2>(const void* x, size_t index) { return g_fp8.e5m2[((const uint8_t*)x)[index]]; }
+
+template <typename T>
+void unpack_rows(double* out, const void* x, size_t ld, bool trans, uint64_t rows, uint64_t k, size_t kp) {
+    /* op(X)[i][p] = trans ? X[p][i] : X[i][p]; column-major X[r][c] is at r + c * ld */
+    if (trans) {
+        for (uint64_t i = 0; i < rows; i++)
+            for (uint64_t p = 0; p < k; p++) out[i * kp + p] = element<T>(x, p + i * ld);
+        return;
+    }
+    /* a transpose, in 64 x 64 tiles: the tile's reads and writes both stay in L1 */
+    for (uint64_t i0 = 0; i0 < rows; i0 += 64)
+        for (uint64_t p0 = 0; p0 < k; p0 += 64)
+            for (uint64_t p = p0; p < std::min<uint64_t>(p0 + 64, k); p++)
+                for (uint64_t i = i0; i < std::min<uint64_t>(i0 + 64, rows); i++) out[i * kp + p] = element<T>(x, i + p * ld);
+}
 
 /*
  * Copies op(X) (rows x k) into out row by row, so the dot products run over contiguous k; rows and k
@@ -269,30 +319,41 @@ typedef double lanes_t __attribute__((vector_size(LANES * sizeof(double))));
 size_t unpack_op(std::vector<double>& out, const void* x, const Layout& l, bool trans, uint64_t rows, uint64_t k,
                  uint64_t row_multiple) {
     size_t kp = (k + LANES - 1) / LANES * LANES, rp = (rows + row_multiple - 1) / row_multiple * row_multiple;
-    out.assign(rp * kp, 0.0);
-    for (uint64_t i = 0; i < rows; i++)
-        for (uint64_t p = 0; p < k; p++) {
-            /* op(X)[i][p] = trans ? X[p][i] : X[i][p]; column-major X[r][c] is at r + c * ld */
-            size_t index = trans ? p + i * (size_t)l.ld : i + p * (size_t)l.ld;
-            out[i * kp + p] = load(x, l.type, index);
-        }
+    out.resize(rp * kp);
+    for (uint64_t i = 0; i < rows; i++) std::fill(&out[i * kp + k], &out[i * kp + kp], 0.0);
+    std::fill(&out[rows * kp], &out[rp * kp], 0.0);
+    switch (l.type) {
+        case CUDA_R_32F: unpack_rows<float>(out.data(), x, l.ld, trans, rows, k, kp); break;
+        case CUDA_R_16BF: unpack_rows<uint16_t>(out.data(), x, l.ld, trans, rows, k, kp); break;
+        case CUDA_R_8F_E4M3: unpack_rows<__nv_fp8_e4m3>(out.data(), x, l.ld, trans, rows, k, kp); break;
+        case CUDA_R_8F_E5M2: unpack_rows<__nv_fp8_e5m2>(out.data(), x, l.ld, trans, rows, k, kp); break;
+        default: emu_fail("cublasLtMatmul: load of type %d not emulated", (int)l.type);
+    }
     return kp;
 }
 
 /*
- * dots[ii][jj] = sum_p a[i0+ii][p] b[j0+jj][p] for a TILE_I x TILE_J tile, each sum in a fixed order:
- * LANES interleaved partial sums over k, then (s0 + s1) + (s2 + s3). The products of BF16, FP8 and even
- * FP32 inputs are exact in double, so a fused multiply-add gives the same bits as a multiply and an add,
- * and the result does not depend on the instruction set the clone below runs. Reads only the padded
- * scratch of unpack_op, so it is left uninstrumented (ASan checks the unpacking from device memory).
+ * acc[ii * acc_stride + jj] = (first ? 0 : acc[...]) + the products a[ii][p] b[jj][p], p < len, for a
+ * TILE_I x TILE_J tile (rows `stride` apart), product p into lane p % LANES; the caller adds the lanes
+ * as (s0 + s1) + (s2 + s3) once k is done. The products of BF16, FP8 and even FP32 inputs are exact in double, so a fused multiply-add
+ * gives the same bits as a multiply and an add, and the result does not depend on the instruction set
+ * the clone below runs. Reads only the padded scratch of unpack_op, so it is left uninstrumented (ASan
+ * checks the unpacking from device memory).
  */
 __attribute__((no_sanitize_address, target_clones("avx2", "default")))
-void dot_tile(const double* a, const double* b, size_t kp, double dots[TILE_I][TILE_J]) {
-    /* named accumulators, not arrays: they stay in registers (8 of the 16 vector registers) */
+void dot_tile(const double* a, const double* b, size_t stride, size_t len, lanes_t* acc, size_t acc_stride, bool first) {
+    /* named accumulators, not arrays: they stay in registers (8 of the 16 vector registers); memcpy, not a
+       helper: a function returning a vector would not share this clone's instruction set */
     lanes_t s00 = {}, s01 = {}, s02 = {}, s03 = {}, s10 = {}, s11 = {}, s12 = {}, s13 = {};
-    const double *a1 = a + kp, *b1 = b + kp, *b2 = b + 2 * kp, *b3 = b + 3 * kp;
-    for (size_t p = 0; p < kp; p += LANES) {
-        /* memcpy, not a helper: a function returning a vector would not share this clone's instruction set */
+    lanes_t* acc1 = acc + acc_stride;
+    if (!first) {
+        memcpy(&s00, acc, sizeof(lanes_t)); memcpy(&s01, acc + 1, sizeof(lanes_t));
+        memcpy(&s02, acc + 2, sizeof(lanes_t)); memcpy(&s03, acc + 3, sizeof(lanes_t));
+        memcpy(&s10, acc1, sizeof(lanes_t)); memcpy(&s11, acc1 + 1, sizeof(lanes_t));
+        memcpy(&s12, acc1 + 2, sizeof(lanes_t)); memcpy(&s13, acc1 + 3, sizeof(lanes_t));
+    }
+    const double *a1 = a + stride, *b1 = b + stride, *b2 = b + 2 * stride, *b3 = b + 3 * stride;
+    for (size_t p = 0; p < len; p += LANES) {
         lanes_t x0, x1, y0, y1, y2, y3;
         memcpy(&x0, a + p, sizeof(lanes_t)); memcpy(&x1, a1 + p, sizeof(lanes_t));
         memcpy(&y0, b + p, sizeof(lanes_t)); memcpy(&y1, b1 + p, sizeof(lanes_t));
@@ -300,12 +361,10 @@ void dot_tile(const double* a, const double* b, size_t kp, double dots[TILE_I][T
         s00 += x0 * y0; s01 += x0 * y1; s02 += x0 * y2; s03 += x0 * y3;
         s10 += x1 * y0; s11 += x1 * y1; s12 += x1 * y2; s13 += x1 * y3;
     }
-    const lanes_t* sums[TILE_I][TILE_J] = {{&s00, &s01, &s02, &s03}, {&s10, &s11, &s12, &s13}};
-    for (int ii = 0; ii < TILE_I; ii++)
-        for (int jj = 0; jj < TILE_J; jj++) {
-            const lanes_t& v = *sums[ii][jj];
-            dots[ii][jj] = (v[0] + v[1]) + (v[2] + v[3]);
-        }
+    memcpy(acc, &s00, sizeof(lanes_t)); memcpy(acc + 1, &s01, sizeof(lanes_t));
+    memcpy(acc + 2, &s02, sizeof(lanes_t)); memcpy(acc + 3, &s03, sizeof(lanes_t));
+    memcpy(acc1, &s10, sizeof(lanes_t)); memcpy(acc1 + 1, &s11, sizeof(lanes_t));
+    memcpy(acc1 + 2, &s12, sizeof(lanes_t)); memcpy(acc1 + 3, &s13, sizeof(lanes_t));
 }
 
 /* Everything a queued GEMM needs, captured at the call. */
@@ -322,7 +381,8 @@ struct Gemm {
    build's -march. */
 __attribute__((optimize("fp-contract=off")))
 void run_gemm(const Gemm& g) {
-    std::vector<double> ar, bc;
+    /* scratch kept between GEMMs: the unpacked operands of the lm_head's GEMMs are tens of MiB */
+    static thread_local std::vector<double> ar, bc;
     size_t kp = unpack_op(ar, g.pa, g.a, g.desc.trans_a == CUBLAS_OP_T, g.m, g.k, TILE_I);
     unpack_op(bc, g.pb, g.b, g.desc.trans_b != CUBLAS_OP_T, g.n, g.k, TILE_J); /* row j = column j of op(B) */
     /* the scales are read now, on the stream, as the GPU reads them (cublasLt.h: "Device pointer to the
@@ -331,16 +391,24 @@ void run_gemm(const Gemm& g) {
     for (int i = 0; i < 2; i++)
         if (g.desc.scale_ptr[i]) scale *= *(const float*)g.desc.scale_ptr[i];
     const float scale_f = (float)scale, beta_f = (float)g.beta;
-    for (uint64_t j0 = 0; j0 < g.n; j0 += TILE_J)
-        for (uint64_t i0 = 0; i0 < g.m; i0 += TILE_I) {
-            double dots[TILE_I][TILE_J];
-            dot_tile(&ar[i0 * kp], &bc[j0 * kp], kp, dots);
-            for (uint64_t j = j0; j < j0 + TILE_J && j < g.n; j++)
-                for (uint64_t i = i0; i < i0 + TILE_I && i < g.m; i++) {
+    static thread_local lanes_t acc[BLOCK_M][BLOCK_N]; /* the lanes of one output block */
+    for (uint64_t j0 = 0; j0 < g.n; j0 += BLOCK_N)
+        for (uint64_t i0 = 0; i0 < g.m; i0 += BLOCK_M) {
+            uint64_t i1 = std::min<uint64_t>(i0 + BLOCK_M, g.m), j1 = std::min<uint64_t>(j0 + BLOCK_N, g.n);
+            for (size_t p0 = 0; p0 < kp; p0 += BLOCK_K) {
+                size_t len = std::min<size_t>(BLOCK_K, kp - p0);
+                for (uint64_t jt = j0; jt < j1; jt += TILE_J)
+                    for (uint64_t it = i0; it < i1; it += TILE_I)
+                        dot_tile(&ar[it * kp + p0], &bc[jt * kp + p0], kp, len, &acc[it - i0][jt - j0], BLOCK_N, p0 == 0);
+            }
+            for (uint64_t j = j0; j < j1; j++)
+                for (uint64_t i = i0; i < i1; i++) {
+                    const lanes_t& v = acc[i - i0][j - j0];
+                    double dot = (v[0] + v[1]) + (v[2] + v[3]);
                     /* the FP32 epilogue: the accumulator rounded to FP32 first, then scaled and added to C
                        in FP32, fl(fl(scale * fl(acc)) + fl(beta * C)); so a wgrad accumulated through
                        beta = 1 equals the same product stored and then added by a kernel, as on the GPU */
-                    float f = scale_f * (float)dots[i - i0][j - j0];
+                    float f = scale_f * (float)dot;
                     /* C is not read when beta is 0 (docs, cublasLtMatmul), so NaN-poisoned D/C stays harmless */
                     if (g.beta != 0.0) f += beta_f * (float)load(g.pc, g.c.type, i + j * (size_t)g.c.ld);
                     size_t at = i + j * (size_t)g.d.ld;
@@ -449,6 +517,14 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasL
         case CUBLASLT_MATMUL_DESC_SCALE_TYPE:
             if (!sized(sizeof(int32_t))) return refuse(CUBLAS_STATUS_INVALID_VALUE, api, "SCALE_TYPE size %zu", size);
             d->scale_type = (cudaDataType_t)*(const int32_t*)buf;
+            return CUBLAS_STATUS_SUCCESS;
+        case CUBLASLT_MATMUL_DESC_EPILOGUE: /* uint32_t; checked against the type table, computed only if DEFAULT */
+            if (!sized(sizeof(uint32_t))) return refuse(CUBLAS_STATUS_INVALID_VALUE, api, "EPILOGUE size %zu", size);
+            memcpy(&d->epilogue, buf, sizeof(uint32_t));
+            return CUBLAS_STATUS_SUCCESS;
+        case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: /* int32_t */
+            if (!sized(sizeof(int32_t))) return refuse(CUBLAS_STATUS_INVALID_VALUE, api, "BIAS_DATA_TYPE size %zu", size);
+            memcpy(&d->bias_type, buf, sizeof(int32_t));
             return CUBLAS_STATUS_SUCCESS;
         case CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET: /* a performance hint: nothing to emulate */
             if (!sized(sizeof(int32_t))) return refuse(CUBLAS_STATUS_INVALID_VALUE, api, "SM_COUNT_TARGET size %zu", size);
@@ -601,6 +677,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     g.d = *layout_of(ddesc);
     cublasStatus_t status = check_problem(api, g.desc, g.a, g.b, g.c, g.d, &g.m, &g.n, &g.k);
     if (status != CUBLAS_STATUS_SUCCESS) return status;
+    if (g.desc.epilogue != CUBLASLT_EPILOGUE_DEFAULT) emu_fail("%s: epilogue %u is not emulated", api, g.desc.epilogue);
     bool fp8 = is_fp8(g.a.type);
     if (fp8) {
         /* FP8 requirements: "pointers ... must support 16-byte alignment" */

@@ -7,6 +7,7 @@
  *   LLM8_EMU_SCHEDULE=late|early  non-blocking streams run as late as the rules allow (default) or at once
  *   LLM8_EMU_RACE=1               every launch runs twice, in two thread and block orders, compared bit for bit
  *   LLM8_EMU_MEMORY=<GiB>         device capacity for cudaMalloc and cudaMemGetInfo (default 80, an H100 SXM)
+ *   LLM8_EMU_STATS=1              at exit, per kernel: launches, blocks, threads, thread resumes, CPU time
  *   LLM8_EMU_COUNTS=1             at exit, the allocations, device synchronizations and kernel loads of each
  *                                 NVTX range of the program (emu/nvtx.cpp)
  * Violations a GPU would fault on or leave undefined stop with "emu: ..." naming the call or kernel.
@@ -20,10 +21,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <deque>
 #include <map>
 #include <set>
@@ -38,6 +41,10 @@
 #else
 #define EMU_ASAN 0
 #endif
+/* The thread switch's own code (docs/emulated-gpu.md, "Speed"): uninstrumented, since its shadow checks of
+ * the block's fibers and of its locals land on the cold shadow of the stack it arrives on; the kernels,
+ * the barrier checks and ASan's fiber calls are unchanged. */
+#define EMU_SWITCH_PATH __attribute__((no_sanitize_address))
 
 namespace ctx = boost::context::detail;
 
@@ -66,6 +73,57 @@ static const char* env_or(const char* name, const char* fallback) {
 }
 static bool g_race = std::string(env_or("LLM8_EMU_RACE", "0")) == "1";
 static bool g_early = std::string(env_or("LLM8_EMU_SCHEDULE", "late")) == "early";
+static bool g_stats = std::string(env_or("LLM8_EMU_STATS", "0")) == "1";
+
+/* ---------------------------------------------------------------- statistics (LLM8_EMU_STATS=1) */
+
+/* What one kernel's launches cost the emulator (docs/emulated-gpu.md, "Speed"): a resume is one switch
+ * into a thread's fiber, from run_block or from the thread before it (a thread run as a plain call has
+ * none); ms is this host thread's CPU time, so a busy machine does not inflate it. */
+struct KernelStats {
+    uint64_t launches = 0, blocks = 0, threads = 0, resumes = 0;
+    double ms = 0.0;
+};
+static std::map<std::string, KernelStats> g_kernel_stats;
+static uint64_t g_resumes = 0; /* switches into threads' fibers so far */
+static const char* const LIBRARY_WORK = "(library doubles: cuBLASLt, NCCL)";
+
+static double cpu_ms() {
+    timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
+
+static void print_stats() {
+    std::vector<std::pair<std::string, KernelStats>> rows(g_kernel_stats.begin(), g_kernel_stats.end());
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    KernelStats sum;
+    for (const auto& r : rows)
+        sum.launches += r.second.launches, sum.blocks += r.second.blocks, sum.threads += r.second.threads,
+            sum.resumes += r.second.resumes, sum.ms += r.second.ms;
+    rows.emplace_back("total", sum);
+    fprintf(stderr, "emu stats (pid %d): %-44s %9s %10s %12s %12s %10s\n", (int)getpid(), "kernel", "launches", "blocks",
+            "threads", "resumes", "cpu ms");
+    for (const auto& r : rows)
+        fprintf(stderr, "emu stats (pid %d): %-44.44s %9llu %10llu %12llu %12llu %10.1f\n", (int)getpid(), r.first.c_str(),
+                (unsigned long long)r.second.launches, (unsigned long long)r.second.blocks,
+                (unsigned long long)r.second.threads, (unsigned long long)r.second.resumes, r.second.ms);
+}
+
+/* Adds one launch (kernel name) or one piece of library work (LIBRARY_WORK) that took [t0, now). */
+static void count(const char* name, double t0, uint64_t blocks, uint64_t threads, uint64_t resumes) {
+    static bool registered = false;
+    if (!registered) {
+        registered = true;
+        atexit(print_stats);
+    }
+    KernelStats& k = g_kernel_stats[name];
+    k.launches++;
+    k.blocks += blocks;
+    k.threads += threads;
+    k.resumes += resumes;
+    k.ms += cpu_ms() - t0;
+}
 
 /* ---------------------------------------------------------------- H100 SXM limits */
 
@@ -262,7 +320,15 @@ void emu_redzone(void* p, size_t bytes) {
     });
 }
 
-void emu_stream_enqueue(cudaStream_t s, std::function<void()> work) { enqueue(resolve(s), std::move(work)); }
+void emu_stream_enqueue(cudaStream_t s, std::function<void()> work) {
+    if (g_stats)
+        work = [w = std::move(work)] {
+            double t0 = cpu_ms();
+            w();
+            count(LIBRARY_WORK, t0, 0, 0, 0);
+        };
+    enqueue(resolve(s), std::move(work));
+}
 
 static double now_ms() {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -543,7 +609,7 @@ struct Fiber {
 
 /* 128 KiB per emulated thread (a GPU gives each thread at most 512 KiB of local memory; ours use little),
  * below it a PROT_NONE page so an overflow faults instead of corrupting the next stack. */
-static const size_t STACK_BYTES = 128 * 1024, GUARD_BYTES = 4096, STACK_TOP_BYTES = 16 * 1024;
+static const size_t STACK_BYTES = 128 * 1024, GUARD_BYTES = 4096, STACK_TOP_BYTES = 2 * 1024;
 static std::vector<void*> g_free_stacks;
 
 static void* stack_get() {
@@ -560,48 +626,109 @@ static void* stack_get() {
 static void stack_put(void* s) {
 #if EMU_ASAN
     /* a finished fiber's kernel frames returned (and unpoisoned themselves); only the frames of
-     * fiber_entry and leave_fiber, at the top, keep their redzones: the next fiber starts clean */
+     * fiber_entry and the switch, at the top (256 bytes measured), keep their redzones: the next fiber
+     * starts clean */
     ASAN_UNPOISON_MEMORY_REGION((char*)s + STACK_BYTES - STACK_TOP_BYTES, STACK_TOP_BYTES);
 #endif
     g_free_stacks.push_back(s);
 }
 
+/*
+ * One block's run: its threads resumed phase by phase in `reverse` order or not, each phase from every
+ * thread's start or barrier to its next barrier or its end. A thread that reaches a barrier switches
+ * straight to the next thread of the phase (the last one to the first of the next phase); a thread that
+ * ends returns to run_block, which frees its stack. k, at_barrier and done describe the phase so far.
+ */
 struct BlockRun {
     const EmuLaunchSpec* spec;
+    const EmuBlock* block;
+    Fiber* fibers;
+    size_t n;
+    bool reverse;
+    size_t k = 0, at_barrier = 0, done = 0;
     ctx::fcontext_t scheduler = nullptr;
-    Fiber* fiber = nullptr;
+    Fiber* fiber = nullptr; /* the thread running, or nullptr in run_block */
     const void* scheduler_stack_bottom = nullptr;
     size_t scheduler_stack_size = 0;
     bool direct = false; /* threads run as plain calls: the block's first thread exited without a barrier */
 };
 static __thread BlockRun* g_run = nullptr;
 
-/* Back in a fiber after a switch: the scheduler's context (and, under ASan, its stack) to return to. */
-static void arrived_in_fiber(ctx::transfer_t tr) {
-    g_run->scheduler = tr.fctx;
-#if EMU_ASAN
-    __sanitizer_finish_switch_fiber(g_run->fiber->fake_stack, &g_run->scheduler_stack_bottom, &g_run->scheduler_stack_size);
-#endif
-}
-static void leave_fiber(bool dying) {
-#if EMU_ASAN
-    __sanitizer_start_switch_fiber(dying ? nullptr : &g_run->fiber->fake_stack, g_run->scheduler_stack_bottom,
-                                   g_run->scheduler_stack_size);
-#else
-    (void)dying;
-#endif
-    ctx::transfer_t tr = ctx::jump_fcontext(g_run->scheduler, nullptr);
-    arrived_in_fiber(tr);
+static void fiber_entry(ctx::transfer_t tr);
+
+/* The thread at position k of the phase's order. */
+EMU_SWITCH_PATH static Fiber& fiber_at(BlockRun& run, size_t k) { return run.fibers[run.reverse ? run.n - 1 - k : k]; }
+
+/* Moves run.k to the next thread to resume, counting the finished ones it passes; at the end of a phase
+ * checks the barrier and starts the next phase. Returns nullptr when every thread has ended. */
+EMU_SWITCH_PATH static Fiber* next_thread(BlockRun& run) {
+    for (;;) {
+        for (; run.k < run.n; run.k++) {
+            Fiber& f = fiber_at(run, run.k);
+            if (f.state != FIBER_DONE) return &f;
+            run.done++;
+        }
+        if (run.done == run.n) return nullptr;
+        if (run.done > 0)
+            emu_fail("kernel %s, block (%u, %u, %u): __syncthreads reached by %zu of the block's %zu threads (the others exited)",
+                     run.spec->name, run.block->idx.x, run.block->idx.y, run.block->idx.z, run.at_barrier, run.n);
+        run.k = run.at_barrier = run.done = 0;
+    }
 }
 
-static void fiber_entry(ctx::transfer_t tr) {
-    arrived_in_fiber(tr);
+/* Records where a switch came from: the thread that left (its context, to resume it later) or run_block. */
+EMU_SWITCH_PATH static void arrived(ctx::transfer_t tr) {
+    Fiber* from = (Fiber*)tr.data;
+    if (from)
+        from->ctx = tr.fctx;
+    else
+        g_run->scheduler = tr.fctx;
+}
+
+/* Switches from the running thread (`from`, or run_block when nullptr) to thread `to`, which then runs
+ * until it switches on. Under ASan both ends tell the sanitizer which stack they run on. */
+EMU_SWITCH_PATH static void switch_to(Fiber* from, Fiber& to) {
+    if (to.state == FIBER_NEW) {
+        to.stack = stack_get();
+        to.ctx = ctx::make_fcontext((char*)to.stack + STACK_BYTES, STACK_BYTES, fiber_entry);
+    }
+    to.state = FIBER_RUNNING;
+    g_run->fiber = &to;
+    emu_current_thread = &to.t;
+    g_resumes++;
+#if EMU_ASAN
+    void* scheduler_fake = nullptr;
+    __sanitizer_start_switch_fiber(from ? &from->fake_stack : &scheduler_fake, to.stack, STACK_BYTES);
+#endif
+    ctx::transfer_t tr = ctx::jump_fcontext(to.ctx, from);
+    arrived(tr);
+#if EMU_ASAN
+    if (from)
+        __sanitizer_finish_switch_fiber(from->fake_stack, nullptr, nullptr);
+    else
+        __sanitizer_finish_switch_fiber(scheduler_fake, nullptr, nullptr);
+#endif
+}
+
+/* First code of every fiber: under ASan, a switch from run_block tells where run_block's stack is. */
+EMU_SWITCH_PATH static void fiber_entry(ctx::transfer_t tr) {
+    arrived(tr);
+#if EMU_ASAN
+    const void** bottom = tr.data ? nullptr : &g_run->scheduler_stack_bottom;
+    size_t* size = tr.data ? nullptr : &g_run->scheduler_stack_size;
+    __sanitizer_finish_switch_fiber(nullptr, bottom, size);
+#endif
     g_run->spec->body();
-    g_run->fiber->state = FIBER_DONE;
-    leave_fiber(true);
+    /* ended: back to run_block, which frees this stack (a fiber cannot free the stack it runs on) */
+    Fiber* self = g_run->fiber;
+    self->state = FIBER_DONE;
+#if EMU_ASAN
+    __sanitizer_start_switch_fiber(nullptr, g_run->scheduler_stack_bottom, g_run->scheduler_stack_size);
+#endif
+    ctx::jump_fcontext(g_run->scheduler, self);
 }
 
-void __syncthreads() {
+EMU_SWITCH_PATH void __syncthreads() {
     if (g_run && g_run->direct) {
         const EmuBlock* b = emu_current_block;
         emu_fail("kernel %s, block (%u, %u, %u): __syncthreads reached by thread (%u, %u, %u), but the block's first "
@@ -609,8 +736,17 @@ void __syncthreads() {
                  g_run->spec->name, b->idx.x, b->idx.y, b->idx.z, threadIdx.x, threadIdx.y, threadIdx.z);
     }
     if (!g_run || !g_run->fiber) emu_fail("__syncthreads called outside a kernel");
-    g_run->fiber->state = FIBER_AT_BARRIER;
-    leave_fiber(false);
+    BlockRun& run = *g_run;
+    Fiber* self = run.fiber;
+    self->state = FIBER_AT_BARRIER;
+    run.at_barrier++;
+    run.k++;
+    Fiber* next = next_thread(run); /* not nullptr: this thread has not ended */
+    if (next == self) {             /* the only thread left in the block: past its barrier at once */
+        self->state = FIBER_RUNNING;
+        return;
+    }
+    switch_to(self, *next);
 }
 
 unsigned char* emu_dynamic_shared() { return emu_current_block->dynamic_smem; }
@@ -738,12 +874,15 @@ static const std::vector<std::pair<unsigned char*, size_t>>& static_shared() {
 static void run_block(const EmuLaunchSpec& spec, EmuBlock& block, std::vector<Fiber>& fibers, bool reverse) {
     BlockRun run;
     run.spec = &spec;
+    run.block = &block;
+    run.fibers = fibers.data();
+    run.n = fibers.size();
+    run.reverse = reverse;
     g_run = &run;
     emu_current_block = &block;
     /* shared memory, dynamic and static, is uninitialized at block start: NaN bytes, as in cudaMalloc */
     if (spec.smem) memset(block.dynamic_smem, 0xFF, spec.smem);
     for (const auto& r : static_shared()) memset(r.first, 0xFF, r.second);
-    size_t n = fibers.size();
     unsigned int i = 0;
     for (unsigned int z = 0; z < block.dim.z; z++)
         for (unsigned int y = 0; y < block.dim.y; y++)
@@ -751,55 +890,23 @@ static void run_block(const EmuLaunchSpec& spec, EmuBlock& block, std::vector<Fi
                 fibers[i].t.idx = make_uint3(x, y, z);
                 fibers[i].state = FIBER_NEW;
             }
-    for (;;) {
-        size_t at_barrier = 0, done = 0;
-        for (size_t k = 0; k < n; k++) {
-            Fiber& f = fibers[reverse ? n - 1 - k : k];
-            if (f.state == FIBER_DONE) {
-                done++;
-                continue;
-            }
-            /* the first thread ran to its end without a barrier: in a correct kernel no thread of the block
-             * reaches one (all or none must), so the others run as plain calls, without switches; one that
-             * does reach a barrier is reported by __syncthreads */
-            if (f.state == FIBER_NEW && k > 0 && done == k && at_barrier == 0) {
-                run.direct = true;
-                run.fiber = nullptr;
-                emu_current_thread = &f.t;
-                spec.body();
-                f.state = FIBER_DONE;
-                done++;
-                continue;
-            }
-            if (f.state == FIBER_NEW) {
-                f.stack = stack_get();
-                f.ctx = ctx::make_fcontext((char*)f.stack + STACK_BYTES, STACK_BYTES, fiber_entry);
-            }
-            f.state = FIBER_RUNNING;
-            run.fiber = &f;
-            emu_current_thread = &f.t;
-#if EMU_ASAN
-            void* fake = nullptr;
-            __sanitizer_start_switch_fiber(&fake, f.stack, STACK_BYTES);
-#endif
-            ctx::transfer_t tr = ctx::jump_fcontext(f.ctx, nullptr);
-#if EMU_ASAN
-            __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
-#endif
-            f.ctx = tr.fctx;
-            if (f.state == FIBER_DONE) {
-                stack_put(f.stack);
-                done++;
-            } else {
-                at_barrier++;
-            }
+    while (Fiber* f = next_thread(run)) {
+        /* the first thread ran to its end without a barrier: in a correct kernel no thread of the block
+         * reaches one (all or none must), so the others run as plain calls, without switches; one that
+         * does reach a barrier is reported by __syncthreads */
+        if (f->state == FIBER_NEW && run.k > 0 && run.done == run.k && run.at_barrier == 0) {
+            run.direct = true;
+            run.fiber = nullptr;
+            emu_current_thread = &f->t;
+            spec.body();
+            f->state = FIBER_DONE;
+            continue; /* next_thread counts it */
         }
-        if (done == n) break;
-        if (done > 0)
-            emu_fail("kernel %s, block (%u, %u, %u): __syncthreads reached by %zu of the block's %zu threads (the others exited)",
-                     spec.name, block.idx.x, block.idx.y, block.idx.z, at_barrier, n);
+        /* runs threads, switching from barrier to barrier, until one ends */
+        switch_to(nullptr, *f);
+        stack_put(run.fiber->stack);
+        run.fiber = nullptr;
     }
-    run.fiber = nullptr;
     g_run = nullptr;
     emu_current_thread = nullptr;
     emu_current_block = nullptr;
@@ -858,6 +965,18 @@ static void run_grid_twice(const EmuLaunchSpec& spec) {
     }
 }
 
+/* Runs a launch's grid (twice in race mode), counted when LLM8_EMU_STATS asks. */
+static void run_launch(const EmuLaunchSpec& spec) {
+    double t0 = g_stats ? cpu_ms() : 0.0;
+    uint64_t r0 = g_resumes;
+    if (g_race)
+        run_grid_twice(spec);
+    else
+        run_grid(spec, false);
+    uint64_t blocks = (uint64_t)spec.grid.x * spec.grid.y * spec.grid.z;
+    if (g_stats) count(spec.name, t0, blocks, blocks * spec.block.x * spec.block.y * spec.block.z, g_resumes - r0);
+}
+
 void emu_launch_spec(EmuLaunchSpec&& spec) {
     load_kernel(spec.kernel);
     const dim3& b = spec.block;
@@ -900,10 +1019,5 @@ void emu_launch_spec(EmuLaunchSpec&& spec) {
             emu_fail("launch of %s: pointer argument %p (the kernel's pointer parameter %zu) is not device memory", spec.name, p, i);
     }
     auto shared = std::make_shared<EmuLaunchSpec>(std::move(spec));
-    enqueue(resolve(shared->stream), [shared] {
-        if (g_race)
-            run_grid_twice(*shared);
-        else
-            run_grid(*shared, false);
-    });
+    enqueue(resolve(shared->stream), [shared] { run_launch(*shared); });
 }

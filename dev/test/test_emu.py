@@ -63,6 +63,22 @@ def test_intrinsics_and_runtime(env):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.parametrize("race", [False, True], ids=["normal", "race"])
+def test_stats_count_thread_resumes(race):
+    """LLM8_EMU_STATS=1's per-kernel table (emu/runtime.cpp), from test_intrinsics' launches: a kernel with
+    one barrier resumes each of its threads twice (start, after the barrier); one without resumes only each
+    block's first thread (the rest run as plain calls); race mode runs every launch twice."""
+    env = emu_env(LLM8_EMU_STATS="1", **({"LLM8_EMU_RACE": "1"} if race else {}))
+    r = run([EMU / "test_intrinsics"], env=env, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = {m[0]: tuple(map(int, m[1:])) for m in re.findall(r"^emu stats \(pid \d+\): (\S+) +(\d+) +(\d+) +(\d+) +(\d+) +[\d.]+$",
+                                                          r.stderr, re.M)}
+    runs = 2 if race else 1
+    assert rows["barrier_kernel"] == (1, 3, 3 * 256, runs * 3 * 256 * 2), rows   # launches, blocks, threads, resumes
+    assert rows["index_kernel"] == (1, 2, 2 * 60, runs * 2), rows
+    assert rows["total"][0] == sum(v[0] for k, v in rows.items() if k != "total"), rows
+
+
 @pytest.mark.parametrize(
     "fault, message",
     [

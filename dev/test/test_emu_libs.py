@@ -6,10 +6,11 @@ against the real emulated runtime (emu/runtime.cpp) where CUDA's stream ordering
 
 - the cuBLASLt double's GEMMs against a float64 numpy reference written from DESIGN.md section 3's operand
   map (fprop, dgrad, wgrad in FP8 and BF16), on fresh random inputs, FP8 codes made with ml_dtypes;
-- every refusal rule of Hopper's cuBLASLt the double enforces, with the status the library returns, and
-  each shown to be what makes its test pass: the same case run on a copy of the double with the tagged
-  checks ("check:NAME") disabled must not be refused;
-- the planted faults of issue 18 for the doubles: an FP8 GEMM in NN layout given to the double directly
+- every refusal rule of Hopper's cuBLASLt the double enforces (emu/LIBS_NOTES.md's table), with the status
+  the library returns, beside a valid neighbour of the same call that must not be refused, and each shown
+  to be what makes its test pass: on a copy of the double with the tagged checks ("check:NAME") disabled the
+  same call is not refused with that status;
+- planted faults for the doubles: an FP8 GEMM in NN layout given to the double directly
   (past gemm_check) is refused; a missing cudaStreamWaitEvent before a NCCL result is read gives a wrong
   result under the late schedule; NCCL all-reduce / reduce-scatter / all-gather / broadcast / grouped
   send-recv over `mpirun -np 2` (and 3) against numpy. Each planted fault is rerun on a copy of the double
@@ -197,22 +198,36 @@ def test_gemm_alpha_beta_leading_dims(tools, tmp_path):
     np.testing.assert_array_equal(dm[:, m:], c[:, m:], "rows between m and ldc must stay untouched")
 
 
-# one case per refusal rule: (check tag, driver arguments, the line that refuses, the status)
+# One case per row of emu/LIBS_NOTES.md's refusal table: (check tag, driver arguments that break the rule,
+# a valid neighbour (the least change that keeps the rule), the line that refuses, the status).
 FP8_TN = dict(ta="T", tb="N", m=32, n=16, k=48, atype="e4m3", btype="e4m3", dtype="bf16")
+BF16_NN = dict(FP8_TN, ta="N", lda=32, atype="bf16", btype="bf16", scales="none")
+NOT_SUPPORTED, INVALID_VALUE = "CUBLAS_STATUS_NOT_SUPPORTED", "CUBLAS_STATUS_INVALID_VALUE"
 REFUSALS = [
-    ("fp8_tn", dict(FP8_TN, ta="N", lda=32), "heuristic", "CUBLAS_STATUS_NOT_SUPPORTED"),
-    ("fp8_tn", dict(FP8_TN, tb="T", ldb=16, algo="null"), "matmul", "CUBLAS_STATUS_NOT_SUPPORTED"),
-    ("e5m2_e5m2", dict(FP8_TN, atype="e5m2", btype="e5m2"), "heuristic", "CUBLAS_STATUS_NOT_SUPPORTED"),
-    ("fp8_dims", dict(FP8_TN, m=40, n=24, ldc=48), "heuristic", "CUBLAS_STATUS_NOT_SUPPORTED"),
-    ("fp8_ld", dict(FP8_TN, lda=56), "heuristic", "CUBLAS_STATUS_NOT_SUPPORTED"),
-    ("fp8_cd", dict(FP8_TN, ctype="f32", inplace=0), "heuristic", "CUBLAS_STATUS_NOT_SUPPORTED"),
-    ("fp8_align", dict(FP8_TN, align_pref=8), "heuristic", "CUBLAS_STATUS_NOT_SUPPORTED"),
-    ("fp8_ptr_align", dict(FP8_TN, offset_a=8, algo="null"), "matmul", "CUBLAS_STATUS_NOT_SUPPORTED"),
-    ("workspace", dict(FP8_TN, ws=4096), "matmul", "CUBLAS_STATUS_INVALID_VALUE"),
-    ("workspace", dict(FP8_TN, ws=0), "matmul", "CUBLAS_STATUS_INVALID_VALUE"),
-    ("scales_before_heuristic", dict(FP8_TN, scales="after"), "heuristic", "CUBLAS_STATUS_NOT_SUPPORTED"),
-    ("scale_non_fp8", dict(FP8_TN, atype="bf16", btype="bf16"), "heuristic", "CUBLAS_STATUS_INVALID_VALUE"),
-    ("in_place", dict(FP8_TN, cld=48), "matmul", "CUBLAS_STATUS_INVALID_VALUE"),
+    ("fp8_tn", dict(FP8_TN, ta="N", lda=32), FP8_TN, "heuristic", NOT_SUPPORTED),
+    ("fp8_tn", dict(FP8_TN, tb="T", ldb=16, algo="null"), dict(FP8_TN, algo="null"), "matmul", NOT_SUPPORTED),
+    ("e5m2_e5m2", dict(FP8_TN, atype="e5m2", btype="e5m2"), dict(FP8_TN, atype="e5m2"), "heuristic", NOT_SUPPORTED),
+    ("fp8_dims", dict(FP8_TN, m=40, ldc=48), dict(FP8_TN, m=48, ldc=48), "heuristic", NOT_SUPPORTED),
+    ("fp8_dims", dict(FP8_TN, n=24), dict(FP8_TN, n=32), "heuristic", NOT_SUPPORTED),
+    ("fp8_ld", dict(FP8_TN, lda=56), dict(FP8_TN, lda=64), "heuristic", NOT_SUPPORTED),
+    ("fp8_cd", dict(FP8_TN, ctype="f32", inplace=0), dict(FP8_TN, ctype="f32", dtype="f32", inplace=0), "heuristic",
+     NOT_SUPPORTED),
+    ("fp8_compute", dict(FP8_TN, compute="16f"), FP8_TN, "heuristic", NOT_SUPPORTED),
+    ("fp8_compute", dict(FP8_TN, scale_type="f16"), FP8_TN, "heuristic", NOT_SUPPORTED),
+    ("fp8_bias", dict(FP8_TN, epilogue="bias", bias_type="f32"), dict(FP8_TN, epilogue="bias", bias_type="bf16"),
+     "heuristic", NOT_SUPPORTED),
+    ("fp8_bias", dict(FP8_TN, dtype="f32", inplace=0, epilogue="gelu_bias", bias_type="f32"),
+     dict(FP8_TN, dtype="f32", inplace=0, epilogue="gelu_bias", bias_type="bf16"), "heuristic", NOT_SUPPORTED),
+    ("fp8_align", dict(FP8_TN, align_pref=8), dict(FP8_TN, align_pref=16), "heuristic", NOT_SUPPORTED),
+    ("fp8_ptr_align", dict(FP8_TN, offset_a=8, algo="null"), dict(FP8_TN, offset_a=16, algo="null"), "matmul",
+     NOT_SUPPORTED),
+    ("regular_types", dict(BF16_NN, ctype="f32", inplace=0), dict(BF16_NN, ctype="f32", dtype="f32", inplace=0),
+     "heuristic", NOT_SUPPORTED),
+    ("workspace", dict(FP8_TN, ws=4096), dict(FP8_TN, ws=1 << 20), "matmul", INVALID_VALUE),
+    ("workspace", dict(FP8_TN, ws=0), dict(FP8_TN, ws_pref=0, ws=0), "matmul", INVALID_VALUE),
+    ("scales_before_heuristic", dict(FP8_TN, scales="after"), FP8_TN, "heuristic", NOT_SUPPORTED),
+    ("scale_non_fp8", dict(BF16_NN, scales="before"), BF16_NN, "heuristic", INVALID_VALUE),
+    ("in_place", dict(FP8_TN, cld=48), dict(FP8_TN, cld=48, inplace=0), "matmul", INVALID_VALUE),
 ]
 
 
@@ -228,20 +243,29 @@ def refusal_operands(args):
     return a, b
 
 
-@pytest.mark.parametrize("check,args,where,status", REFUSALS, ids=[f"{c[0]}-{i}" for i, c in enumerate(REFUSALS)])
-def test_refusal(tools, tmp_path, check, args, where, status):
-    """The double refuses what Hopper's cuBLASLt refuses, with its status, naming the rule; on the copy
-    with the checks disabled the same call is accepted (so the refusal is the check's)."""
+@pytest.mark.parametrize("check,args,valid,where,status", REFUSALS, ids=[f"{c[0]}-{i}" for i, c in enumerate(REFUSALS)])
+def test_refusal(tools, tmp_path, check, args, valid, where, status):
+    """The double refuses what Hopper's cuBLASLt refuses, with its status, naming the rule; the valid
+    neighbour passes the same line (an epilogue's neighbour then stops as not emulated); on the copy with
+    the checks disabled the call is no longer refused with that status (so the refusal is the check's)."""
     a, b = refusal_operands(args)
     r, out, _ = run_gemm(tools["gemm"], tmp_path / "checked", a, b, **args)
     assert out.get(where) == status, r.stdout + r.stderr
     assert "emu cuBLASLt:" in r.stderr, "a refusal says why"
+    a, b = refusal_operands(valid)
+    r, out, _ = run_gemm(tools["gemm"], tmp_path / "valid", a, b, **valid)
+    assert out.get(where) == "CUBLAS_STATUS_SUCCESS" and "emu cuBLASLt:" not in r.stderr, \
+        f"the valid neighbour of check:{check} must pass\n{r.stdout}{r.stderr[-3000:]}"
+    a, b = refusal_operands(args)
     r, out, _ = run_gemm(tools["gemm_unchecked"], tmp_path / "unchecked", a, b, **args)
-    assert out.get(where) == "CUBLAS_STATUS_SUCCESS", f"without check:{check} the case must pass\n{r.stdout}{r.stderr}"
+    assert out.get(where) != status, f"without check:{check} the call must not be refused\n{r.stdout}{r.stderr[-3000:]}"
 
 
 def test_every_check_has_a_refusal_test():
     assert set(CUBLASLT_CHECKS) == {c[0] for c in REFUSALS}
+    notes = (REPO / "emu/LIBS_NOTES.md").read_text()
+    assert all(f"`{c}`" in notes for c in CUBLASLT_CHECKS), "every check has its row (and source) in emu/LIBS_NOTES.md"
+
 
 
 @pytest.mark.parametrize("args,message", [
@@ -257,7 +281,7 @@ def test_gpu_faults_stop_the_run(tools, tmp_path, args, message):
 
 
 def test_planted_fp8_nn_gemm_is_refused(tools, tmp_path):
-    """Planted fault (issue 18): an FP8 GEMM in NN layout handed to the double directly, past gemm_check,
+    """Planted fault: an FP8 GEMM in NN layout handed to the double directly, past gemm_check,
     is refused with CUBLAS_STATUS_NOT_SUPPORTED at the heuristic and at the matmul; on a copy of the double
     without check:fp8_tn the same GEMM runs, so this test would fail."""
     nn = dict(FP8_TN, ta="N", lda=32)
@@ -298,7 +322,7 @@ def rank_order(blocks, op):
 
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_nccl_collectives_against_numpy(tools, tmp_path, ranks):
-    """Planted-fault test (c) of issue 18 and the double's contract: every collective llm8 uses and the
+    """A planted-fault test and the double's contract: every collective llm8 uses and the
     grouped send/recv all-to-all, on a non-blocking stream, against numpy. Two ranks are bit-exact what real
     NCCL gives (a + b is commutative); three ranks check the double's stated rank order."""
     if ranks > 1 and MPIRUN is None:
@@ -378,7 +402,7 @@ def build_with_runtime(tools, nccl_source, name):
 
 @pytest.mark.skipif(not (REPO / "emu/runtime.cpp").exists(), reason="emu-core's lazy runtime (emu/runtime.cpp) is not here yet")
 def test_planted_missing_stream_wait_before_nccl_result(tools):
-    """Planted fault (issue 18): the compute stream reads an all-reduce's result without cudaStreamWaitEvent
+    """Planted fault: the compute stream reads an all-reduce's result without cudaStreamWaitEvent
     on the collective's event. Under the late schedule the collective has not run yet, so the value read is
     wrong; with the wait it is right. On a copy of the double that runs collectives at the call instead of on
     their stream (check:nccl_on_stream), the missing wait goes unseen, so this test would fail."""
@@ -406,7 +430,7 @@ def test_planted_missing_stream_wait_before_nccl_result(tools):
 
 @pytest.mark.skipif(not (REPO / "emu/runtime.cpp").exists(), reason="emu-core's lazy runtime (emu/runtime.cpp) is not here yet")
 def test_missing_issue_event_before_collective(tools):
-    """The other direction (issue 18's early schedule): a collective that reads compute output without
+    """The other direction (the early schedule): a collective that reads compute output without
     waiting for comm_issue's event. With LLM8_EMU_SCHEDULE=early the collective runs before the legacy
     stream's copy, so its result is wrong; with the event it is right. The double's part: it reads its
     buffers when its stream runs it."""
@@ -754,7 +778,8 @@ def test_emulated_binaries_leak_check_reports_our_leaks_not_open_mpis(tools):
     own is still reported, that leak alone. Without the file (the plant), Open MPI's leftovers at exit
     make the clean program exit non-zero, so the first assertion is not vacuous."""
     src = REPO / "emu/tests/leak_after_mpi.cpp"
-    exe = compile_program(tools["dir"] / "leak_after_mpi", [src, REPO / "emu/sanitizer_defaults.cpp"])
+    # linked as `make emu` links the emulated binaries: the ASan runtime static
+    exe = compile_program(tools["dir"] / "leak_after_mpi", [src, REPO / "emu/sanitizer_defaults.cpp"], ["-static-libasan"])
     clean = run_without_sanitizer_variables(exe)
     assert clean.returncode == 0 and "Sanitizer" not in clean.stderr and "Suppressions" not in clean.stderr, \
         clean.stdout + clean.stderr[-4000:]
@@ -766,7 +791,7 @@ def test_emulated_binaries_leak_check_reports_our_leaks_not_open_mpis(tools):
     assert reports and all(size == "4321" for _, size in reports), leaky.stderr[-4000:]
     assert len(reports) == (2 if MPIRUN else 1), leaky.stderr[-4000:]
 
-    bare = compile_program(tools["dir"] / "leak_after_mpi_bare", [src])
+    bare = compile_program(tools["dir"] / "leak_after_mpi_bare", [src], ["-static-libasan"])
     planted = run_without_sanitizer_variables(bare)
     assert planted.returncode != 0 and "LeakSanitizer" in planted.stderr, \
         "without emu/sanitizer_defaults.cpp Open MPI's allocations must show as leaks (else this test proves nothing)"

@@ -1,7 +1,8 @@
 /*
  * Drives the cuBLASLt double (emu/cublaslt.cpp) with one GEMM described on the command line, for
  * dev/test/test_emu_libs.py: key=value arguments give the cuBLASLt problem (ta tb m n k lda ldb ldc
- * atype btype ctype dtype alpha beta) and the mistakes to plant (scales=before|after|none, ws_pref, ws,
+ * atype btype ctype dtype alpha beta; compute=32f|16f, scale_type, epilogue=default|bias|gelu_bias,
+ * bias_type) and the mistakes to plant (scales=before|after|none, ws_pref, ws,
  * align_pref, offset_a, offset_d, host_a, inplace, cld, algo=null). Operands come from DIR/a.bin, b.bin, c.bin,
  * sa.f32, sb.f32 (column-major, ld * cols elements); D goes to DIR/d.bin. Prints "heuristic STATUS" and
  * "matmul STATUS" (the library's status names), so the test sees what the project's cublasCheck would.
@@ -85,7 +86,17 @@ int main(int argc, char** argv) {
     cublasLtHandle_t handle;
     cublasLtCreate(&handle);
     cublasLtMatmulDesc_t desc;
-    cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    cublasComputeType_t compute = arg("compute", "32f") == "16f" ? CUBLAS_COMPUTE_16F : CUBLAS_COMPUTE_32F;
+    cublasLtMatmulDescCreate(&desc, compute, type_of(arg("scale_type", "f32")));
+    std::string epilogue_name = arg("epilogue", "default");
+    uint32_t epilogue = epilogue_name == "bias" ? CUBLASLT_EPILOGUE_BIAS
+                        : epilogue_name == "gelu_bias" ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
+    if (arg("bias_type", "") != "") {
+        int32_t bias_type = type_of(arg("bias_type", ""));
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type));
+    }
     cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a));
     cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b));
