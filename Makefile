@@ -30,7 +30,7 @@ else
   CPU_LIBS = -lopenblas -lm
 endif
 
-# MPI (multi-rank launch, DESIGN.md section 6): Open MPI from Debian (make setup), found through mpicc.
+# MPI (multi-rank launch, docs/design.md#bootstrap): Open MPI from Debian (make setup), found through mpicc.
 # USE_MPI=0 builds single-rank binaries that need no MPI (a GPU host without it, for instance).
 USE_MPI ?= $(if $(shell command -v mpicc 2>/dev/null),1,0)
 ifeq ($(USE_MPI),1)

@@ -2,7 +2,7 @@
  * Causal grouped-query attention through cuDNN's fused SDPA (flash attention) kernels, behind a plain C
  * interface. The implementation (cuda/cudnn_att.cpp) is host-only C++ on the cuDNN frontend graph API,
  * compiled once by g++ into build/cudnn_att.o: the frontend headers take minutes to compile, so the CUDA
- * trainer's translation unit never includes them (DESIGN.md section 9, build targets).
+ * trainer's translation unit never includes them (docs/design.md#targets).
  *
  * Layouts (all BF16, row-major, device pointers): qkv (B, T, QKV) with rows [q (NH*HS) | k (NKV*HS) |
  * v (NKV*HS)], QKV = (NH + 2*NKV) * HS, read in place through strides; out (B, T, NH*HS); dqkv has qkv's
