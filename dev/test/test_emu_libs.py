@@ -4,8 +4,9 @@ each tested on its own: small C++ drivers (emu/tests/lib_gemm.cpp, lib_nccl.cpp)
 against the double and emu/tests/lib_stub_runtime.cpp (an eager stand-in for emu-core's runtime), or
 against the real emulated runtime (emu/runtime.cpp) where CUDA's stream ordering is the point.
 
-- the cuBLASLt double's GEMMs against a float64 numpy reference written from the operand
-  map (docs/design.md#the-operand-map) (fprop, dgrad, wgrad in FP8 and BF16), on fresh random inputs, FP8 codes made with ml_dtypes;
+- the cuBLASLt double's GEMMs against a float64 numpy reference written from the operand map
+  (docs/design.md#the-operand-map: fprop, dgrad, wgrad in FP8 and BF16), on fresh random inputs, FP8 codes
+  made with ml_dtypes;
 - every refusal rule of Hopper's cuBLASLt the double enforces (emu/LIBS_NOTES.md's table), with the status
   the library returns, beside a valid neighbour of the same call that must not be refused, and each shown
   to be what makes its test pass: on a copy of the double with the tagged checks ("check:NAME") disabled the
