@@ -1,6 +1,6 @@
 /*
  * The GEMM contract both GEMM implementations follow (gemm_cpu.h, the CPU emulation; gemm_cublaslt.cuh,
- * cuBLASLt), the operand map of a linear layer's three GEMMs (DESIGN.md section 3), and the shape/type
+ * cuBLASLt), the operand map of a linear layer's three GEMMs (docs/precision.md), and the shape/type
  * rules of FP8 GEMMs on Hopper, checked in one place.
  *
  * A GemmCall has cuBLASLt's column-major semantics: D (m x n, ld m) = scale_a * scale_b * op(A) op(B)
@@ -46,12 +46,9 @@ static inline int dtype_is_fp8(DType t) { return t == DT_E4M3 || t == DT_E5M2; }
  */
 typedef enum { FP8_ACCUM_EXACT = 0, FP8_ACCUM_HOPPER = 1 } Fp8Accum;
 
+/* --fp8-accum's values, indexed by Fp8Accum. */
+static const char* const FP8_ACCUM_NAMES[] = {"exact", "hopper"};
 static inline const char* fp8_accum_name(int a) { return a == FP8_ACCUM_HOPPER ? "hopper" : "exact"; }
-
-/* The Fp8Accum a --fp8-accum value names, or -1. */
-static inline int fp8_accum_parse(const char* s) {
-    return strcmp(s, "exact") == 0 ? FP8_ACCUM_EXACT : strcmp(s, "hopper") == 0 ? FP8_ACCUM_HOPPER : -1;
-}
 
 /*
  * One input of a GEMM, as Transformer Engine's tensors carry it: the data, its type and, for FP8, a

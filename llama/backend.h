@@ -201,6 +201,12 @@ static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* 
    PROF_FP8_CAST. */
 static inline void op_cast_transpose_delayed(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols,
                                              Fp8Format f, Fp8Scale* s, Fp8Counts* counts, float* record);
+/* x (rows, cols) cast to codes of format f as q says (fp8.h Fp8Quant: the model resolves the recipe of
+   each X and dY cast into it; its pointers are backend memory) into out (rows, cols) and/or out_t
+   (cols, rows): op_amax when q->amax, then op_cast_transpose, or op_cast_transpose_delayed with q->record
+   (after a cast that sets the scale from the amax, unless q->history). Timed as PROF_FP8_CAST. */
+static inline void op_fp8_quantize(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols, Fp8Format f,
+                                   const Fp8Quant* q);
 /* The delayed recipe's update after an applied step, for n records s of format f: fp8.h's
    fp8_delayed_update of record i with its history (history + i H, a ring of H, entry `pos` replaced,
    `len` entries in use) and step_amax[i]. All in backend memory; asynchronous on the GPU. */
