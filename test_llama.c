@@ -446,7 +446,7 @@ static int check_cast_transpose(void) {
         Fp8Counts k = {0, 0, 0, 0};
         op_amax(&s, x, rows * cols);
         op_cast_transpose(out, out_t, x, rows, cols, f, &s, 0, &k);
-        /* amax and scale against the definitions: max |x| and fp8_max / amax (DESIGN.md section 3) */
+        /* amax and scale against the definitions: max |x| and fp8_max / amax (docs/precision.md) */
         float amax = 0.0f;
         for (size_t i = 0; i < rows * cols; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
         float want_scale = (f == FP8_E4M3 ? 448.0f : 57344.0f) / amax;

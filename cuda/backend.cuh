@@ -210,7 +210,7 @@ static inline size_t backend_memory_total(const char** what) {
 
 #ifdef USE_CUDNN
 /* The GPU generation a plan is for: the current device's compute capability major, else Hopper (9, the
-   H100/H200 DESIGN.md targets) on a machine without a GPU, as *assumed says. */
+   H100/H200 llm8 targets) on a machine without a GPU, as *assumed says. */
 static inline int plan_sm_major(int* assumed) {
     int count = 0, device = 0, major = 0;
     *assumed = cudaGetDeviceCount(&count) != cudaSuccess || count == 0 || cudaGetDevice(&device) != cudaSuccess ||

@@ -1,5 +1,5 @@
 /*
- * The FP8 step state of a model (docs/precision.md): one scale record per operand of every block linear
+ * The FP8 step state of a model (docs/model.md): one scale record per operand of every block linear
  * (W, X and dY of each slot), the cast statistics, the delayed recipe's amax histories and step amaxes,
  * and which slots run FP8 now. The passes ask it how to cast an operand (fp8_quant: the recipe resolved
  * into one Fp8Quant that the backend's op_fp8_quantize runs); the trainer asks it, once a step, for the
@@ -172,7 +172,7 @@ static inline int fp8_nonfinite(Fp8State* f, char* out, size_t len) {
 /*
  * A linear running FP8 keeps no BF16 working copy: its E4M3 W and W^T are cast from the master weights
  * once per optimizer step, from their BF16 rounding (the value a working copy would hold), so the codes
- * are those a cast of a working copy gives, on both builds. The steps under sharding (docs/cluster.md):
+ * are those a cast of a working copy gives, on both builds. The steps under sharding (docs/model.md):
  * each rank's amax of its pieces (fp8_weight_amax), one MAX all-reduce of every W record, each rank casts
  * its pieces with the global scale (fp8_cast_weight), the E4M3 pieces are all-gathered, then each layer's
  * W^T is transposed from its gathered W before first use.

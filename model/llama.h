@@ -4,7 +4,7 @@
  * gradients and optimizer state, the activations and the small buffers, printed in MiB), the parameters
  * as the passes read them (LayerParams), the accessors of the stored weights and gradients, and the
  * modes a run switches (the linears' precision, the data-parallel hooks). Only this folder writes a
- * field of Llama; model.h runs the passes over it. Layout, recompute and memory: docs/memory.md.
+ * field of Llama; model.h runs the passes over it (docs/model.md; the sizes: docs/memory.md).
  */
 #pragma once
 
@@ -17,7 +17,7 @@
    compile-time check (an array of size -1 does not compile). */
 typedef char adamw_chunk_is_zero_chunk[ADAMW_CHUNK == ZERO_CHUNK ? 1 : -1];
 
-/* The activations of the last forward (docs/memory.md "Recompute" says which ones -r keeps per layer). */
+/* The activations of the last forward (docs/model.md "Recompute" says which ones -r keeps per layer). */
 typedef struct {
     act_t* resid;      /* (L+1, N, C) residual stream: resid[l] enters layer l, resid[L] enters the final norm */
     act_t* resid_mid;  /* (L, N, C) residual after the attention half of each layer; one layer's under -r 2 */
@@ -502,9 +502,9 @@ static inline const Linear* llama_linear(const Llama* m, int layer, LinearId lin
 /*
  * The BF16 (activation type) weight (OC, C) of linear `lin`, for a GEMM in the activation type (a BF16
  * shadow forward, a BF16 fallback of an FP8 layer, --bf16-layers): its working copy, or, for a block
- * linear of an fp8 run, the BF16 rounding of its master weights rebuilt into bf16_scratch (docs/memory.md)
- * and, when sharded, all-gathered through the all_gather hook: every rank must then call it, in the same
- * order. Read-only; valid until the next call.
+ * linear of an fp8 run, the BF16 rounding of its master weights rebuilt into bf16_scratch and, when
+ * sharded, all-gathered through the all_gather hook (docs/model.md "FP8 weights"): every rank must then
+ * call it, in the same order. Read-only; valid until the next call.
  */
 static inline const act_t* llama_bf16_weight(Llama* m, const Linear* lin) {
     if (lin->weight != NULL) return lin->weight;

@@ -39,8 +39,8 @@ static inline Fp8Scale* llama_fused_x_amax(Llama* m, const Linear* lin) {
  */
 static inline void linear_forward(Llama* m, const Linear* lin, act_t* out, const act_t* inp) {
     size_t N = llama_tokens(m), C = lin->in_dim, OC = lin->out_dim;
-    int fp8 = llama_linear_is_fp8(m, lin);
-    Fp8Quant x = fp8 ? fp8_quant(&m->fp8, lin->slot, FP8_OP_X, llama_fused_x_amax(m, lin) != NULL, m->replaying) : (Fp8Quant){0};
+    int fp8 = llama_linear_is_fp8(m, lin), fused = llama_fused_x_amax(m, lin) != NULL;
+    Fp8Quant x = fp8 ? fp8_quant(&m->fp8, lin->slot, FP8_OP_X, fused, m->replaying) : (Fp8Quant){0};
     const act_t* w = fp8 ? NULL : llama_bf16_weight(m, lin);
     if (fp8) op_fp8_quantize(m->fp8_operand, lin->xt8, inp, N, C, FP8_E4M3, &x);                            /* (N, C) */
     GemmOperand a = gemm_operand(w, DT_ACT), b = gemm_operand(inp, DT_ACT);
@@ -107,7 +107,7 @@ static inline void llama_grads_ready(Llama* m, int bucket) {
 /* ---------------------------------------------------------------- activations of a block */
 
 /* Layer l's slices of the activation buffers for the last forward's (B, T): its own, or the one shared
-   slice of a buffer the run does not keep per layer (docs/memory.md "Recompute"). */
+   slice of a buffer the run does not keep per layer (docs/model.md "Recompute"). */
 typedef struct {
     act_t* x;         /* (N, C) the block's input, resid[l] */
     act_t* ln_attn;   /* (N, C) */
@@ -167,7 +167,7 @@ static inline void llama_block_forward(Llama* m, const LayerParams* p, const Blo
 }
 
 /* -r 2: block l's activations rebuilt in the shared slices from its kept input, by the forward's ops (its
-   attention norm unfused: the same values) with the forward's FP8 scales (docs/memory.md "Recompute"). */
+   attention norm unfused: the same values) with the forward's FP8 scales (docs/model.md "Recompute"). */
 static inline void llama_replay_block(Llama* m, const LayerParams* p, const BlockActs* k) {
     m->replaying = 1;
     op_rmsnorm_forward(k->ln_attn, k->rstd_attn, k->x, p->attn_norm, llama_tokens(m), m->cfg.dim, m->cfg.norm_eps, NULL);
@@ -255,7 +255,7 @@ static inline void llama_forward_deferred(Llama* m, const int* inputs, const int
  * one rank adds in the order a rank-ordered reduction over ranks would (comm/comm.h). Calls the
  * grads_needed / grads_ready hooks around each bucket, in backward order (head, layers L-1..0,
  * embedding); a bucketed gradient buffer (ZeRO-2, a bf16/fp8 --grad-buffer) needs them. Rebuilds what the
- * run does not keep (docs/memory.md "Recompute").
+ * run does not keep (docs/model.md "Recompute").
  */
 static inline void llama_backward(Llama* m) {
     const LlamaConfig* c = &m->cfg;

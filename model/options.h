@@ -38,7 +38,7 @@ static const Fp8Settings FP8_DEFAULTS = {0, FP8_RECIPE_CURRENT, AMAX_HISTORY_DEF
 typedef struct {
     Precision precision;     /* -p */
     int B, T;                /* the largest micro-batch the buffers hold */
-    int recompute;           /* -r: RECOMPUTE_* (docs/memory.md) */
+    int recompute;           /* -r: RECOMPUTE_* (docs/model.md "Recompute") */
     Sharding sharding;       /* -z and the ranks */
     StateFormats formats;    /* --optim-state, --grad-buffer, --master-weights */
     Fp8Settings fp8;         /* -p fp8 */
