@@ -1,16 +1,11 @@
 /*
- * The Llama-2 model as both builds run it (HF LlamaForCausalLM): the linear layers with their FP8
- * recipe, the forward and backward passes as straight sequences of named ops, the gradient norm and the
- * AdamW update, over the Llama struct of llama.h. Compiled twice: by gcc into train_llama_cpu after
- * cpu/backend.h, by nvcc into train_llama after cuda/backend.cuh; the backend defines act_t and the ops
- * of the contract llama/backend.h, which is all this file calls. Pointers are device pointers on the GPU.
+ * The Llama-2 model (HF LlamaForCausalLM) as both builds run it, over the Llama struct of llama.h: the
+ * linear layers, the forward and backward passes, the gradient norm and the AdamW update (docs/model.md).
+ * Compiled after a backend (cpu/backend.h or cuda/backend.cuh), whose ops (llama/backend.h) are all it
+ * calls; pointers are device pointers on the GPU. N = B*T tokens; C, QKV, F as in llama/config.h.
  *
  *   x = embed(tokens); per layer: h = x + wo(attn(rope(wqkv(rmsnorm(x)))));
  *                                 x = h + w2(swiglu(w13(rmsnorm(h))));   logits = output(rmsnorm(x))
- *
- * N = B*T tokens; C, QKV = C + 2 KVC, F as in llama/config.h. In -p fp8 the four linears of each block run
- * FP8 GEMMs (docs/precision.md); the model never communicates: it calls the hooks of a data-parallel
- * driver around each bucket of weights and gradients (train/data_parallel.h, docs/cluster.md).
  */
 #pragma once
 
@@ -146,10 +141,8 @@ static inline int llama_rebuilds_input(const Llama* m, const Linear* lin, int ke
 
 /* ---------------------------------------------------------------- forward */
 
-/*
- * Block l from its attention norm's output to its SwiGLU output: the forward runs it between the
- * norms, a replay (-r 2) alone. Reads only weights the forward has waited for.
- */
+/* A block from its attention norm's output to its SwiGLU output: the forward runs it between the norms,
+   a replay (-r 2) alone. Reads only weights the forward has waited for. */
 static inline void llama_block_forward(Llama* m, const LayerParams* p, const BlockActs* k) {
     const LlamaConfig* c = &m->cfg;
     int B = m->last_B, T = m->last_T, NH = c->n_heads, NKV = c->n_kv_heads, HS = llama_head_dim(c);
@@ -166,7 +159,7 @@ static inline void llama_block_forward(Llama* m, const LayerParams* p, const Blo
     op_swiglu_forward(k->sw, k->fc, N, c->ffn_dim, w2_amax);                                             /* (N, F) */
 }
 
-/* -r 2: block l's activations rebuilt in the shared slices from its kept input, by the forward's ops (its
+/* -r 2: a block's activations rebuilt in the shared slices from its kept input, by the forward's ops (its
    attention norm unfused: the same values) with the forward's FP8 scales (docs/model.md "Recompute"). */
 static inline void llama_replay_block(Llama* m, const LayerParams* p, const BlockActs* k) {
     m->replaying = 1;
