@@ -26,7 +26,10 @@ static inline void fp8_amax_cpu(Fp8Scale* s, const float* x, size_t n, int round
     for (size_t k = 0; k < chunks; k++) {
         size_t end = (k + 1) * AMAX_CHUNK < n ? (k + 1) * AMAX_CHUNK : n;
         float a = 0.0f;
-        for (size_t i = k * AMAX_CHUNK; i < end; i++) a = amax_combine(a, fabsf(fp8_cast_input(x[i], round_bf16)));
+        for (size_t i = k * AMAX_CHUNK; i < end; i++) {
+            float v = fp8_cast_input(x[i], round_bf16);
+            a = amax_combine(a, fabsf(v));
+        }
         part[k] = a;
     }
     float a = 0.0f;
