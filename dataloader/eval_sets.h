@@ -12,6 +12,11 @@
  * context length 1): the first window predicts its first T tokens after BOS, each next one the next T
  * tokens with the tokens just before as context, the last one its remaining tokens with a full window of
  * context. A bad file stops with one line naming it (dev/fuzz/fuzz_evals.c holds the readers to that).
+ *
+ * Every file records the rules its tokens follow (--eval-compat, docs/evaluation.md): harness, as
+ * lm-evaluation-harness scores an HF Llama-2 (no BOS before a context; acc_norm per character, the counts
+ * stored at the end of the HellaSwag file), or llm8 (BOS first; acc_norm per UTF-8 byte of the decoded
+ * ending). The trainer scores a file only under the mode it was written for.
  */
 #pragma once
 
@@ -26,9 +31,16 @@
 #define EVAL_CONT_MAGIC 20261202    /* llm8's continuation file (dev/data/llm8_evals.py) */
 #define EVAL_HEADER_INTS 256
 #define EVAL_MAX_CHOICES 64
+#define EVAL_MC_COMPAT_WORD 4       /* llm.c's eval file: header word of the mode (0 in llm.c's own files) */
+#define EVAL_MC_ENDINGS_WORD 5      /* harness mode: the file's endings, one uint16 character count each at its end */
+#define EVAL_CONT_COMPAT_WORD 5     /* llm8's continuation file: header word of the mode */
 
 typedef enum { EVAL_HELLASWAG, EVAL_LAMBADA, EVAL_WIKITEXT, EVAL_KINDS } EvalKind;
 static const char* const EVAL_NAMES[EVAL_KINDS] = {"hellaswag", "lambada", "wikitext"};
+
+/* --eval-compat: the rules of the files' tokens and of acc_norm (the banner); the header value is the enum's. */
+typedef enum { EVAL_COMPAT_LLM8 = 0, EVAL_COMPAT_HARNESS = 1, EVAL_COMPATS } EvalCompat;
+static const char* const EVAL_COMPAT_NAMES[EVAL_COMPATS] = {"llm8", "harness"};
 
 typedef struct {
     int record, choice;     /* example (or document) and ending; choice 0 for LAMBADA and WikiText */
@@ -40,12 +52,14 @@ typedef struct {
 
 typedef struct {
     EvalKind kind;
+    EvalCompat compat;      /* the run's --eval-compat, which the file must record */
     const char* path;
     int records;
     int* label;             /* (records) HellaSwag: the correct ending */
     int* choice_begin;      /* (records + 1): record r's endings are choices [choice_begin[r], choice_begin[r + 1]) */
     double* words;          /* (records) LAMBADA, WikiText: words of the original text */
-    double* bytes;          /* (records) LAMBADA, WikiText: its UTF-8 bytes; (choices) HellaSwag: an ending's bytes */
+    double* bytes;          /* (records) LAMBADA, WikiText: its UTF-8 bytes; (choices) HellaSwag: an ending's
+                               acc_norm length, its UTF-8 bytes (llm8) or characters (harness) */
     int* choice_tokens;     /* (choices) scored tokens of each ending or continuation */
     int* tokens;
     size_t n_tokens, cap_tokens;
@@ -120,6 +134,16 @@ static inline void eval_check_token(const EvalSet* s, int record, int token, int
     if (token < 0 || token >= vocab) die("%s: example %d: token %d is outside the model's vocabulary of %d", s->path, record, token, vocab);
 }
 
+/* Stops unless header word `mode` is the run's --eval-compat (s->compat). */
+static inline void eval_check_compat(const EvalSet* s, int32_t mode) {
+    if (mode != EVAL_COMPAT_LLM8 && mode != EVAL_COMPAT_HARNESS)
+        die("%s: unknown --eval-compat mode %d in the header (0 llm8, 1 harness)", s->path, mode);
+    if (mode != (int32_t)s->compat)
+        die("%s: written for --eval-compat %s, this run scores --eval-compat %s (pass --eval-compat %s, or rewrite it with "
+            "dev/data/%s.py --eval-compat %s)", s->path, EVAL_COMPAT_NAMES[mode], EVAL_COMPAT_NAMES[s->compat],
+            EVAL_COMPAT_NAMES[mode], EVAL_NAMES[s->kind], EVAL_COMPAT_NAMES[s->compat]);
+}
+
 /* Reads the whole file after its 256-int32 header into a malloc'd buffer; *bytes: its size. */
 static inline void* eval_read_file(const char* path, int32_t* header, size_t* bytes) {
     FILE* f = fopenCheck(path, "rb");
@@ -145,11 +169,12 @@ static inline void eval_alloc_records(EvalSet* s, int records, size_t choices) {
 
 /*
  * HellaSwag in llm.c's eval format: a header of 256 int32 (magic 20240522, version 1, examples, longest
- * example in bytes), then per example uint16s: 65535, its bytes, its index, the label, the number of
- * endings, the context length and tokens, and each ending's length and tokens. Keeps the first `limit`
- * examples (all when < 0). An ending's bytes (acc_norm) are its tokens' decoded bytes without the
- * leading delimiter space, from the decode table. Stops with one line naming the file on any
- * inconsistency.
+ * example in bytes, the --eval-compat mode, harness: the file's endings), then per example uint16s: 65535,
+ * its bytes, its index, the label, the number of endings, the context length and tokens, and each
+ * ending's length and tokens; a harness file ends with one uint16 per ending of the file, its characters.
+ * Keeps the first `limit` examples (all when < 0). acc_norm's length of an ending: harness, its
+ * characters; llm8, its tokens' decoded bytes without the leading delimiter space, from the decode table.
+ * Stops with one line naming the file on any inconsistency.
  */
 static inline void eval_load_hellaswag(EvalSet* s, const char* path, int limit, int T, int vocab, const Tokenizer* tok) {
     int32_t header[EVAL_HEADER_INTS];
@@ -159,11 +184,19 @@ static inline void eval_load_hellaswag(EvalSet* s, const char* path, int limit, 
     if (header[1] != 1) die("%s: unsupported eval file version %d (expected 1)", path, header[1]);
     if (header[2] <= 0) die("%s: bad example count %d", path, header[2]);
     if (bytes % 2 != 0) die("%s: %zu bytes after the header, not a whole number of uint16", path, bytes);
-    if (!tok->ok) die("%s: HellaSwag's acc_norm needs the tokenizer decode table (--tokenizer)", path);
-    if (tok->vocab_size != vocab)
+    eval_check_compat(s, header[EVAL_MC_COMPAT_WORD]);
+    int harness = s->compat == EVAL_COMPAT_HARNESS;
+    size_t words = bytes / 2, at = 0;
+    int n_endings = header[EVAL_MC_ENDINGS_WORD];
+    if (harness && (n_endings < 1 || (size_t)n_endings > words))
+        die("%s: bad ending count %d in the header (a harness file ends with each ending's characters)", path, n_endings);
+    if (!harness && n_endings != 0) die("%s: header word %d is %d, not 0", path, EVAL_MC_ENDINGS_WORD, n_endings);
+    const uint16_t* chars = w + (words - (size_t)n_endings);
+    words -= (size_t)n_endings; /* the examples' stream */
+    if (!harness && !tok->ok) die("%s: HellaSwag's acc_norm needs the tokenizer decode table (--tokenizer)", path);
+    if (!harness && tok->vocab_size != vocab)
         die("%s: the tokenizer decode table has %d pieces, the model's vocabulary %d (acc_norm decodes the endings)", path,
             tok->vocab_size, vocab);
-    size_t words = bytes / 2, at = 0;
     /* each example takes at least 8 uint16 (its 6 fields, one ending's length and token): checked before
        allocating for the count */
     if ((size_t)header[2] > words / 8) die("%s: %d examples do not fit the file's %zu bytes", path, header[2], bytes);
@@ -186,7 +219,7 @@ static inline void eval_load_hellaswag(EvalSet* s, const char* path, int limit, 
         int label = w[at + 3], nc = w[at + 4], nctx = w[at + 5];
         at += 6;
         if (nc < 1 || nc > EVAL_MAX_CHOICES) die("%s: example %d: %d endings (1 to %d)", path, e, nc, EVAL_MAX_CHOICES);
-        if (nctx < 1) die("%s: example %d: no context tokens (the context starts with BOS)", path, e);
+        if (nctx < 1) die("%s: example %d: no context tokens", path, e);
         if (label >= nc) die("%s: example %d: label %d for %d endings", path, e, label, nc);
         if (at + (size_t)nctx > start + ex_words) die("%s: example %d: context runs past the example", path, e);
         for (int i = 0; i < nctx; i++) {
@@ -202,15 +235,21 @@ static inline void eval_load_hellaswag(EvalSet* s, const char* path, int limit, 
             if (len < 1 || at + (size_t)len > start + ex_words) die("%s: example %d: ending %d of %d tokens runs past the example", path, e, c, len);
             for (int i = 0; i < len; i++) cont[i] = w[at + (size_t)i];
             at += (size_t)len;
-            size_t b = 0;
-            for (int i = 0; i < len; i++) {
-                eval_check_token(s, e, cont[i], vocab);
-                const char* piece = tokenizer_decode(tok, i == 0 ? (nctx ? ctx[nctx - 1] : -1) : cont[i - 1], cont[i]);
-                size_t pl = piece ? strlen(piece) : 0;
-                if (i == 0 && pl > 0 && piece[0] == ' ') pl--; /* the delimiter: lm-evaluation-harness divides by len(ending) */
-                b += pl;
+            for (int i = 0; i < len; i++) eval_check_token(s, e, cont[i], vocab);
+            if (harness) {
+                if (choices >= n_endings) die("%s: example %d: more endings than the header's %d", path, e, n_endings);
+                if (chars[choices] == 0) die("%s: example %d: ending %d has no characters (acc_norm divides by them)", path, e, c);
+                s->bytes[choices] = chars[choices];
+            } else {
+                size_t b = 0;
+                for (int i = 0; i < len; i++) {
+                    const char* piece = tokenizer_decode(tok, i == 0 ? ctx[nctx - 1] : cont[i - 1], cont[i]);
+                    size_t pl = piece ? strlen(piece) : 0;
+                    if (i == 0 && pl > 0 && piece[0] == ' ') pl--; /* the delimiter: lm-evaluation-harness divides by len(ending) */
+                    b += pl;
+                }
+                s->bytes[choices] = (double)(b > 0 ? b : 1);
             }
-            s->bytes[choices] = (double)(b > 0 ? b : 1);
             s->choice_tokens[choices] = len;
             eval_add_continuation(s, e, c, ctx, nctx, cont, len, T, scratch);
             choices++;
@@ -218,6 +257,8 @@ static inline void eval_load_hellaswag(EvalSet* s, const char* path, int limit, 
         if (at != start + ex_words) die("%s: example %d: %zu bytes beyond its endings", path, e, 2 * (start + ex_words - at));
     }
     if (n == header[2] && at != words) die("%s: %zu bytes after the last of %d examples", path, 2 * (words - at), header[2]);
+    if (harness && n == header[2] && choices != n_endings)
+        die("%s: %d endings, the header says %d (the character counts that end the file)", path, choices, n_endings);
     s->choice_begin[n] = choices;
     free(scratch);
     free(ctx);
@@ -227,8 +268,9 @@ static inline void eval_load_hellaswag(EvalSet* s, const char* path, int limit, 
 
 /*
  * LAMBADA or WikiText in llm8's continuation format: a header of 256 int32 (magic 20261202, version 1,
- * kind 1 LAMBADA / 2 WikiText, records, BOS id), then per record int32s: n_context, n_target, n_words,
- * n_bytes, the context tokens, the target tokens. Keeps the first `limit` records (all when < 0).
+ * kind 1 LAMBADA / 2 WikiText, records, BOS id, the --eval-compat mode), then per record int32s:
+ * n_context, n_target, n_words, n_bytes, the context tokens, the target tokens. Keeps the first `limit`
+ * records (all when < 0). The two modes differ only in the tokens the data script wrote.
  */
 static inline void eval_load_continuations(EvalSet* s, const char* path, int limit, int T, int vocab) {
     int32_t header[EVAL_HEADER_INTS];
@@ -241,6 +283,7 @@ static inline void eval_load_continuations(EvalSet* s, const char* path, int lim
     if (header[1] != 1) die("%s: unsupported eval file version %d (expected 1)", path, header[1]);
     if (header[2] != want) die("%s: holds eval kind %d, not %s (%d)", path, header[2], EVAL_NAMES[s->kind], want);
     if (header[3] <= 0) die("%s: bad record count %d", path, header[3]);
+    eval_check_compat(s, header[EVAL_CONT_COMPAT_WORD]);
     if (bytes % 4 != 0) die("%s: %zu bytes after the header, not a whole number of int32", path, bytes);
     int bos = header[4];
     if (bos < 0 || bos >= vocab) die("%s: BOS id %d is outside the vocabulary of %d", path, bos, vocab);
@@ -275,23 +318,26 @@ static inline void eval_load_continuations(EvalSet* s, const char* path, int lim
     free(w);
 }
 
-/* Loads the set of `kind` from `path` for rows of at most T + 1 tokens (see the banner). */
-static inline void eval_load(EvalSet* s, EvalKind kind, const char* path, int limit, int T, int vocab, const Tokenizer* tok) {
+/* Loads the set of `kind` from `path`, written for `compat`, for rows of at most T + 1 tokens (see the banner). */
+static inline void eval_load(EvalSet* s, EvalKind kind, EvalCompat compat, const char* path, int limit, int T, int vocab,
+                             const Tokenizer* tok) {
     memset(s, 0, sizeof(*s));
     s->kind = kind;
+    s->compat = compat;
     s->path = path;
     if (kind == EVAL_HELLASWAG) eval_load_hellaswag(s, path, limit, T, vocab, tok);
     else eval_load_continuations(s, path, limit, T, vocab);
 }
 
 /*
- * FNV-1a (32-bit) of what the set makes each rank do and score: its rows, their tokens, labels, words and
- * bytes; 0 for a set not loaded. Ranks compare it at start-up (train/agreement.h).
+ * FNV-1a (32-bit) of what the set makes each rank do and score: its mode, rows, their tokens, labels, words
+ * and bytes; 0 for a set not loaded. Ranks compare it at start-up (train/agreement.h).
  */
 static inline int32_t eval_set_hash(const EvalSet* s) {
     if (s->path == NULL) return 0;
-    int choices = s->choice_begin[s->records];
+    int choices = s->choice_begin[s->records], compat = (int)s->compat;
     uint32_t h = fnv1a(FNV_OFFSET, &s->records, sizeof(int));
+    h = fnv1a(h, &compat, sizeof(int));
     h = fnv1a(h, &s->n_rows, sizeof(int));
     for (int i = 0; i < s->n_rows; i++) {
         const EvalRow* r = &s->rows[i];
@@ -326,7 +372,7 @@ static inline int eval_argmax(const double* x, int n) {
 /*
  * The scores from each row's summed log-likelihood ll (n_rows) and greedy flag (1: every scored token
  * is its position's argmax), as lm-evaluation-harness defines them:
- *   HellaSwag: acc (the ending of highest ll), acc_norm (highest ll / the ending's bytes), and llm.c's
+ *   HellaSwag: acc (the ending of highest ll), acc_norm (highest ll / the ending's acc_norm length), and llm.c's
  *     number, acc_llmc (lowest mean token loss over the ending);
  *   LAMBADA: acc (the greedy continuation is the whole target word) and perplexity exp(-mean ll);
  *   WikiText: word_perplexity exp(-sum ll / words), byte_perplexity exp(-sum ll / bytes) and

@@ -6,7 +6,10 @@
 #           runtime with libFuzzer (`make fuzz`);
 #   PyPI:   numpy, sentencepiece (tokenizing), ml_dtypes (FP8 test reference), matplotlib (loss plots),
 #           safetensors (HF checkpoint interop), pytest, nvidia-cudnn-frontend (header-only cuDNN graph API),
-#           zstandard and pyarrow (reading .jsonl.zst and .parquet corpora in dev/data/tokenize.py).
+#           zstandard and pyarrow (reading .jsonl.zst and .parquet corpora in dev/data/tokenize.py),
+#           transformers 4.57 with JAX and Flax on the CPU (the reference Llama and Llama-2 tokenizer of
+#           dev/test/test_eval_parity.py: about 0.9 GB and 45 s, where torch's CUDA wheels take 5.6 GB and
+#           2 min; transformers 5 has no Flax models, hence the pin).
 # Optional (LLM8_OPTIONAL_TESTS=1): torch and mmaemu, the oracle of dev/test/test_hopper_accum.py (the
 # Hopper accumulation model against the bits an H100's cuBLASLt returns); about 3 GB with torch's CUDA
 # wheels; the test skips without them, and nothing else needs them.
@@ -64,6 +67,10 @@ mapfile -t missing_pip < <(missing_modules numpy:numpy sentencepiece:sentencepie
     matplotlib:matplotlib safetensors:safetensors pytest:pytest cudnn:nvidia-cudnn-frontend zstandard:zstandard \
     pyarrow:pyarrow)
 pip_install "PyPI packages" "${missing_pip[@]}"
+# pinned together: FlaxLlamaForCausalLM is in transformers 4.x only, and these jax/flax run it
+mapfile -t missing_hf < <(missing_modules jax:jax==0.6.2 jaxlib:jaxlib==0.6.2 flax:flax==0.10.7 \
+    transformers.models.llama.modeling_flax_llama:transformers==4.57.6)
+pip_install "the reference Llama (transformers on JAX/Flax)" "${missing_hf[@]}"
 if [ "${LLM8_OPTIONAL_TESTS:-0}" = 1 ]; then
     mapfile -t missing_opt < <(missing_modules torch:torch mmaemu:mmaemu==0.1.0)
     pip_install "optional test packages (LLM8_OPTIONAL_TESTS=1)" "${missing_opt[@]}"

@@ -15,6 +15,7 @@
 
 #include "shadow_policy.h"
 #include "../comm/wire.h"
+#include "../dataloader/eval_sets.h"
 #include "../fp8/gemm.h"
 #include "../llama/config.h"
 #include "../llama/model_file.h"
@@ -48,6 +49,7 @@ typedef struct {
     int eval_every;             /* --eval-every; -1: as -v */
     int eval_limit;             /* --eval-limit: first N examples of each set; -1: all */
     const char* eval_dump;      /* --eval-dump DIR: the scored logits (tests); NULL: off */
+    EvalCompat eval_compat;     /* --eval-compat (dataloader/eval_sets.h) */
     int ckpt_every;             /* -n; 0: only at the end (when -o is given); NO_CHECKPOINTS: never */
     int resume;                 /* -y */
     int zero_stage;             /* -z */
@@ -133,6 +135,10 @@ static const ArgSpec TRAIN_ARG_SPECS[] = {
     ARG("--eval-every", ARG_INT, eval_every, "-1", "downstream evaluations every N steps (0: only at the end; -1: as -v)"),
     ARG("--eval-limit", ARG_INT, eval_limit, "-1", "evaluate the first N examples (documents) of each set (-1: all)"),
     ARG("--eval-dump", ARG_STR, eval_dump, NULL, "write the evaluations' scored logits under DIR (tests' independent scorer)"),
+    ARG_NAMES("--eval-compat", eval_compat, EVAL_COMPAT_NAMES, "harness",
+              "rules of the eval files and scores: harness (lm-evaluation-harness's for an HF Llama-2: no BOS, its WikiText "
+              "detokenizer, acc_norm per character) | llm8 (BOS first, llm8's detokenizer, acc_norm per byte); each file "
+              "records its mode (dev/data/*.py --eval-compat)"),
     ARG("-s", ARG_INT, sample_every, "0", "print a sample every N steps (0: never)"),
     ARG("-g", ARG_INT, sample_tokens, "64", "tokens per sample"),
     ARG("-n", ARG_INT, ckpt_every, "0", "checkpoint every N steps (0: only at the end; needs -o; -1: never, e.g. benchmarks)"),
@@ -346,7 +352,8 @@ static inline void train_args_check(const TrainArgs* a) {
     if (a->eval_limit < -1 || a->eval_limit == 0) die("flag --eval-limit: must be positive or -1 (all)");
     const char* eval_flag = a->eval_every != defaults.eval_every ? "--eval-every"
                             : a->eval_limit != defaults.eval_limit ? "--eval-limit"
-                            : a->eval_dump != NULL ? "--eval-dump" : NULL;
+                            : a->eval_dump != NULL ? "--eval-dump"
+                            : a->eval_compat != defaults.eval_compat ? "--eval-compat" : NULL;
     if (eval_flag != NULL && !evals) die("flag %s: needs an evaluation (-h 1, --eval-lambada or --eval-wikitext)", eval_flag);
     if (a->resume != 0 && a->resume != 1) die("flag -y: must be 0 or 1");
     if (a->resume && a->output_dir == NULL) die("flag -y 1 needs -o (the directory to resume from)");

@@ -370,7 +370,7 @@ static inline void trainer_load_evals(Trainer* tr) {
         if (access(paths[k], R_OK) != 0)
             die("%s: cannot read the %s eval file (%s); write it with dev/data/%s.py", paths[k], EVAL_NAMES[k], strerror(errno),
                 EVAL_NAMES[k]);
-        eval_load(&tr->evals[k], (EvalKind)k, paths[k], a->eval_limit, a->T, tr->cfg.vocab_size, &tr->tokenizer);
+        eval_load(&tr->evals[k], (EvalKind)k, a->eval_compat, paths[k], a->eval_limit, a->T, tr->cfg.vocab_size, &tr->tokenizer);
         tr->eval_on[k] = 1;
     }
 }
@@ -380,8 +380,8 @@ static inline void trainer_print_evals(const Trainer* tr) {
     for (int k = 0; k < EVAL_KINDS; k++) {
         if (!tr->eval_on[k]) continue;
         const EvalSet* s = &tr->evals[k];
-        printf("| eval %s: %s, %d %s in %d rows of up to -t %d", EVAL_NAMES[k], s->path, s->records,
-               k == EVAL_WIKITEXT ? "documents" : "examples", s->n_rows, tr->args.T);
+        printf("| eval %s (--eval-compat %s): %s, %d %s in %d rows of up to -t %d", EVAL_NAMES[k], EVAL_COMPAT_NAMES[s->compat],
+               s->path, s->records, k == EVAL_WIKITEXT ? "documents" : "examples", s->n_rows, tr->args.T);
         if (s->truncated) printf(" (%d contexts cut from the left to fit)", s->truncated);
         printf("\n");
     }

@@ -6,11 +6,13 @@ INPUT is a JSON-lines file with HellaSwag's fields (activity_label, ctx_a, ctx_b
 label: 0..3); without it, hellaswag_val.jsonl is downloaded into dev/data/cache/ from
 https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl.
 
-Text, as lm-evaluation-harness's hellaswag task: the context is "activity_label: ctx_a Ctx_b" and each
-ending the ending itself, both preprocessed (strip, " [title]" -> ". ", [...] tags removed, double
-spaces made single). Tokens: the context is BOS + sp.encode(context); each ending " " + ending is
-tokenized jointly with the context, its tokens those of sp.encode(context + " " + ending) after the
-context's. The file format is in dev/data/llm8_evals.py; an example's index is its position in INPUT.
+Text, as lm-evaluation-harness's hellaswag task (lm_eval/tasks/hellaswag/utils.py): the context is
+"activity_label: ctx_a Ctx_b" and each ending the ending itself, both preprocessed (strip, " [title]" ->
+". ", [...] tags removed, double spaces made single). Tokens (llm8_evals.encode_pair): each ending
+" " + ending is tokenized jointly with the context, its tokens those of sp.encode(context + " " + ending)
+after the context's; --eval-compat harness (the default) moves spaces that end the context onto the
+endings and stores each ending's characters (acc_norm's length), llm8 puts BOS before the context. The
+file format is in dev/data/llm8_evals.py; an example's index is its position in INPUT.
 """
 import os
 import sys
@@ -53,16 +55,24 @@ def parse_example(path, number, obj):
     return context, [llm8_evals.hellaswag_preprocess(e) for e in endings], label
 
 
-def tokenize_example(sp, path, number, index, context, endings, label):
-    """The example as write_evalfile takes it: BOS + context ids, each ending tokenized jointly."""
+def tokenize_example(sp, path, number, index, context, endings, label, compat):
+    """The example as write_evalfile takes it for `compat`: the context ids, each ending tokenized jointly
+    (llm8_evals.encode_pair), and for harness each ending's characters."""
     ctx_ids, ending_ids = None, []
     for c, ending in enumerate(endings):
-        ctx_ids, ids = llm8_evals.encode_pair(sp, context, " " + ending)
+        ctx_ids, ids = llm8_evals.encode_pair(sp, context, " " + ending, compat)
+        if not ctx_ids:
+            raise DataError(f"{path}:{number}: example {index}: the context is only whitespace")
         if not ids:
             raise DataError(f"{path}:{number}: example {index}: ending {c} ({ending!r}) adds no tokens "
                             "to the context")
+        if compat == "harness" and not ending:
+            raise DataError(f"{path}:{number}: example {index}: ending {c} is empty (acc_norm divides by its length)")
         ending_ids.append(ids)
-    return {"label": label, "context": [sp.bos_id()] + ctx_ids, "endings": ending_ids}
+    example = {"label": label, "context": ctx_ids, "endings": ending_ids}
+    if compat == "harness":
+        example["chars"] = [len(e) for e in endings]  # the harness's acc_norm: len(choice), in characters
+    return example
 
 
 def main():
@@ -73,12 +83,12 @@ def main():
             URL, CACHE_NAME, llm8_evals.offline_hint("hellaswag.py", "PATH/hellaswag_val.jsonl"))
         rows = llm8_evals.read_jsonl(path, args.limit)
         sp = llm8_evals.load_tokenizer(args.tokenizer)
-        examples = [tokenize_example(sp, path, number, index, *parse_example(path, number, obj))
+        examples = [tokenize_example(sp, path, number, index, *parse_example(path, number, obj), args.eval_compat)
                     for index, (number, obj) in enumerate(rows)]
-        longest = llm8_evals.write_evalfile(args.out, examples, sp.vocab_size())
+        longest = llm8_evals.write_evalfile(args.out, examples, sp.vocab_size(), args.eval_compat)
     except (DataError, OSError) as e:
         llm8_evals.fail(e)
-    print(f"{len(examples)} HellaSwag examples (longest {longest} bytes) -> {args.out}")
+    print(f"{len(examples)} HellaSwag examples (longest {longest} bytes, --eval-compat {args.eval_compat}) -> {args.out}")
 
 
 if __name__ == "__main__":

@@ -5,10 +5,12 @@ Llama-2 tokenizer into llm8's continuation eval file (kind 1), for the trainer's
 INPUT is lambada_test.jsonl, one {"text": passage} per line; without it, the file is downloaded into
 dev/data/cache/ from https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl.
 
-Each passage is split at its last space: the context is what comes before, the target the last word.
-Tokens: the context is BOS + sp.encode(context); the target " " + word is tokenized jointly with the
-context, its tokens those of sp.encode(context + " " + word) after the context's. A record's n_words
-is 1 and n_bytes the word's UTF-8 bytes. The file format is in dev/data/llm8_evals.py.
+Each passage is split at its last space, as lm-evaluation-harness's lambada_openai task
+(lm_eval/tasks/lambada/lambada_openai.yaml): the context is what comes before, the target the last word.
+Tokens (llm8_evals.encode_pair): the target " " + word is tokenized jointly with the context, its tokens
+those of sp.encode(context + " " + word) after the context's; --eval-compat harness (the default) moves
+spaces that end the context onto the target, llm8 puts BOS before the context. A record's n_words is 1
+and n_bytes the word's UTF-8 bytes. The file format is in dev/data/llm8_evals.py.
 """
 import os
 import sys
@@ -38,12 +40,15 @@ def split_passage(path, number, obj):
     return parts[0], parts[1]
 
 
-def make_record(sp, path, number, index, context, word):
-    """The record write_continuations takes: BOS + context ids, the word tokenized jointly."""
-    ctx_ids, target = llm8_evals.encode_pair(sp, context, " " + word)
+def make_record(sp, path, number, index, context, word, compat):
+    """The record write_continuations takes for `compat`: the context ids, the word tokenized jointly
+    (llm8_evals.encode_pair)."""
+    ctx_ids, target = llm8_evals.encode_pair(sp, context, " " + word, compat)
+    if not ctx_ids:
+        raise DataError(f"{path}:{number}: example {index}: the context is only whitespace")
     if not target:
         raise DataError(f"{path}:{number}: example {index}: the last word {word!r} adds no tokens to the context")
-    return {"context": [sp.bos_id()] + ctx_ids, "target": target, "n_words": 1,
+    return {"context": ctx_ids, "target": target, "n_words": 1,
             "n_bytes": len(word.encode("utf-8"))}
 
 
@@ -55,12 +60,13 @@ def main():
             URL, CACHE_NAME, llm8_evals.offline_hint("lambada.py", "PATH/lambada_test.jsonl"))
         rows = llm8_evals.read_jsonl(path, args.limit)
         sp = llm8_evals.load_tokenizer(args.tokenizer)
-        records = [make_record(sp, path, number, index, *split_passage(path, number, obj))
+        records = [make_record(sp, path, number, index, *split_passage(path, number, obj), args.eval_compat)
                    for index, (number, obj) in enumerate(rows)]
-        llm8_evals.write_continuations(args.out, llm8_evals.KIND_LAMBADA, sp.bos_id(), records, sp.vocab_size())
+        llm8_evals.write_continuations(args.out, llm8_evals.KIND_LAMBADA, sp.bos_id(), records, sp.vocab_size(),
+                                       args.eval_compat)
     except (DataError, OSError) as e:
         llm8_evals.fail(e)
-    print(f"{len(records)} LAMBADA passages -> {args.out}")
+    print(f"{len(records)} LAMBADA passages (--eval-compat {args.eval_compat}) -> {args.out}")
 
 
 if __name__ == "__main__":

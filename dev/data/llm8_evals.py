@@ -4,35 +4,44 @@ eval file formats (writer and validating reader of each), the joint tokenization
 continuation, HellaSwag's and WikiText's text preprocessing, and reading and fetching their inputs.
 All integers are little-endian. train/evals.h reads both formats.
 
+Each file is written for one --eval-compat mode (docs/evaluation.md), recorded in its header (0 llm8,
+1 harness): harness writes the tokens lm-evaluation-harness (HARNESS_VERSION) scores on an HF Llama-2 with
+its default settings, llm8 those of llm8's own rules. The trainer refuses a file of the other mode.
+
 llm.c's eval file (multiple choice; HellaSwag), as llm.c's dev/data/data_common.py write_evalfile:
     header: 256 int32: [0] 20240522 (magic), [1] 1 (version), [2] examples, [3] the longest example's
-            bytes, the rest 0
+            bytes, [4] the mode (0 in llm.c's own files), [5] harness: the number of endings in the
+            file, the rest 0
     then per example a stream of uint16:
             65535 (start of example), the example's bytes (its whole stream, these two words included),
             its index (0, 1, ... in file order), the label (the correct ending), the number of endings,
             the number of context tokens, the context tokens,
             then per ending: its number of tokens, its tokens
-    Limits: fewer than 65535 examples, token ids below 65535, an example below 65536 bytes.
-    HellaSwag: the context is BOS and the preprocessed context, each ending " " + the ending, tokenized
-    jointly with it; 4 endings.
+    harness: then one uint16 per ending of the file, in file order: its characters (acc_norm's length)
+    Limits: fewer than 65535 examples, token ids below 65535, an example below 65536 bytes, an ending
+    below 65536 characters.
+    HellaSwag: the context is the preprocessed context (after BOS in llm8 mode), each ending " " + the
+    ending, tokenized jointly with it; 4 endings.
 
 llm8's continuation eval file (LAMBADA, WikiText):
     header: 256 int32: [0] 20261202 (magic), [1] 1 (version), [2] kind (1 LAMBADA, 2 WikiText),
-            [3] records, [4] the BOS id, the rest 0
+            [3] records, [4] the BOS id, [5] the mode, the rest 0
     then per record int32: n_context, n_target, n_words, n_bytes, the n_context context token ids, the
             n_target target token ids
-    A record scores its target tokens after its context. LAMBADA: the context is BOS and the passage
-    without its last word, the target that word (" " + word, tokenized jointly); n_words = 1, n_bytes =
-    the word's UTF-8 bytes. WikiText: one record per page, n_context = 0 (the scorer puts the header's
-    BOS before the first window), the target the whole detokenized page; n_words and n_bytes count the
-    original page (lm-evaluation-harness's word and byte perplexity). Limits: n_context >= 0,
+    A record scores its target tokens after its context. LAMBADA: the context is the passage without its
+    last word (after BOS in llm8 mode), the target that word (" " + word, tokenized jointly); n_words =
+    1, n_bytes = the word's UTF-8 bytes. WikiText: one record per page, n_context = 0 (the scorer puts
+    the header's BOS before the first window, in both modes), the target the whole page detokenized by
+    the mode's rules; n_words and n_bytes count the original page (lm-evaluation-harness's word and byte
+    perplexity). Limits: n_context >= 0,
     n_target >= 1, n_words and n_bytes >= 0, every id (and BOS) below the vocabulary size, fewer than
     2^31 records.
 
-Tokenization, as lm-evaluation-harness's _encode_pair: the context's ids are sp.encode(context), the
-continuation's (it starts with the delimiter space) are those of sp.encode(context + continuation) after
-the first len(context ids); the stored context is BOS + the context's ids. (The harness also moves spaces
-that end a context onto its continuation; here such a context, rare, is tokenized as it is.)
+Tokenization, as lm-evaluation-harness's _encode_pair (encode_pair below): the context's ids are
+sp.encode(context), the continuation's (it starts with the delimiter space) are those of
+sp.encode(context + continuation) after the first len(context ids). harness: spaces that end the context
+move to the start of the continuation first, and the stored context is the context's ids (BOS alone for
+an empty context); llm8: the context is tokenized as it is, and stored as BOS + its ids.
 """
 import argparse
 import http.client
@@ -69,17 +78,31 @@ KIND_WIKITEXT = 2
 KIND_NAMES = {KIND_LAMBADA: "LAMBADA", KIND_WIKITEXT: "WikiText"}
 CONT_PREFIX_WORDS = 4              # n_context, n_target, n_words, n_bytes
 CONT_MAX_RECORDS = 2**31 - 1
+MC_COMPAT_WORD = 4                 # header words of the mode
+MC_ENDINGS_WORD = 5
+CONT_COMPAT_WORD = 5
+
+COMPATS = {"llm8": 0, "harness": 1}  # --eval-compat: the header value of each mode
+DEFAULT_COMPAT = "harness"           # the trainer's default --eval-compat too (train/cli.h)
+HARNESS_VERSION = "v0.4.9.1"         # the lm-evaluation-harness release harness mode follows
 
 
 # ----------------------------------------------------------------------------------------------------
 # tokenization
 
-def encode_pair(sp, context_text, continuation_text):
-    """(context ids, continuation ids) of `continuation_text` tokenized jointly after `context_text`
-    (see the banner); neither has BOS. The continuation may come back empty: the caller says which
-    example that is."""
+def encode_pair(sp, context_text, continuation_text, compat):
+    """(context ids, continuation ids) of `continuation_text` scored after `context_text` under `compat`
+    (see the banner): the stored context (BOS + its ids for llm8; for harness its ids, or BOS alone when
+    context_text is empty, lm-evaluation-harness's TemplateLM.loglikelihood) and the continuation
+    tokenized jointly with it (TemplateLM._encode_pair). Either may come back empty (a harness context of
+    only whitespace; a continuation that adds no token): the caller says which example that is."""
+    if compat == "harness":
+        if context_text == "":
+            return [sp.bos_id()], sp.encode(continuation_text)
+        kept = context_text.rstrip()
+        context_text, continuation_text = kept, context_text[len(kept):] + continuation_text
     ctx_ids, whole = sp.encode([context_text, context_text + continuation_text])
-    return ctx_ids, whole[len(ctx_ids):]
+    return ([sp.bos_id()] if compat == "llm8" else []) + ctx_ids, whole[len(ctx_ids):]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -104,7 +127,7 @@ def hellaswag_context(activity_label, ctx_a, ctx_b):
 # A level-1 WikiText heading line: " = Title = " (a level-2 one is " = = Title = = ").
 _LEVEL1_HEADING = re.compile(r" = [^=](?:.*[^=])? = ")
 
-# WikiText's tokenization artefacts and their undoing, in order (applied by wikitext_detokenize):
+# llm8's rules: WikiText's tokenization artefacts and their undoing, in order (wikitext_detokenize):
 _DETOKENIZE_RULES = [
     (re.compile(r" @([-,.])@ "), r"\1"),                  # 2011 @-@ 12, 1 @,@ 000, 1 @.@ 5
     (re.compile(r"=(?: =)+"), lambda m: "=" * (m.group().count("="))),  # " = = Sub = = " -> " == Sub == "
@@ -118,11 +141,48 @@ _DETOKENIZE_RULES = [
 ]
 
 
-def wikitext_detokenize(page):
-    """`page` with WikiText's tokenization artefacts undone by _DETOKENIZE_RULES (the text the model
-    scores; its words and bytes are still counted on the original)."""
-    for pattern, replacement in _DETOKENIZE_RULES:
-        page = pattern.sub(replacement, page)
+# harness's rules: lm-evaluation-harness's wikitext_detokenizer (lm_eval/tasks/wikitext/
+# preprocess_wikitext.py, HARNESS_VERSION), each step in its order, as (pattern, replacement, regex?): a
+# plain pattern is replaced everywhere as it is, a regex one by re.sub. Its second rule matches the
+# text "/' 5/" and puts the literal "/'[0-9]/" in its place, as the harness's does.
+HARNESS_WIKITEXT_RULES = [
+    ("s '", "s'", False),                                  # contractions
+    (r"/' [0-9]/", "/'[0-9]/", True),
+    (" @-@ ", "-", False),                                 # number separators
+    (" @,@ ", ",", False),
+    (" @.@ ", ".", False),
+    (" : ", ": ", False),                                  # punctuation
+    (" ; ", "; ", False),
+    (" . ", ". ", False),
+    (" ! ", "! ", False),
+    (" ? ", "? ", False),
+    (" , ", ", ", False),
+    (r"\(\s*([^\)]*?)\s*\)", r"(\1)", True),               # brackets and quotes: no space inside
+    (r"\[\s*([^\]]*?)\s*\]", r"[\1]", True),
+    (r"{\s*([^}]*?)\s*}", r"{\1}", True),
+    (r'"\s*([^"]*?)\s*"', r'"\1"', True),
+    (r"'\s*([^']*?)\s*'", r"'\1'", True),
+    ("= = = =", "====", False),                            # heading runs
+    ("= = =", "===", False),
+    ("= =", "==", False),
+    (" \u00b0 ", "\u00b0", False),                          # degree sign
+    (" \n", "\n", False),                                  # the spaces around line breaks
+    ("\n ", "\n", False),
+    (" N ", " 1 ", False),
+    (" 's", "'s", False),
+]
+
+
+def wikitext_detokenize(page, compat):
+    """`page` with WikiText's tokenization artefacts undone by `compat`'s rules, llm8's _DETOKENIZE_RULES or
+    HARNESS_WIKITEXT_RULES (the text the model scores; its words and bytes are still counted on the
+    original)."""
+    if compat == "llm8":
+        for pattern, replacement in _DETOKENIZE_RULES:
+            page = pattern.sub(replacement, page)
+        return page
+    for pattern, replacement, regex in HARNESS_WIKITEXT_RULES:
+        page = re.sub(pattern, replacement, page) if regex else page.replace(pattern, replacement)
     return page
 
 
@@ -277,12 +337,14 @@ def check_ids(path, where, ids, limit):
         raise DataError(f"{path}: {where}: token id {bad[0]} is outside [0, {limit})")
 
 
-def write_evalfile(path, examples, vocab_size):
-    """Write multiple-choice `examples` as llm.c's eval file (see the banner) at `path`, atomically.
+def write_evalfile(path, examples, vocab_size, compat):
+    """Write multiple-choice `examples` as llm.c's eval file (see the banner) for `compat` at `path`,
+    atomically.
 
-    examples: dicts {"label": int, "context": [ids] (BOS first), "endings": [[ids], ...]}; each example's
-    index is its position. Ids must be below `vocab_size` and 65535. Returns the longest example's bytes.
-    Raises DataError naming the file (and example) when a limit is exceeded; nothing is written then.
+    examples: dicts {"label": int, "context": [ids], "endings": [[ids], ...]}, and for harness "chars":
+    [each ending's characters]; each example's index is its position. Ids must be below `vocab_size` and
+    65535. Returns the longest example's bytes. Raises DataError naming the file (and example) when a
+    limit is exceeded; nothing is written then.
     """
     if not examples:
         raise DataError(f"{path}: no examples to write")
@@ -310,12 +372,22 @@ def write_evalfile(path, examples, vocab_size):
     longest = max(2 * s.size for s in streams)
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:4] = (MC_MAGIC, MC_VERSION, len(examples), longest)
+    header[MC_COMPAT_WORD] = COMPATS[compat]
+    if compat == "harness":
+        chars = [n for ex in examples for n in ex["chars"]]
+        for index, ex in enumerate(examples):
+            if len(ex["chars"]) != len(ex["endings"]) or not all(0 < n <= MC_MAX_EXAMPLE_BYTES for n in ex["chars"]):
+                raise DataError(f"{path}: example {index}: character counts {ex['chars']} (one per ending, 1 to "
+                                f"{MC_MAX_EXAMPLE_BYTES})")
+        header[MC_ENDINGS_WORD] = len(chars)
+        streams.append(np.array(chars, dtype="<u2"))
     write_atomic(path, [header.tobytes()] + [s.tobytes() for s in streams])
     return longest
 
 
-def write_continuations(path, kind, bos, records, vocab_size):
-    """Write `records` as llm8's continuation eval file (see the banner) of `kind` at `path`, atomically.
+def write_continuations(path, kind, bos, records, vocab_size, compat):
+    """Write `records` as llm8's continuation eval file (see the banner) of `kind` for `compat` at `path`,
+    atomically.
 
     records: dicts {"context": [ids], "target": [ids], "n_words": int, "n_bytes": int}. Raises DataError
     naming the file (and record) when one breaks the format's limits; nothing is written then.
@@ -342,6 +414,7 @@ def write_continuations(path, kind, bos, records, vocab_size):
         chunks.append(np.array(words, dtype="<i4").tobytes())
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:5] = (CONT_MAGIC, CONT_VERSION, kind, len(records), bos)
+    header[CONT_COMPAT_WORD] = COMPATS[compat]
     write_atomic(path, [header.tobytes()] + chunks)
 
 
@@ -364,23 +437,38 @@ def _read_header(path, magic, what):
     return header, data[HEADER_BYTES:]
 
 
+def _compat_of(path, header, word):
+    """The mode name of header word `word`; DataError naming the file for an unknown one."""
+    names = {code: name for name, code in COMPATS.items()}
+    if int(header[word]) not in names:
+        raise DataError(f"{path}: unknown --eval-compat mode {int(header[word])} in header word {word}")
+    return names[int(header[word])]
+
+
 def read_evalfile(path, vocab_size=None):
-    """The examples of llm.c's eval file at `path`: a list of {"index", "label", "context", "endings"}
-    (ids as lists of int).
+    """(mode, examples) of llm.c's eval file at `path`: the --eval-compat mode it was written for and a list
+    of {"index", "label", "context", "endings"} (ids as lists of int), with "chars" (each ending's
+    characters) in a harness file.
 
     Checks the magic, version, reserved header words, every example's start marker, byte count (against
-    the header's longest too), label and lengths, that the examples fill the file exactly and, if
-    `vocab_size` is given, every id; raises DataError (one line naming the file) on the first problem.
+    the header's longest too), label and lengths, that the examples (and a harness file's character
+    counts) fill the file exactly and, if `vocab_size` is given, every id; raises DataError (one line
+    naming the file) on the first problem.
     """
     header, body = _read_header(path, MC_MAGIC, "llm.c's eval file")
     count, longest = int(header[2]), int(header[3])
-    if header[4:].any():
-        raise DataError(f"{path}: header words 4..255 are not 0")
+    compat = _compat_of(path, header, MC_COMPAT_WORD)
+    n_chars = int(header[MC_ENDINGS_WORD]) if compat == "harness" else 0
+    if header[MC_ENDINGS_WORD + 1:].any() or (compat == "llm8" and header[MC_ENDINGS_WORD]):
+        raise DataError(f"{path}: reserved header words are not 0")
     if not 0 < count < MC_MAX_EXAMPLES:
         raise DataError(f"{path}: bad example count {count}")
     if len(body) % 2:
         raise DataError(f"{path}: {len(body)} bytes after the header, not a whole number of uint16")
     w = np.frombuffer(body, dtype="<u2").tolist()
+    if not 0 <= n_chars <= len(w) or (compat == "harness" and n_chars == 0):
+        raise DataError(f"{path}: bad ending count {n_chars} in the header")
+    chars, w = w[len(w) - n_chars:], w[:len(w) - n_chars]
     examples, at, seen_longest = [], 0, 0
     for e in range(count):
         if at + MC_PREFIX_WORDS > len(w):
@@ -414,12 +502,17 @@ def read_evalfile(path, vocab_size=None):
         raise DataError(f"{path}: {2 * (len(w) - at)} bytes after the last of {count} examples")
     if seen_longest != longest:
         raise DataError(f"{path}: header's longest example is {longest} bytes, the file's is {seen_longest}")
-    return examples
+    if compat == "harness":
+        if sum(len(ex["endings"]) for ex in examples) != n_chars or 0 in chars:
+            raise DataError(f"{path}: {n_chars} character counts for the file's endings, or an ending of 0")
+        for ex in examples:
+            ex["chars"], chars = chars[:len(ex["endings"])], chars[len(ex["endings"]):]
+    return compat, examples
 
 
 def read_continuations(path, vocab_size=None):
-    """(kind, BOS id, records) of llm8's continuation eval file at `path`; records are dicts {"context",
-    "target", "n_words", "n_bytes"} (ids as lists of int).
+    """(kind, BOS id, mode, records) of llm8's continuation eval file at `path`: mode the --eval-compat it
+    was written for, records dicts {"context", "target", "n_words", "n_bytes"} (ids as lists of int).
 
     Checks the magic, version, kind, reserved header words, every record's sizes, that the records fill
     the file exactly and, if `vocab_size` is given, BOS and every id; raises DataError (one line naming
@@ -431,8 +524,9 @@ def read_continuations(path, vocab_size=None):
         raise DataError(f"{path}: unknown eval kind {kind} (1 LAMBADA, 2 WikiText)")
     if count <= 0:
         raise DataError(f"{path}: bad record count {count}")
-    if header[5:].any():
-        raise DataError(f"{path}: header words 5..255 are not 0")
+    compat = _compat_of(path, header, CONT_COMPAT_WORD)
+    if header[CONT_COMPAT_WORD + 1:].any():
+        raise DataError(f"{path}: header words {CONT_COMPAT_WORD + 1}..255 are not 0")
     if vocab_size is not None and not 0 <= bos < vocab_size:
         raise DataError(f"{path}: BOS id {bos} is outside [0, {vocab_size})")
     if len(body) % 4:
@@ -456,20 +550,24 @@ def read_continuations(path, vocab_size=None):
         records.append({"context": context, "target": target, "n_words": n_words, "n_bytes": n_bytes})
     if at != len(w):
         raise DataError(f"{path}: {4 * (len(w) - at)} bytes after the last of {count} records")
-    return kind, bos, records
+    return kind, bos, compat, records
 
 
 # ----------------------------------------------------------------------------------------------------
 # the scripts' command line
 
 def arg_parser(doc, input_help, default_out):
-    """The command line the three scripts share: INPUT, --out, --tokenizer, --limit."""
+    """The command line the three scripts share: INPUT, --out, --tokenizer, --limit, --eval-compat."""
     parser = argparse.ArgumentParser(description=doc.strip(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("input", nargs="?", type=Path, help=input_help)
     parser.add_argument("--out", type=Path, default=default_out, help="output file (default: %(default)s)")
     parser.add_argument("--tokenizer", type=Path, help="Llama-2 SentencePiece tokenizer.model (default: found by "
                         f"llm8_data.resolve_data_file, ${llm8_data.DATA_DIR_ENV})")
     parser.add_argument("--limit", type=positive_int, help="keep only the first N examples (pages for WikiText)")
+    parser.add_argument("--eval-compat", choices=sorted(COMPATS), default=DEFAULT_COMPAT,
+                        help="whose rules the tokens follow: harness (lm-evaluation-harness %s on an HF Llama-2) or "
+                        "llm8 (docs/evaluation.md); the trainer's --eval-compat must match (default: %%(default)s)"
+                        % HARNESS_VERSION)
     return parser
 
 

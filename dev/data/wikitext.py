@@ -11,9 +11,10 @@ The split is cut into pages at its level-1 headings (" = Title = " lines; " = = 
 page), each page running from its heading to the next, lines as they are. A record per page: n_words
 (re.split(r"\\s+")) and n_bytes (UTF-8) of the original page; no context (n_context = 0: the scorer
 starts the first window after the header's BOS); the target sp.encode(detokenized page), no BOS. The
-detokenizer (llm8_evals.wikitext_detokenize) undoes WikiText's artefacts: " @-@ " -> "-" (and @,@ @.@),
-"= =" heading runs joined, no space before , . ; : ! ? n't 's, after ( [ or before ) ], inside "quotes",
-or at the ends of lines. The file format is in dev/data/llm8_evals.py.
+detokenizer (llm8_evals.wikitext_detokenize) undoes WikiText's artefacts (" @-@ " -> "-", spaces before
+punctuation and inside brackets, "= =" heading runs): --eval-compat harness (the default) by
+lm-evaluation-harness's wikitext_detokenizer, rule by rule; llm8 by llm8's own shorter rules, which also
+drop the spaces that start and end every line. The file format is in dev/data/llm8_evals.py.
 """
 import os
 import sys
@@ -43,9 +44,9 @@ def read_split(path):
     return llm8_evals.read_text(path)
 
 
-def make_record(sp, path, index, page):
-    """The record write_continuations takes for one original page."""
-    target = sp.encode(llm8_evals.wikitext_detokenize(page))
+def make_record(sp, path, index, page, compat):
+    """The record write_continuations takes for one original page under `compat`."""
+    target = sp.encode(llm8_evals.wikitext_detokenize(page, compat))
     if not target:
         raise DataError(f"{path}: page {index} has no tokens")
     n_words, n_bytes = llm8_evals.wikitext_counts(page)
@@ -61,12 +62,13 @@ def main():
             URL, CACHE_NAME, llm8_evals.offline_hint("wikitext.py", "PATH/wiki.test.raw (or the zip)"))
         pages = llm8_evals.wikitext_pages(read_split(path), path)[:args.limit]
         sp = llm8_evals.load_tokenizer(args.tokenizer)
-        records = [make_record(sp, path, index, page) for index, page in enumerate(pages)]
-        llm8_evals.write_continuations(args.out, llm8_evals.KIND_WIKITEXT, sp.bos_id(), records, sp.vocab_size())
+        records = [make_record(sp, path, index, page, args.eval_compat) for index, page in enumerate(pages)]
+        llm8_evals.write_continuations(args.out, llm8_evals.KIND_WIKITEXT, sp.bos_id(), records, sp.vocab_size(),
+                                       args.eval_compat)
     except (DataError, OSError) as e:
         llm8_evals.fail(e)
     n_tokens = sum(len(r["target"]) for r in records)
-    print(f"{len(records)} WikiText pages, {n_tokens:,} tokens -> {args.out}")
+    print(f"{len(records)} WikiText pages, {n_tokens:,} tokens (--eval-compat {args.eval_compat}) -> {args.out}")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 /*
  * Fuzzes the downstream-evaluation file readers (train/evals.h): the input's first byte picks the set
- * (HellaSwag in llm.c's eval format, LAMBADA or WikiText in llm8's continuation format), the rest is the
- * file, loaded for rows of at most FUZZ_T + 1 tokens as the trainer loads it. An accepted file must give
- * rows the evaluation can run: each within T + 1 tokens, scoring at least one token, every token in the
- * vocabulary, and every ending of every example scored.
+ * (HellaSwag in llm.c's eval format, LAMBADA or WikiText in llm8's continuation format) and the run's
+ * --eval-compat (byte / 3, even: llm8, odd: harness), the rest is the file, loaded for rows of at most
+ * FUZZ_T + 1 tokens as the trainer loads it. An accepted file must give rows the evaluation can run: each
+ * within T + 1 tokens, scoring at least one token, every token in the vocabulary, and every ending of
+ * every example scored.
  */
 #include "fuzz.h"
 #include "fuzz_inputs.h"
@@ -28,10 +29,11 @@ static const Tokenizer* fuzz_tokenizer(void) {
 static void fuzz_target(const uint8_t* data, size_t size) {
     if (size < 1) return;
     EvalKind kind = (EvalKind)(data[0] % EVAL_KINDS);
+    EvalCompat compat = (EvalCompat)(data[0] / EVAL_KINDS % EVAL_COMPATS);
     const char* path = fuzz_input_file(data + 1, size - 1);
     fuzz_must_name = path;
     EvalSet s;
-    eval_load(&s, kind, path, -1, FUZZ_T, FUZZ_VOCAB, fuzz_tokenizer());
+    eval_load(&s, kind, compat, path, -1, FUZZ_T, FUZZ_VOCAB, fuzz_tokenizer());
     int* scored = (int*)calloc((size_t)s.choice_begin[s.records], sizeof(int));
     for (int i = 0; i < s.n_rows; i++) {
         const EvalRow* r = &s.rows[i];

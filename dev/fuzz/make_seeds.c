@@ -8,8 +8,9 @@
  *   tokenizer/  a decode table of a few pieces, one of them empty, one raw byte
  *   cli/        every flag of the parser's table with a value of its type, and a typical run's flags
  *   manifest/   the manifest.json of the manifest harness's one-shard folder
- *   evals/      a HellaSwag file of two examples (one context longer than T), a LAMBADA file and a
- *               WikiText file of two documents (one of several windows), each after its kind byte
+ *   evals/      a HellaSwag file of two examples (one context longer than T) and its --eval-compat harness
+ *               form (characters at the end), a LAMBADA file and a WikiText file of two documents (one of
+ *               several windows), each after its kind byte (+ 3 for harness)
  * Usage: make_seeds DIR
  */
 #include "fuzz_inputs.h"
@@ -202,6 +203,12 @@ static void seed_evals(const char* dir) {
     header[2] = 2;
     header[3] = (int32_t)longest;
     write_eval_seed(dir, "hellaswag.bin", EVAL_HELLASWAG, header, mc, n * sizeof(uint16_t));
+    /* the same examples under --eval-compat harness: each of the 8 endings' characters end the file */
+    for (int c = 0; c < 8; c++) mc[n++] = (uint16_t)(3 + c);
+    header[EVAL_MC_COMPAT_WORD] = EVAL_COMPAT_HARNESS;
+    header[EVAL_MC_ENDINGS_WORD] = 8;
+    write_eval_seed(dir, "hellaswag_harness.bin", EVAL_HELLASWAG + EVAL_KINDS * EVAL_COMPAT_HARNESS, header, mc,
+                    n * sizeof(uint16_t));
     /* LAMBADA: BOS + 3 tokens, a target of 2; WikiText: a document of 3 * FUZZ_T + 1 tokens and one of 2 */
     int32_t cont[128];
     size_t m = 0;

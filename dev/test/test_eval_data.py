@@ -1,10 +1,11 @@
 """
 Tests of the downstream-evaluation data scripts (dev/data/hellaswag.py, lambada.py, wikitext.py) and
-their formats (dev/data/llm8_evals.py). Inputs are tiny hand-written files in the public sets' formats;
-the outputs are read by readers written here from the format descriptions (not llm8_evals'), and their
-content checked against texts written out by hand: the preprocessed HellaSwag contexts and endings, the
-LAMBADA passages, the detokenized WikiText pages and their original word and byte counts. Uses the real
-Llama-2 tokenizer.
+their formats (dev/data/llm8_evals.py), in both --eval-compat modes. Inputs are tiny hand-written files in
+the public sets' formats; the outputs are read by readers written here from the format descriptions (not
+llm8_evals'), and their content checked against texts written out by hand: the preprocessed HellaSwag
+contexts and endings, the LAMBADA passages, the WikiText pages detokenized by each mode's rules and their
+original word and byte counts. Uses the real Llama-2 tokenizer. dev/test/test_eval_parity.py scores the
+harness mode's files against lm-evaluation-harness's rules end to end.
 """
 import importlib
 import json
@@ -73,10 +74,17 @@ WIKI_PAGES = [
     "\n",
 ]
 WIKI_RAW = " \n\n" + "".join(WIKI_PAGES)   # the real file starts with " \n" too
+# llm8's rules, and lm-evaluation-harness's (which keep the space that opens a page and "n't")
 WIKI_DETOKENIZED = [
     "= Alpha Ship =\n\nThe Alpha Ship was built in 1901-02 for 1,200 sailors, and it sailed at 3.5 knots.\n\n"
     "== Service ==\n\nIt served (mostly) in the north; the crew's songs were \"loud\". It didn't sink!\n\n",
     "= Beta Town =\n\nBeta is a town of 4,000 people and a café.\n\n== History ==\n\n=== Early years ===\n\n"
+    "Founded in 1850-60, it grew: slowly.\n\n",
+]
+WIKI_HARNESS = [
+    " = Alpha Ship =\n\nThe Alpha Ship was built in 1901-02 for 1,200 sailors, and it sailed at 3.5 knots.\n\n"
+    "== Service ==\n\nIt served (mostly) in the north; the crew's songs were \"loud\". It did n't sink!\n\n",
+    " = Beta Town =\n\nBeta is a town of 4,000 people and a café.\n\n== History ==\n\n=== Early years ===\n\n"
     "Founded in 1850-60, it grew: slowly.\n\n",
 ]
 ZIP_MEMBER = "wikitext-2-raw/wiki.test.raw"
@@ -97,11 +105,14 @@ def write_zip(path, members):
 # readers written from the format descriptions (llm8_evals.py's banner)
 
 def read_mc_raw(path):
-    """llm.c's eval file: (header, [(index, label, nbytes, context, endings)]); asserts the structure."""
+    """llm.c's eval file: (header, [(index, label, nbytes, context, endings)]); asserts the structure (a
+    harness file's character counts not included)."""
     data = path.read_bytes()
     header = struct.unpack("<256i", data[:1024])
     words = struct.unpack(f"<{(len(data) - 1024) // 2}H", data[1024:])
     assert 2 * len(words) == len(data) - 1024
+    if header[4] == 1:  # harness: the endings' character counts end the file
+        words = words[:len(words) - header[5]]
     examples, at = [], 0
     for _ in range(header[2]):
         start, nbytes, index, label, n_endings, n_ctx = words[at:at + 6]
@@ -149,8 +160,8 @@ def inputs(tmp_path_factory):
     return d
 
 
-def run_ok(script, src, out, *args):
-    r = run_script(script, src, "--out", out, *args)
+def run_ok(script, src, out, *args, compat="llm8"):
+    r = run_script(script, src, "--out", out, "--eval-compat", compat, *args)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 1 and str(out) in lines[0], r.stdout
@@ -187,7 +198,8 @@ def test_hellaswag_file(outputs, sp):
             assert sp.decode(context[1:] + tokens) == ctx_text + " " + text
             assert tokens == sp.encode(ctx_text + " " + text)[len(ctx_ids):]
     assert len(examples[0][4][1]) == 1, "the fixture's one-token ending (' it') is not one token"
-    back = llm8_evals.read_evalfile(path, sp.vocab_size())
+    compat, back = llm8_evals.read_evalfile(path, sp.vocab_size())
+    assert compat == "llm8"
     assert [(x["index"], x["label"], x["context"], x["endings"]) for x in back] == \
            [(i, lab, c, ends) for i, lab, _, c, ends in examples]
 
@@ -203,8 +215,8 @@ def test_lambada_file(outputs, sp):
         assert (n_words, n_bytes) == (1, len(word.encode("utf-8")))
     assert len(records[1][1]) > 1, "the fixture's several-token target ('Coriolanus') is one token"
     assert records[2][3] == 6   # "naïve": 5 characters, 6 bytes
-    kind, bos, back = llm8_evals.read_continuations(path, sp.vocab_size())
-    assert (kind, bos) == (1, BOS)
+    kind, bos, compat, back = llm8_evals.read_continuations(path, sp.vocab_size())
+    assert (kind, bos, compat) == (1, BOS, "llm8")
     assert [(r["context"], r["target"], r["n_words"], r["n_bytes"]) for r in back] == records
 
 
@@ -217,7 +229,7 @@ def test_wikitext_file(outputs, sp):
         assert (n_words, n_bytes) == (len(re.split(r"\s+", page)), len(page.encode("utf-8")))
         assert sp.decode(target) == detok
         assert target == sp.encode(detok)
-    assert llm8_evals.read_continuations(path)[2][1]["target"] == records[1][1]
+    assert llm8_evals.read_continuations(path)[3][1]["target"] == records[1][1]
 
 
 def test_wikitext_from_zip(inputs, outputs):
@@ -242,9 +254,66 @@ def test_limit(inputs, outputs, script, src, kind):
 
 
 def test_detokenizer_rules():
-    assert llm8_evals.wikitext_detokenize(" a @-@ b @,@ c @.@ d \n") == "a-b,c.d\n"
-    assert llm8_evals.wikitext_detokenize(" = = = = Deep = = = = \n") == "==== Deep ====\n"
-    assert llm8_evals.wikitext_detokenize(" [ x ] , players ' cup ? \n") == "[x], players' cup?\n"
+    assert llm8_evals.wikitext_detokenize(" a @-@ b @,@ c @.@ d \n", "llm8") == "a-b,c.d\n"
+    assert llm8_evals.wikitext_detokenize(" = = = = Deep = = = = \n", "llm8") == "==== Deep ====\n"
+    assert llm8_evals.wikitext_detokenize(" [ x ] , players ' cup ? \n", "llm8") == "[x], players' cup?\n"
+    # the harness's: a line's first space stays unless a line break precedes it; its odd rules too
+    assert llm8_evals.wikitext_detokenize(" [ x ] , players ' cup ? \n", "harness") == " [x], players' cup?\n"
+    assert llm8_evals.wikitext_detokenize(" = = = = Deep = = = = \n = = = A = = = \n", "harness") == \
+        " ==== Deep ====\n=== A ===\n"
+    assert llm8_evals.wikitext_detokenize("a 20 ° N , { b } ' c ' /' 5/ the N th", "harness") == \
+        "a 20°N, {b} 'c' /'[0-9]/ the 1 th"
+
+
+# --------------------------------------------------------------------------------------------------
+# --eval-compat harness: no BOS, the harness's detokenizer and its trailing-space move, characters
+
+@pytest.fixture(scope="module")
+def harness_outputs(inputs):
+    out = {}
+    for name, script, src in [("hellaswag", "hellaswag.py", "hellaswag.jsonl"),
+                              ("lambada", "lambada.py", "lambada.jsonl"),
+                              ("wikitext", "wikitext.py", "wiki.test.raw")]:
+        out[name] = inputs / f"{name}_harness.bin"
+        assert "--eval-compat harness" in run_ok(script, inputs / src, out[name], compat="harness")
+    return out
+
+
+def test_harness_hellaswag_file(harness_outputs, sp):
+    header, examples = read_mc_raw(harness_outputs["hellaswag"])
+    chars = struct.unpack(f"<{header[5]}H", harness_outputs["hellaswag"].read_bytes()[-2 * header[5]:])
+    assert header[4:6] == (1, 12) and not any(header[6:])
+    assert list(chars) == [len(t) for _, ends, _ in HELLASWAG_EXPECTED for t in ends]   # characters: "gâteau" is 6
+    for (_, _, _, context, endings), (ctx_text, end_texts, _) in zip(examples, HELLASWAG_EXPECTED):
+        assert context == sp.encode(ctx_text)   # no BOS; these contexts end in no space
+        for tokens, text in zip(endings, end_texts):
+            assert tokens == sp.encode(ctx_text + " " + text)[len(context):]
+    compat, back = llm8_evals.read_evalfile(harness_outputs["hellaswag"], sp.vocab_size())
+    assert compat == "harness" and [c for x in back for c in x["chars"]] == list(chars)
+
+
+def test_harness_moves_trailing_spaces(sp):
+    """A context that ends in spaces gives them to the continuation (the harness's _encode_pair), and an
+    empty one is BOS alone (its loglikelihood's prefix token)."""
+    ctx, cont = llm8_evals.encode_pair(sp, "He said. ", " Yes", "harness")
+    assert ctx == sp.encode("He said.") and cont == sp.encode("He said.  Yes")[len(ctx):]
+    assert llm8_evals.encode_pair(sp, "", " Yes", "harness") == ([BOS], sp.encode(" Yes"))
+    ctx, cont = llm8_evals.encode_pair(sp, "He said. ", " Yes", "llm8")
+    assert ctx == [BOS] + sp.encode("He said. ") and cont == sp.encode("He said.  Yes")[len(ctx) - 1:]
+
+
+def test_harness_lambada_and_wikitext_files(harness_outputs, sp):
+    header, records = read_cont_raw(harness_outputs["lambada"])
+    assert header[:6] == (20261202, 1, 1, len(LAMBADA), BOS, 1) and not any(header[6:])
+    for (context, target, _, _), text in zip(records, LAMBADA):
+        head = text.rsplit(" ", 1)[0]
+        assert context == sp.encode(head) and sp.decode(context + target) == text
+    header, records = read_cont_raw(harness_outputs["wikitext"])
+    assert header[:6] == (20261202, 1, 2, len(WIKI_PAGES), BOS, 1) and not any(header[6:])
+    for (context, target, n_words, n_bytes), page, detok in zip(records, WIKI_PAGES, WIKI_HARNESS):
+        assert context == [] and target == sp.encode(detok)
+        assert (n_words, n_bytes) == (len(re.split(r"\s+", page)), len(page.encode("utf-8")))
+    assert llm8_evals.read_continuations(harness_outputs["wikitext"])[2] == "harness"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -366,27 +435,37 @@ def random_records(rng, n):
 def test_round_trip(tmp_path, rng):
     examples = random_examples(rng, 20)
     mc = tmp_path / "mc.bin"
-    longest = llm8_evals.write_evalfile(mc, examples, 32000)
+    longest = llm8_evals.write_evalfile(mc, examples, 32000, "llm8")
     header, raw = read_mc_raw(mc)
     assert header[3] == longest == max(x[2] for x in raw)
     back = llm8_evals.read_evalfile(mc, 32000)
-    assert back == [{"index": i, **{k: x[k] for k in ("label", "context", "endings")}} for i, x in enumerate(examples)]
+    assert back == ("llm8", [{"index": i, **{k: x[k] for k in ("label", "context", "endings")}}
+                             for i, x in enumerate(examples)])
+    for x in examples:
+        x["chars"] = rng.integers(1, 500, len(x["endings"])).tolist()
+    llm8_evals.write_evalfile(mc, examples, 32000, "harness")
+    assert llm8_evals.read_evalfile(mc, 32000) == ("harness", [{"index": i, **x} for i, x in enumerate(examples)])
     records = random_records(rng, 20)
     cont = tmp_path / "cont.bin"
-    llm8_evals.write_continuations(cont, 2, BOS, records, 32000)
-    assert llm8_evals.read_continuations(cont, 32000) == (2, BOS, records)
+    for compat in ("llm8", "harness"):
+        llm8_evals.write_continuations(cont, 2, BOS, records, 32000, compat)
+        assert llm8_evals.read_continuations(cont, 32000) == (2, BOS, compat, records)
     assert read_cont_raw(cont)[1] == [(r["context"], r["target"], r["n_words"], r["n_bytes"]) for r in records]
 
 
-@pytest.mark.parametrize("fmt", ["mc", "cont"])
-@pytest.mark.parametrize("damage", ["cut_2", "cut_record", "header_only", "short_header", "extra", "magic", "version"])
+@pytest.mark.parametrize("fmt", ["mc", "mc_harness", "cont"])
+@pytest.mark.parametrize("damage", ["cut_2", "cut_record", "header_only", "short_header", "extra", "magic", "version",
+                                    "mode"])
 def test_reader_rejects(tmp_path, rng, fmt, damage):
     path = tmp_path / f"{fmt}.bin"
-    if fmt == "mc":
-        llm8_evals.write_evalfile(path, random_examples(rng, 3), 32000)
+    if fmt.startswith("mc"):
+        examples = random_examples(rng, 3)
+        for x in examples:
+            x["chars"] = [7] * len(x["endings"])
+        llm8_evals.write_evalfile(path, examples, 32000, "harness" if fmt == "mc_harness" else "llm8")
         read = llm8_evals.read_evalfile
     else:
-        llm8_evals.write_continuations(path, 1, BOS, random_records(rng, 3), 32000)
+        llm8_evals.write_continuations(path, 1, BOS, random_records(rng, 3), 32000, "llm8")
         read = llm8_evals.read_continuations
     data = bytearray(path.read_bytes())
     if damage == "cut_2":
@@ -403,6 +482,9 @@ def test_reader_rejects(tmp_path, rng, fmt, damage):
         data[0] ^= 1
     elif damage == "version":
         data[4:8] = struct.pack("<i", 2)
+    elif damage == "mode":
+        word = 4 if fmt.startswith("mc") else 5
+        data[4 * word:4 * word + 4] = struct.pack("<i", 2)
     path.write_bytes(bytes(data))
     with pytest.raises(llm8_evals.DataError) as e:
         read(path)
@@ -412,7 +494,7 @@ def test_reader_rejects(tmp_path, rng, fmt, damage):
 def test_reader_rejects_bad_ids_and_sizes(tmp_path):
     path = tmp_path / "c.bin"
     record = {"context": [BOS], "target": [31999], "n_words": 1, "n_bytes": 3}
-    llm8_evals.write_continuations(path, 1, BOS, [record], 32000)
+    llm8_evals.write_continuations(path, 1, BOS, [record], 32000, "llm8")
     with pytest.raises(llm8_evals.DataError, match="outside"):
         llm8_evals.read_continuations(path, 31999)
     data = bytearray(path.read_bytes())
@@ -426,10 +508,13 @@ def test_writer_limits(tmp_path):
     path = tmp_path / "e.bin"
     too_long = [{"label": 0, "context": [BOS] * 33000, "endings": [[5]] * 4}]
     with pytest.raises(llm8_evals.DataError, match="more than the uint16 count"):
-        llm8_evals.write_evalfile(path, too_long, 32000)
+        llm8_evals.write_evalfile(path, too_long, 32000, "llm8")
     with pytest.raises(llm8_evals.DataError, match="outside"):
-        llm8_evals.write_evalfile(path, [{"label": 0, "context": [BOS], "endings": [[32000]] * 4}], 32000)
+        llm8_evals.write_evalfile(path, [{"label": 0, "context": [BOS], "endings": [[32000]] * 4}], 32000, "llm8")
+    with pytest.raises(llm8_evals.DataError, match="character counts"):
+        llm8_evals.write_evalfile(path, [{"label": 0, "context": [5], "endings": [[7]] * 2, "chars": [3, 0]}], 32000,
+                                  "harness")
     with pytest.raises(llm8_evals.DataError, match="no target"):
         no_target = {"context": [BOS], "target": [], "n_words": 1, "n_bytes": 1}
-        llm8_evals.write_continuations(path, 1, BOS, [no_target], 32000)
+        llm8_evals.write_continuations(path, 1, BOS, [no_target], 32000, "llm8")
     assert list(tmp_path.iterdir()) == []

@@ -2,7 +2,8 @@
 Downstream evaluation in the trainer (train/evals.h): HellaSwag (-h 1), LAMBADA and WikiText, during
 training and standalone (-x 0), on 1, 2 and 3 ranks.
 
-The eval files are made by the data scripts (dev/data/hellaswag.py, lambada.py, wikitext.py) from small
+The eval files are made by the data scripts (dev/data/hellaswag.py, lambada.py, wikitext.py, with
+--eval-compat llm8; dev/test/test_eval_parity.py holds harness mode to lm-evaluation-harness) from small
 hand-written inputs that hold the edge cases: an ending of one token, a context longer than -t (cut from
 the left), a LAMBADA target of several tokens, a document of several rolling windows with a partial
 last one, and a document shorter than one window. The scores are checked against an independent numpy
@@ -25,6 +26,8 @@ from conftest import REPO, run
 from data_helpers import run_script
 from test_distributed import mpi_env, mpirun
 from test_trainer import assert_one_line_error
+
+import llm8_evals  # noqa: E402  (dev/data, on sys.path through data_helpers)
 
 MPIRUN = shutil.which("mpirun")
 T = 32
@@ -66,15 +69,15 @@ def eval_files(tmp_path_factory, shakespeare):
     out = {}
     for name, script, src in [("hellaswag", "hellaswag.py", "hellaswag.jsonl"), ("lambada", "lambada.py", "lambada.jsonl"),
                               ("wikitext", "wikitext.py", "wiki.test.raw")]:
-        r = run_script(script, d / src, "--out", d / f"{name}.bin")
+        r = run_script(script, d / src, "--out", d / f"{name}.bin", "--eval-compat", "llm8")
         assert r.returncode == 0, r.stderr
         out[name] = d / f"{name}.bin"
     return out
 
 
-def eval_flags(files):
+def eval_flags(files, compat="llm8"):
     return ["-h", "1", "--hellaswag", files["hellaswag"], "--eval-lambada", files["lambada"], "--eval-wikitext",
-            files["wikitext"]]
+            files["wikitext"], "--eval-compat", compat]
 
 
 def evals_of(out_dir):
@@ -328,8 +331,12 @@ def test_help_and_h(trainer):
     for args in (["-h"], ["--help"], ["-h", "-b", "4"]):
         r = run([trainer, *args])
         assert r.returncode == 0 and "usage:" in r.stdout, args
-    for flag in ("-h", "--hellaswag", "--eval-lambada", "--eval-wikitext", "--eval-every", "--eval-limit", "--eval-dump"):
+    for flag in ("-h", "--hellaswag", "--eval-lambada", "--eval-wikitext", "--eval-every", "--eval-limit", "--eval-dump",
+                 "--eval-compat"):
         assert f"  {flag} " in r.stdout, flag
+    # the data scripts write the trainer's default mode by default
+    compat = next(line for line in r.stdout.splitlines() if line.startswith("  --eval-compat "))
+    assert compat.endswith(f"(default {llm8_evals.DEFAULT_COMPAT})"), compat
 
 
 def truncate(src, dst, drop):
@@ -354,12 +361,27 @@ def write_mc(path, examples):
     return path
 
 
+@pytest.fixture(scope="module")
+def harness_files(tmp_path_factory, eval_files):
+    """The eval files' inputs written for --eval-compat harness (the scripts' default)."""
+    d = tmp_path_factory.mktemp("harness_files")
+    out = {}
+    for name, script, src in [("hellaswag", "hellaswag.py", "hellaswag.jsonl"), ("lambada", "lambada.py", "lambada.jsonl"),
+                              ("wikitext", "wikitext.py", "wiki.test.raw")]:
+        out[name] = d / f"{name}.bin"
+        r = run_script(script, eval_files[name].parent / src, "--out", out[name])
+        assert r.returncode == 0 and "--eval-compat harness" in r.stdout, r.stdout + r.stderr
+    return out
+
+
 @pytest.mark.parametrize("case", ["missing", "truncated_mc", "truncated_cont", "wrong_kind", "too_long", "h2", "limit",
-                                  "hellaswag_without_h", "no_context"])
-def test_bad_input_one_line_error(trainer, eval_files, tmp_path, case):
+                                  "hellaswag_without_h", "no_context", "harness_file_in_llm8", "llm8_file_in_harness",
+                                  "bad_compat", "truncated_harness_mc"])
+def test_bad_input_one_line_error(trainer, eval_files, harness_files, tmp_path, case):
     files = dict(eval_files)
     extra = []
     needle = None
+    compat = "llm8"
     if case == "missing":
         files["lambada"] = tmp_path / "nope.bin"
         needle = "nope.bin"
@@ -378,6 +400,21 @@ def test_bad_input_one_line_error(trainer, eval_files, tmp_path, case):
     elif case == "no_context":
         files["hellaswag"] = write_mc(tmp_path / "noctx.bin", [(0, [1, 5], [[7], [8]]), (1, [], [[7], [8, 9]])])
         needle = "example 1: no context tokens"
+    elif case == "harness_file_in_llm8":
+        files["wikitext"] = harness_files["wikitext"]
+        needle = f"{harness_files['wikitext']}: written for --eval-compat harness, this run scores --eval-compat llm8"
+    elif case == "llm8_file_in_harness":
+        files = dict(harness_files, hellaswag=eval_files["hellaswag"])
+        compat = "harness"
+        needle = f"{eval_files['hellaswag']}: written for --eval-compat llm8, this run scores --eval-compat harness"
+    elif case == "bad_compat":
+        compat = "lm-eval"
+        needle = "flag --eval-compat: 'lm-eval' is not llm8 or harness"
+    elif case == "truncated_harness_mc":
+        # one character count short: the examples' stream ends a word early
+        files = dict(harness_files, hellaswag=truncate(harness_files["hellaswag"], tmp_path / "hs_harness.bin", 2))
+        compat = "harness"
+        needle = "hs_harness.bin"
     if case == "h2":
         args = ["-h", "2"]
         needle = "flag -h"
@@ -388,7 +425,7 @@ def test_bad_input_one_line_error(trainer, eval_files, tmp_path, case):
         args = ["--hellaswag", files["hellaswag"]]
         needle = "--hellaswag"
     else:
-        args = eval_flags(files)
+        args = eval_flags(files, compat)
     assert_one_line_error(run([trainer, *FLAGS, "-x", "0", *args, *extra]), needle)
 
 
@@ -453,7 +490,8 @@ def test_ranks_with_other_eval_files_stop(eval_files, tmp_path):
     """Two ranks reading different LAMBADA files at start-up (a node with another copy): their rows
     differ, so would their forwards; the start-up agreement stops both, naming the flag, in one line."""
     other = tmp_path / "lambada_other.bin"
-    r = run_script("lambada.py", write_jsonl(tmp_path / "other.jsonl", [{"text": t} for t in LAMBADA[:2]]), "--out", other)
+    r = run_script("lambada.py", write_jsonl(tmp_path / "other.jsonl", [{"text": t} for t in LAMBADA[:2]]), "--out", other,
+                   "--eval-compat", "llm8")
     assert r.returncode == 0, r.stderr
     args = [*FLAGS, "-x", "0", *eval_flags(eval_files)]
     cmd = [MPIRUN, "--oversubscribe", "-np", "1", REPO / "train_llama_cpu", *args, ":",
