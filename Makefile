@@ -192,7 +192,7 @@ EMU_CXXFLAGS = -x c++ -std=c++17 -DOMPI_SKIP_MPICXX=1 -DMPICH_SKIP_MPICXX=1 $(EM
 	$(if $(filter 1,$(EMU_ASAN)),-fsanitize=address)
 EMU_LIBS = -lboost_context -lgomp $(filter-out -pthread,$(MPI_LIBS)) -lpthread $(if $(filter 1,$(USE_CJSON)),-lcjson) \
 	$(if $(filter 1,$(EMU_ASAN)),-fsanitize=address)
-EMU_RUNTIME_SRCS = emu/runtime.cpp emu/sanitizer_defaults.cpp
+EMU_RUNTIME_SRCS = emu/runtime.cpp emu/nvtx.cpp emu/sanitizer_defaults.cpp
 EMU_LIB_SRCS = $(wildcard emu/cublaslt.cpp emu/nccl.cpp) $(if $(wildcard emu/nccl.cpp),,emu/nccl_stub.cpp)
 EMU_OBJS = $(patsubst emu/%.cpp,$(EMU_DIR)/%.o,$(EMU_RUNTIME_SRCS) $(EMU_LIB_SRCS))
 EMU_HEADERS = $(wildcard emu/*.h emu/cub/block/*.cuh)
@@ -219,9 +219,9 @@ $(EMU_DIR)/attention_smem: emu/tests/attention_smem.cpp $(EMU_OBJS) $(HEADERS) $
 	$(CXX) $(EMU_CXXFLAGS) -I. $< -x none $(EMU_OBJS) -o $@ $(EMU_LIBS)
 
 # The intrinsics, barrier and block reduction of emu/ against NVIDIA's documentation (dev/test/test_emu.py).
-$(EMU_DIR)/test_intrinsics: emu/tests/test_intrinsics.cpp $(EMU_DIR)/runtime.o $(EMU_HEADERS) | $(SETUP_STAMP)
+$(EMU_DIR)/test_intrinsics: emu/tests/test_intrinsics.cpp $(EMU_DIR)/runtime.o $(EMU_DIR)/nvtx.o $(EMU_HEADERS) | $(SETUP_STAMP)
 	@mkdir -p $(@D)
-	$(CXX) $(EMU_CXXFLAGS) $< -x none $(EMU_DIR)/runtime.o -o $@ $(EMU_LIBS)
+	$(CXX) $(EMU_CXXFLAGS) $< -x none $(EMU_DIR)/runtime.o $(EMU_DIR)/nvtx.o -o $@ $(EMU_LIBS)
 
 # Kernel playground (not part of `all`): every GPU op against the CPU reference object, like test_llama.
 # The CPU side of test_llama's production checks, timed (scripts/device_check.sh budgets from it; no GPU).

@@ -551,7 +551,10 @@ int main(int argc, char** argv) {
     setenv("LLM8_DETERMINISTIC", "1", 0);
     /* one rank: the device and the communication stream of the checkpoint and ZeRO checks, no NCCL
        (only nccl_one_rank starts it); listing the checks needs no GPU */
-    if (!(argc == 2 && strcmp(argv[1], "--list") == 0)) comm_init(&argc, &argv);
+    int listing = argc == 2 && strcmp(argv[1], "--list") == 0;
+    if (!listing) comm_init(&argc, &argv);
     g_seed = test_seed(argc, argv);
-    return run_checks(CHECKS, (int)(sizeof(CHECKS) / sizeof(CHECKS[0])), argc, argv);
+    int status = run_checks(CHECKS, (int)(sizeof(CHECKS) / sizeof(CHECKS[0])), argc, argv);
+    if (!listing) comm_finalize(); /* a launcher (mpirun) takes an exit without MPI_Finalize for a failure */
+    return status;
 }

@@ -95,7 +95,7 @@ static inline void comm_barrier(void);
 /* ---------------------------------------------------------------- memory plan */
 
 /* Most MemoryEstimate entries comm_workspaces writes. */
-#define MAX_COMM_WORKSPACES 2
+#define MAX_COMM_WORKSPACES 5
 /* The memory this implementation allocates for a run's collectives beside the model's buffers (scratch,
    the library's own buffers), as named entries in out; returns how many. largest_piece: elements of the
    largest shard piece of the layout (ZeRO-1/2), largest_segment: of the largest segment (ZeRO-0). */
@@ -127,23 +127,27 @@ static inline int launcher_rank(void) {
 }
 
 /*
- * The node-local rank a launcher announces through the environment, or -1 when none did; *var names the
- * variable read. Open MPI's and MPICH/Intel MPI's own variables come before Slurm's and torchrun-style
- * LOCAL_RANK, because mpirun started inside a Slurm allocation inherits the batch step's SLURM_LOCALID
- * (0 on every rank) while setting its own. The GPU build selects its device from it before MPI_Init.
+ * The variables through which launchers announce a process's node-local rank, in the order read: Open
+ * MPI's and MPICH/Intel MPI's own come before Slurm's and torchrun-style LOCAL_RANK, because mpirun started
+ * inside a Slurm allocation inherits the batch step's SLURM_LOCALID (0 on every rank) while setting its own.
  */
-static inline int launcher_local_rank(const char** var) {
-    const char* vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"};
-    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
-        const char* v = getenv(vars[i]);
+static const char* const LAUNCHER_LOCAL_RANK_VARS[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID",
+                                                       "LOCAL_RANK"};
+#define NUM_LAUNCHER_LOCAL_RANK_VARS ((int)(sizeof(LAUNCHER_LOCAL_RANK_VARS) / sizeof(LAUNCHER_LOCAL_RANK_VARS[0])))
+
+/* The node-local rank the first set variable of LAUNCHER_LOCAL_RANK_VARS announces (*var: its index), or
+   -1 (*var -1) when none is set to a number. The GPU build selects its device from it before MPI_Init. */
+static inline int launcher_local_rank(int* var) {
+    for (int i = 0; i < NUM_LAUNCHER_LOCAL_RANK_VARS; i++) {
+        const char* v = getenv(LAUNCHER_LOCAL_RANK_VARS[i]);
         char* end = NULL;
         long n = v != NULL ? strtol(v, &end, 10) : -1;
         if (v != NULL && end != v && *end == '\0' && n >= 0 && n < 1 << 20) {
-            *var = vars[i];
+            *var = i;
             return (int)n;
         }
     }
-    *var = NULL;
+    *var = -1;
     return -1;
 }
 

@@ -73,13 +73,14 @@ static inline void comm_reduce_scatter_fp8(const float* send, float* recv, size_
 #ifdef LLM8_MPI
     int W = g_dist.world;
     size_t step = comm_fp8_step(W);
-    size_t cap = grad_fp8_block_bytes(n < step ? n : step);
-    uint8_t* out = (uint8_t*)mallocCheck((size_t)W * cap + 1);
+    size_t cap = grad_fp8_block_stride(n < step ? n : step);
+    /* zeroed: the padding after each block travels too (MPI_Alltoall's counts are equal) */
+    uint8_t* out = (uint8_t*)callocCheck((size_t)W * cap + 1, 1);
     uint8_t* in = (uint8_t*)mallocCheck((size_t)W * cap + 1);
     for (size_t begin = 0; begin < n; begin += step) {
-        size_t len = n - begin < step ? n - begin : step, bytes = grad_fp8_block_bytes(len);
-        for (int r = 0; r < W; r++) grad_fp8_pack(out + (size_t)r * bytes, send + (size_t)r * n + begin, len);
-        mpiCheck(MPI_Alltoall(out, (int)bytes, MPI_BYTE, in, (int)bytes, MPI_BYTE, MPI_COMM_WORLD));
+        size_t len = n - begin < step ? n - begin : step, stride = grad_fp8_block_stride(len);
+        for (int r = 0; r < W; r++) grad_fp8_pack(out + (size_t)r * stride, send + (size_t)r * n + begin, len);
+        mpiCheck(MPI_Alltoall(out, (int)stride, MPI_BYTE, in, (int)stride, MPI_BYTE, MPI_COMM_WORLD));
         grad_fp8_sum(recv + begin, in, W, len, accumulate);
     }
     free(out);
@@ -243,21 +244,21 @@ static inline int comm_workspaces(int world, int zero_stage, CommWire wire, size
     size_t W = (size_t)world;
     if (wire == WIRE_FP8 && world > 1) {
         if (zero_stage > 0) {
-            out[0] = (MemoryEstimate){"mpi_fp8_reduce_scatter", 2 * W * grad_fp8_block_bytes(largest_piece), 0,
-                                      "FP8 reduce-scatter blocks (host)"};
+            out[0] = (MemoryEstimate){"mpi_fp8_reduce_scatter", 2 * W * grad_fp8_block_stride(largest_piece), 0,
+                                      "FP8 reduce-scatter blocks (host)", NULL};
             return 1;
         }
         size_t piece = comm_fp8_piece(largest_segment, world);
-        out[0] = (MemoryEstimate){"mpi_fp8_all_reduce", 2 * W * piece * sizeof(float) + 2 * W * grad_fp8_block_bytes(piece), 0,
-                                  "FP8 all-reduce padding, blocks and gather (host)"};
+        out[0] = (MemoryEstimate){"mpi_fp8_all_reduce", 2 * W * piece * sizeof(float) + 2 * W * grad_fp8_block_stride(piece), 0,
+                                  "FP8 all-reduce padding, blocks and gather (host)", NULL};
         return 1;
     }
     if (zero_stage > 0) {
-        out[0] = (MemoryEstimate){"mpi_reduce_scatter", 2 * W * largest_piece * sizeof(float), 0, "reduce-scatter staging (host)"};
+        out[0] = (MemoryEstimate){"mpi_reduce_scatter", 2 * W * largest_piece * sizeof(float), 0, "reduce-scatter staging (host)", NULL};
         return 1;
     }
     if (world == 1) return 0;
-    out[0] = (MemoryEstimate){"mpi_all_reduce", W * largest_segment * sizeof(float), 0, "all-reduce staging (host)"};
+    out[0] = (MemoryEstimate){"mpi_all_reduce", W * largest_segment * sizeof(float), 0, "all-reduce staging (host)", NULL};
     return 1;
 }
 

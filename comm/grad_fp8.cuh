@@ -18,10 +18,10 @@ struct AmaxCombineOp {
 };
 
 /* pieces pieces of n elements each, piece p at x + p * n, into blocks of grad_fp8_block_bytes(n) at
-   blocks + p * bytes; one thread block of BLOCK_THREADS (block_reduce's size) per chunk, grid-stride over
-   the pieces * chunks. */
+   blocks + p * grad_fp8_block_stride(n); one thread block of BLOCK_THREADS (block_reduce's size) per
+   chunk, grid-stride over the pieces * chunks. */
 __global__ void __launch_bounds__(BLOCK_THREADS) grad_fp8_pack_kernel(uint8_t* blocks, const float* x, size_t n, size_t pieces) {
-    size_t chunks = zero_chunks(n), bytes = grad_fp8_block_bytes(n);
+    size_t chunks = zero_chunks(n), bytes = grad_fp8_block_stride(n);
     for (size_t b = blockIdx.x; b < pieces * chunks; b += gridDim.x) {
         size_t p = b / chunks, c = b % chunks;
         const float* xp = x + p * n;
@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(BLOCK_THREADS) grad_fp8_pack_kernel(uint8_t* b
 
 /* out (n) = [out +] sum over r < W of blocks[r] dequantized, in rank order (grad_fp8_sum). */
 __global__ void grad_fp8_sum_kernel(float* out, const uint8_t* blocks, int W, size_t n, int accumulate) {
-    size_t bytes = grad_fp8_block_bytes(n);
+    size_t bytes = grad_fp8_block_stride(n);
     for (size_t i = grid_index(); i < n; i += grid_stride()) {
         float v = grad_fp8_block_value(blocks, n, i);
         float acc = accumulate ? out[i] + v : v;
@@ -47,7 +47,8 @@ __global__ void grad_fp8_sum_kernel(float* out, const uint8_t* blocks, int W, si
     }
 }
 
-/* blocks (pieces * grad_fp8_block_bytes(n), device) = the pieces of x (pieces * n FP32, device), on `stream`. */
+/* blocks (pieces blocks grad_fp8_block_stride(n) bytes apart, device) = the pieces of x (pieces * n FP32,
+   device), on `stream`; the padding after each block is not written. */
 static inline void grad_fp8_pack_cuda(uint8_t* blocks, const float* x, size_t n, size_t pieces, cudaStream_t stream) {
     size_t work = pieces * zero_chunks(n);
     if (work == 0) return;
@@ -56,7 +57,8 @@ static inline void grad_fp8_pack_cuda(uint8_t* blocks, const float* x, size_t n,
     launchCheck();
 }
 
-/* out (n FP32, device) = [out +] the W blocks (device) dequantized and summed in rank order, on `stream`. */
+/* out (n FP32, device) = [out +] the W blocks (device, grad_fp8_block_stride(n) bytes apart) dequantized and
+   summed in rank order, on `stream`. */
 static inline void grad_fp8_sum_cuda(float* out, const uint8_t* blocks, int W, size_t n, int accumulate, cudaStream_t stream) {
     if (n == 0) return;
     LAUNCH(grad_fp8_sum_kernel, grid_for(n, BLOCK_THREADS), BLOCK_THREADS, 0, stream)(out, blocks, W, n, accumulate);

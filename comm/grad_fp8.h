@@ -5,8 +5,9 @@
  * and sums are the CPU's bit for bit).
  *
  * A piece of n FP32 gradient elements travels as one block: n E4M3 code bytes, then one FP32 scale_inv
- * per ZERO_CHUNK-element chunk (4 * ceil(n / ZERO_CHUNK) bytes; the last chunk may be short). Each chunk
- * has its own power-of-two scale 2^floor(log2(448 / amax)) from its own amax (amax 0: scale 1), and its
+ * per ZERO_CHUNK-element chunk (4 * ceil(n / ZERO_CHUNK) bytes; the last chunk may be short); the W blocks
+ * of a reduction, one per peer, start GRAD_FP8_BLOCK_ALIGN-byte aligned. Each chunk has its own
+ * power-of-two scale 2^floor(log2(448 / amax)) from its own amax (amax 0: scale 1), and its
  * codes are fp8.h's cast (the forward cast's rounding and saturation). A chunk holding a NaN or an Inf
  * gets scale_inv NaN, so every element the receiver sums from it is NaN and the non-finite gradient
  * norm skips the step on every rank, as a non-finite FP32 gradient does.
@@ -38,6 +39,14 @@
 
 /* Bytes of a piece's block: n codes, then one FP32 scale_inv per chunk. */
 LLM8_HD static inline size_t grad_fp8_block_bytes(size_t n) { return n + sizeof(float) * zero_chunks(n); }
+
+/* Where a reduction's W blocks start, one per peer: every grad_fp8_block_stride(n) bytes, each block padded
+   to 256 bytes, cudaMalloc's alignment, so that every peer's block is as aligned for NCCL's copies and the
+   kernels' loads as the first. */
+#define GRAD_FP8_BLOCK_ALIGN 256
+LLM8_HD static inline size_t grad_fp8_block_stride(size_t n) {
+    return (grad_fp8_block_bytes(n) + GRAD_FP8_BLOCK_ALIGN - 1) / GRAD_FP8_BLOCK_ALIGN * GRAD_FP8_BLOCK_ALIGN;
+}
 
 /* A chunk's scale from its amax (amax_combine of |x|: NaN when any element is NaN): 2^floor(log2(448 /
    amax)), 1 for amax 0 or non-finite. */
@@ -84,11 +93,11 @@ static inline void grad_fp8_pack(uint8_t* block, const float* x, size_t n) {
 
 /*
  * out (n FP32) = sum over r of blocks[r] dequantized, in rank order, in FP32: out = ((out + v_0) + v_1)
- * + ... when accumulate, else (v_0 + v_1) + ...; blocks: W blocks of grad_fp8_block_bytes(n) bytes, one
- * after the other.
+ * + ... when accumulate, else (v_0 + v_1) + ...; blocks: W blocks of n elements, grad_fp8_block_stride(n)
+ * bytes apart.
  */
 static inline void grad_fp8_sum(float* out, const uint8_t* blocks, int W, size_t n, int accumulate) {
-    size_t bytes = grad_fp8_block_bytes(n);
+    size_t bytes = grad_fp8_block_stride(n);
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
         float v = grad_fp8_block_value(blocks, n, i);

@@ -3,8 +3,9 @@
  * sub-buffers, each aligned to BUFFER_ALIGN bytes; the table gives the allocation's size, points every
  * sub-buffer into it and prints the sizes in MiB at start-up. The model lays out its state, activations
  * and communication buffers this way, and the memory plan (--dry-run) sums the same tables without
- * allocating them. Memory allocated outside such tables (library workspaces, grow-only scratch) is
- * described to the plan as MemoryEstimate entries.
+ * allocating them. Memory allocated outside such tables (library workspaces, op scratch) is described
+ * to the plan as MemoryEstimate entries, and the trainer sizes the scratch from those same entries at
+ * start-up, so that nothing is allocated once the steps run (docs/memory.md).
  */
 #pragma once
 
@@ -66,11 +67,21 @@ static inline void buffers_print(const char* title, const BufferSpec* specs, int
     }
 }
 
+/* Device scratch of an op or a collective (core/cuda_utils.cuh scratch_reserve), named as the memory
+   plan's entry that sizes it. */
+typedef struct {
+    void* ptr;
+    size_t bytes;
+    const char* name;
+} DeviceScratch;
+
 /* A named allocation outside the tables, for the memory plan: bytes, exact or an upper bound or an
-   estimate (estimate set), with what it is. */
+   estimate (estimate set), with what it is, and the scratch that holds it when the run sizes it at
+   start-up from this entry (backend_reserve_workspaces; NULL: allocated elsewhere, or not ours). */
 typedef struct {
     const char* name;
     size_t bytes;
     int estimate;
     const char* what;
+    DeviceScratch* scratch;
 } MemoryEstimate;

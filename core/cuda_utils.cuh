@@ -1,10 +1,10 @@
 /*
  * Device-side helpers shared by every CUDA file of the project (the FP8 kernels in fp8/, the backend's
  * kernels in cuda/): launch geometry of grid-stride loops, BF16 <-> FP32 conversions with the rounding
- * the CPU reference emulates, deterministic block reductions (CUB), grow-only scratch buffers and the
- * shared-memory opt-in. Knows nothing of the model: no activation type, no ops. Everything runs on the
- * legacy default stream, so ops are ordered with each other and with the synchronous cudaMemcpy
- * uploads and downloads without explicit events.
+ * the CPU reference emulates, deterministic block reductions (CUB), llm8's own device allocations
+ * (counted), op scratch sized at start-up, and the shared-memory opt-in. Knows nothing of the model: no
+ * activation type, no ops. Everything runs on the legacy default stream, so ops are ordered with each
+ * other and with the synchronous cudaMemcpy uploads and downloads without explicit events.
  */
 #pragma once
 
@@ -12,7 +12,9 @@
 #include <cuda_runtime.h>
 
 #include <cub/block/block_reduce.cuh>
+#include <unordered_map>
 
+#include "buffers.h"
 #include "common.h"
 #include "cuda_check.h"
 
@@ -47,21 +49,59 @@ __device__ __forceinline__ __nv_bfloat16 f_to_bf16(float x) { return __float2bfl
 __device__ __forceinline__ size_t grid_index(void) { return (size_t)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ size_t grid_stride(void) { return (size_t)gridDim.x * blockDim.x; }
 
-/* Grow-only device scratch (ops run one at a time on one stream, so a buffer is never in use twice). */
-typedef struct {
-    void* ptr;
-    size_t bytes;
-} DeviceScratch;
+/*
+ * Every cudaMalloc of llm8's own code (dev_alloc, the scratch below, the cuBLASLt workspace) goes through
+ * device_alloc, which keeps the live bytes: the memory report after step 1 compares them with the plan
+ * and with cudaMemGetInfo, whose remainder is the CUDA context's and the libraries' (docs/memory.md).
+ */
+static std::unordered_map<void*, size_t> g_device_allocs;
+static size_t g_device_bytes = 0;
 
-/* Returns at least `bytes` of s; growing waits for pending work that may still read the old buffer. */
+static inline cudaError_t device_alloc(void** p, size_t bytes) {
+    cudaError_t err = cudaMalloc(p, bytes);
+    if (err == cudaSuccess) {
+        g_device_allocs[*p] = bytes;
+        g_device_bytes += bytes;
+    }
+    return err;
+}
+static inline void device_free(void* p) {
+    if (p == NULL) return;
+    auto it = g_device_allocs.find(p);
+    if (it != g_device_allocs.end()) {
+        g_device_bytes -= it->second;
+        g_device_allocs.erase(it);
+    }
+    cudaCheck(cudaFree(p));
+}
+
+/*
+ * Scratch is sized once at start-up from the memory plan's entry (scratch_size, called by the trainer's
+ * backend_reserve_workspaces); the trainer then fixes every scratch (g_scratch_fixed), so that a step
+ * never reallocates: a cudaFree and cudaMalloc mid-step would wait for every stream, the communication
+ * stream included. A fixed scratch asked for more stops the run naming it (its plan entry undercounts).
+ * Programs that never fix them (test_llama) let a scratch grow.
+ */
+static int g_scratch_fixed = 0;
+
+/* Makes s exactly `bytes` long (contents lost); waits for pending work that may still read the old buffer. */
+static inline void scratch_size(DeviceScratch* s, size_t bytes) {
+    if (s->bytes == bytes && (s->ptr != NULL || bytes == 0)) return;
+    if (s->ptr) {
+        cudaCheck(cudaDeviceSynchronize());
+        device_free(s->ptr);
+        s->ptr = NULL;
+    }
+    if (bytes > 0) cudaCheck(device_alloc(&s->ptr, bytes));
+    s->bytes = bytes;
+}
+
+/* At least `bytes` of s: grows it (scratch_size) unless scratch is fixed, where it stops the run. */
 static inline void* scratch_reserve(DeviceScratch* s, size_t bytes) {
     if (s->bytes < bytes) {
-        if (s->ptr) {
-            cudaCheck(cudaDeviceSynchronize());
-            cudaCheck(cudaFree(s->ptr));
-        }
-        cudaCheck(cudaMalloc(&s->ptr, bytes));
-        s->bytes = bytes;
+        if (g_scratch_fixed)
+            die("%s scratch: %zu bytes needed, %zu sized at start-up: its memory plan entry undercounts it", s->name, bytes, s->bytes);
+        scratch_size(s, bytes);
     }
     return s->ptr;
 }

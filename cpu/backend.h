@@ -27,6 +27,8 @@ typedef float act_t;
 #define LLM8_BACKEND_MATH "BLAS (its OPENBLAS_* variables must reach every rank: mpirun -x)"
 /* The CPU emulation can model Hopper's FP8 accumulation (--fp8-accum hopper, fp8/gemm_hopper.h). */
 #define BACKEND_MODELS_FP8_ACCUM 1
+/* Nothing is loaded or planned at first use here: no warm-up before the steps. */
+#define BACKEND_WARMS_UP 0
 
 #include "../llama/backend.h"
 #include "../llama/op_math.h"
@@ -73,6 +75,13 @@ static inline double backend_peak_flops(Precision p) {
     return 0.0;
 }
 static inline double backend_memory_mib(void) { return 0.0; }
+static inline int backend_memory_usage(size_t* ours, size_t* in_use) {
+    *ours = *in_use = 0;
+    return 0;
+}
+static inline void backend_load_kernels(void) {}
+static inline void backend_range_push(const char* name) { (void)name; }
+static inline void backend_range_pop(void) {}
 /* Host RAM (the CPU build trains in host memory). */
 static inline size_t backend_memory_total(const char** what) {
     *what = "host RAM";
@@ -92,9 +101,9 @@ static inline int backend_workspaces(const WorkspaceQuery* q, MemoryEstimate* ou
     if (q->precision == PRECISION_FP8) {
         /* A: W or W^T (OC C) or X^T (C N); B: X (N C), dY or dY^T (N OC) */
         size_t a = out_max * C > N * in_max ? out_max * C : N * in_max;
-        out[n++] = (MemoryEstimate){"gemm_decode_a", a * sizeof(float), 0, "FP8 GEMM A operand decoded to floats"};
+        out[n++] = (MemoryEstimate){"gemm_decode_a", a * sizeof(float), 0, "FP8 GEMM A operand decoded to floats", NULL};
         out[n++] = (MemoryEstimate){"gemm_decode_b", N * (out_max > in_max ? out_max : in_max) * sizeof(float), 0,
-                                    "FP8 GEMM B operand decoded to floats"};
+                                    "FP8 GEMM B operand decoded to floats", NULL};
         if (q->fp8_accum == FP8_ACCUM_HOPPER) {
             /* gemm_hopper: 2 (m + n) k bytes; fprop (OC + N) C, dgrad (C + N) OC, wgrad (C + OC) N per linear */
             const size_t dims[4][2] = {{QKV, C}, {C, C}, {2 * F, C}, {C, F}}; /* (OC, C): wqkv, wo, w13, w2 */
@@ -105,14 +114,21 @@ static inline int backend_workspaces(const WorkspaceQuery* q, MemoryEstimate* ou
                 for (int g = 0; g < 3; g++) most = per[g] > most ? per[g] : most;
             }
             out[n++] = (MemoryEstimate){"gemm_hopper", 2 * most, 0,
-                                        "FP8 GEMM operands decoded for the Hopper model (--fp8-accum hopper)"};
+                                        "FP8 GEMM operands decoded for the Hopper model (--fp8-accum hopper)", NULL};
         }
     }
     out[n++] = (MemoryEstimate){"gemm_accumulate", (out_max > V ? out_max : V) * C * sizeof(float), 0,
-                                "a wgrad's product before it is added (the largest weight)"};
+                                "a wgrad's product before it is added (the largest weight)", NULL};
     out[n++] = (MemoryEstimate){"encoder_backward", 2 * N * sizeof(int) + (N + 1) * sizeof(size_t), 0,
-                                "embedding backward: (token, position) sort and bucket starts"};
+                                "embedding backward: (token, position) sort and bucket starts", NULL};
     return n;
+}
+
+/* The CPU's scratch is host memory the ops grow themselves: nothing to size. */
+static inline void backend_reserve_workspaces(const MemoryEstimate* ws, int n, size_t tokens) {
+    (void)ws;
+    (void)n;
+    (void)tokens;
 }
 
 /* Attention backward reads the softmax probabilities: (B, NH, T, T) floats per layer. */
@@ -598,6 +614,10 @@ static inline void op_cast_transpose_master(uint8_t* out, uint8_t* out_t, const 
 
 static inline void op_fp8_clear_nonfinite(Fp8Scale* s, size_t n) {
     for (size_t i = 0; i < n; i++) s[i].nonfinite = 0.0f;
+}
+
+static inline void op_fp8_reset_amax(Fp8Scale* s, size_t n) {
+    for (size_t i = 0; i < n; i++) s[i].amax = 0.0f;
 }
 
 static inline void op_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols) {

@@ -196,7 +196,7 @@ __global__ void attention_backward_key_kernel(act_t* dqkv, const float* dsum, co
     }
 }
 
-static DeviceScratch g_attention_scratch;
+static DeviceScratch g_attention_scratch = {NULL, 0, "attention"};
 
 #endif /* !USE_CUDNN */
 

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include "../core/cuda_utils.cuh"
 #include "../fp8/cast_cuda.cuh"
@@ -27,6 +28,8 @@ typedef __nv_bfloat16 act_t;
 #define LLM8_BACKEND_MATH "GPU and cuBLASLt"
 /* The GPU accumulates as its tensor cores do: --fp8-accum hopper is refused (train/trainer.h). */
 #define BACKEND_MODELS_FP8_ACCUM 0
+/* Kernels load, GEMMs are planned and attention graphs built at first use: the trainer warms up. */
+#define BACKEND_WARMS_UP 1
 
 #include "../llama/backend.h"
 #include "optimizer.cuh"
@@ -42,7 +45,7 @@ typedef __nv_bfloat16 act_t;
 /* cudaMalloc that stops naming the size and the free memory when it fails. */
 static inline void* dev_alloc(size_t bytes) {
     void* p = NULL;
-    cudaError_t err = cudaMalloc(&p, bytes > 0 ? bytes : 1);
+    cudaError_t err = device_alloc(&p, bytes > 0 ? bytes : 1);
     if (err != cudaSuccess) {
         size_t free_bytes = 0, total = 0;
         cudaMemGetInfo(&free_bytes, &total);
@@ -51,7 +54,7 @@ static inline void* dev_alloc(size_t bytes) {
     }
     return p;
 }
-static inline void dev_free(void* p) { cudaCheck(cudaFree(p)); }
+static inline void dev_free(void* p) { device_free(p); }
 /* Synchronous copies, ordered after all queued work on the default stream. */
 static inline void dev_upload(void* dst, const void* src, size_t bytes) {
     cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
@@ -66,7 +69,8 @@ static inline void dev_copy(void* dst, const void* src, size_t bytes) {
 
 /* Pinned staging buffers of dev_upload_async, used in turn: a buffer is rewritten only after its last
    upload has completed (its event), which with this many in turn is long done in the step loop (tokens,
-   targets and the embedding backward's bucketing: three uploads per micro-step). Grow-only. */
+   targets and the embedding backward's bucketing: three uploads per micro-step). Sized at start-up
+   (backend_reserve_workspaces: the largest upload of a step); they grow only where nothing sized them. */
 #define UPLOAD_STAGES 8
 typedef struct {
     void* host;
@@ -77,6 +81,15 @@ typedef struct {
 static UploadStage g_upload_stages[UPLOAD_STAGES];
 static int g_upload_next = 0;
 
+/* Makes stage s hold at least `bytes` (cudaFreeHost waits for the device: start-up only, or unsized). */
+static inline void upload_stage_size(UploadStage* s, size_t bytes) {
+    if (s->bytes >= bytes) return;
+    if (g_scratch_fixed) die("upload staging: %zu bytes needed, %zu sized at start-up", bytes, s->bytes);
+    if (s->host) cudaCheck(cudaFreeHost(s->host));
+    cudaCheck(cudaMallocHost(&s->host, bytes));
+    s->bytes = bytes;
+}
+
 static inline void dev_upload_async(void* dst, const void* src, size_t bytes) {
     if (bytes == 0) return;
     UploadStage* s = &g_upload_stages[g_upload_next];
@@ -84,11 +97,7 @@ static inline void dev_upload_async(void* dst, const void* src, size_t bytes) {
     if (s->used) cudaCheck(cudaEventSynchronize(s->copied));
     else cudaCheck(cudaEventCreateWithFlags(&s->copied, cudaEventDisableTiming));
     s->used = 1;
-    if (s->bytes < bytes) {
-        if (s->host) cudaCheck(cudaFreeHost(s->host));
-        cudaCheck(cudaMallocHost(&s->host, bytes));
-        s->bytes = bytes;
-    }
+    upload_stage_size(s, bytes);
     memcpy(s->host, src, bytes);
     cudaCheck(cudaMemcpyAsync(dst, s->host, bytes, cudaMemcpyHostToDevice, 0));
     cudaCheck(cudaEventRecord(s->copied, 0));
@@ -155,8 +164,10 @@ static inline void backend_init(Precision p) {
             g_device_prop.major, g_device_prop.minor);
 }
 
-/* Waits for all queued GPU work; surfaces asynchronous kernel faults here. */
-static inline void backend_synchronize(void) { cudaCheck(cudaDeviceSynchronize()); }
+/* Waits for the work queued on the compute stream (the legacy default stream), not for collectives still
+   running on the communication stream (the next step waits for those where it needs them); surfaces
+   asynchronous kernel faults here. No cudaDeviceSynchronize: the step loop never drains every stream. */
+static inline void backend_synchronize(void) { cudaCheck(cudaStreamSynchronize(0)); }
 
 static inline const char* backend_name(void) { return "cuda"; }
 static inline void backend_math_identity(char* out, size_t len) {
@@ -191,6 +202,23 @@ static inline double backend_memory_mib(void) {
     return mib(total - free_bytes);
 }
 
+static inline int backend_memory_usage(size_t* ours, size_t* in_use) {
+    size_t free_bytes = 0, total = 0;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total));
+    *ours = g_device_bytes;
+    *in_use = total - free_bytes;
+    return 1;
+}
+
+static inline void backend_load_kernels(void) {
+    optimizer_load_kernels();
+    fp8_load_update_kernels();
+}
+
+/* NVTX ranges (header-only NVTX 3): no-ops unless a tool such as Nsight Systems attaches. */
+static inline void backend_range_push(const char* name) { nvtxRangePushA(name); }
+static inline void backend_range_pop(void) { nvtxRangePop(); }
+
 /* Total device memory of the current GPU; 0 without a usable GPU (a dry run on a machine without one). */
 static inline size_t backend_memory_total(const char** what) {
     *what = "GPU memory (cudaMemGetInfo total)";
@@ -204,8 +232,9 @@ static inline size_t backend_memory_total(const char** what) {
     return total;
 }
 
-/* The CUDA context with cuBLASLt's and cuDNN's handles and loaded kernels: an estimate (a few hundred
-   MiB with CUDA 12+ lazy module loading on Hopper; the device check's memory row measures it). */
+/* The CUDA context with cuBLASLt's and cuDNN's handles and loaded kernels: an estimate. A context alone
+   measured 287 MB with lazy loading and 667 MB eager (pytorch/pytorch#86509); the libraries add theirs.
+   The trainer's memory report after step 1 measures it on the device (docs/memory.md). */
 #define CUDA_CONTEXT_ESTIMATE_BYTES ((size_t)1 << 30)
 
 #ifdef USE_CUDNN
@@ -227,8 +256,9 @@ static inline int backend_workspaces(const WorkspaceQuery* q, MemoryEstimate* ou
     const LlamaConfig* c = q->cfg;
     size_t N = (size_t)q->B * q->T, C = (size_t)c->dim;
     int n = 0;
-    out[n++] = (MemoryEstimate){"cuda_context", CUDA_CONTEXT_ESTIMATE_BYTES, 1, "CUDA context, cuBLASLt/cuDNN handles and kernels"};
-    out[n++] = (MemoryEstimate){"cublaslt", CUBLASLT_WORKSPACE_BYTES, 0, "cuBLASLt workspace"};
+    out[n++] = (MemoryEstimate){"cuda_context", CUDA_CONTEXT_ESTIMATE_BYTES, 1,
+                                "CUDA context, cuBLASLt/cuDNN handles and kernels (287 MB lazy, pytorch/pytorch#86509, + libraries)", NULL};
+    out[n++] = (MemoryEstimate){"cublaslt", CUBLASLT_WORKSPACE_BYTES, 0, "cuBLASLt workspace", NULL};
 #ifdef USE_CUDNN
     /* the backward's workspace (the forward's is smaller: it keeps no dQ accumulator or dP) on the path
        cuDNN takes for this run: the deterministic backward (LLM8_DETERMINISTIC=1) on Hopper holds dP,
@@ -239,18 +269,26 @@ static inline int backend_workspaces(const WorkspaceQuery* q, MemoryEstimate* ou
     CudnnAttWorkspace att = cudnn_att_backward_workspace(q->B, q->T, c->n_heads, c->n_kv_heads, c->dim / c->n_heads,
                                                          cudnn_att_deterministic_env(), sm);
     snprintf(attention_what, sizeof(attention_what), "%s%s", att.what, assumed ? "; no GPU here: planned for Hopper" : "");
-    out[n++] = (MemoryEstimate){"cudnn_attention", att.bytes, 1, attention_what};
+    out[n++] = (MemoryEstimate){"cudnn_attention", att.bytes, 1, attention_what, NULL};
 #else
     size_t rows = (size_t)q->B * (size_t)c->n_heads * (size_t)q->T;
-    out[n++] = (MemoryEstimate){"attention", rows * sizeof(float), 0, "fallback attention backward row sums"};
+    out[n++] = (MemoryEstimate){"attention", rows * sizeof(float), 0, "fallback attention backward row sums", &g_attention_scratch};
 #endif
     out[n++] = (MemoryEstimate){"encoder_backward", (3 * N + 1) * sizeof(int), 0,
-                                "embedding backward: positions, bucket starts and tokens (N distinct at most)"};
+                                "embedding backward: positions, bucket starts and tokens (N distinct at most)", &g_encoder_scratch};
     out[n++] = (MemoryEstimate){"rmsnorm_backward", (N < RMSNORM_BWD_BLOCKS ? N : RMSNORM_BWD_BLOCKS) * C * sizeof(float), 0,
-                                "RMSNorm backward per-block weight-gradient partials"};
+                                "RMSNorm backward per-block weight-gradient partials", &g_rmsnorm_scratch};
     out[n++] = (MemoryEstimate){"grad_norm_sum", 2 * ceil_div(q->grad_chunks, F64_SUM_BLOCK) * sizeof(double), 0,
-                                "gradient norm: levels of the chunk sum"};
+                                "gradient norm: levels of the chunk sum", &g_sum_f64_scratch};
     return n;
+}
+
+/* The largest upload of a step is op_encoder_backward's bucketing, 3 N + 1 ints (tokens and targets: N). */
+static inline void backend_reserve_workspaces(const MemoryEstimate* ws, int n, size_t tokens) {
+    for (int i = 0; i < n; i++)
+        if (ws[i].scratch != NULL) scratch_size(ws[i].scratch, ws[i].bytes);
+    for (int i = 0; i < UPLOAD_STAGES; i++) upload_stage_size(&g_upload_stages[i], (3 * tokens + 1) * sizeof(int));
+    g_scratch_fixed = 1;
 }
 
 /* Attention keeps the softmax log-sum-exp per (b, head, query): (B, NH, T) floats per layer. */
@@ -311,7 +349,7 @@ static inline void backend_profile_end(double* ms) {
     for (int p = 0; p < PROF_PHASES; p++) {
         if (g_prof_open[p] >= 0) die("profiling: phase %s still open at the end of the step", PROF_PHASE_NAMES[p]);
     }
-    cudaCheck(cudaDeviceSynchronize());
+    if (g_prof_count > 0) cudaCheck(cudaEventSynchronize(g_prof_intervals[g_prof_count - 1].stop)); /* all on stream 0 */
     for (int i = 0; i < g_prof_count; i++) {
         float elapsed = 0.0f;
         cudaCheck(cudaEventElapsedTime(&elapsed, g_prof_intervals[i].start, g_prof_intervals[i].stop));
@@ -371,6 +409,8 @@ static inline void op_fp8_clear_nonfinite(Fp8Scale* s, size_t n) {
     if (n == 0) return;
     cudaCheck(cudaMemset2DAsync(&s->nonfinite, sizeof(Fp8Scale), 0, sizeof(float), n, 0));
 }
+
+static inline void op_fp8_reset_amax(Fp8Scale* s, size_t n) { fp8_reset_amax_cuda(s, n); }
 
 static inline void op_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols) {
     backend_timer_start(PROF_FP8_CAST);

@@ -38,7 +38,7 @@ __global__ void encoder_backward_kernel(float* dwte, const act_t* dout, const in
     dwte[dst] += acc;
 }
 
-static DeviceScratch g_encoder_scratch;
+static DeviceScratch g_encoder_scratch = {NULL, 0, "encoder_backward"};
 
 /*
  * dwte (V, C) FP32 += scatter of dout (N, C) by token. Deterministic without atomics: the host tokens

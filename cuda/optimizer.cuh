@@ -50,7 +50,7 @@ __global__ void sum_f64_kernel(double* out, const double* x, size_t n) {
     if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 
-static DeviceScratch g_sum_f64_scratch;
+static DeviceScratch g_sum_f64_scratch = {NULL, 0, "grad_norm_sum"};
 
 /*
  * Sum of x (n) doubles, returned to the host (synchronizes). Deterministic for a given n: levels of
@@ -215,4 +215,13 @@ static inline void op_store_load(StoreCodec c, float* out, const void* src, cons
     if (n == 0) return;
     LAUNCH(store_load_kernel, grid_for(n, BLOCK_THREADS), BLOCK_THREADS)(out, src, c, scale_inv, n, accumulate);
     launchCheck();
+}
+
+/* Loads the update's kernels without running them (cudaFuncGetAttributes loads a kernel under CUDA's lazy
+   loading): the trainer's warm-up cannot run an update, which would change the training state. */
+static inline void optimizer_load_kernels(void) {
+    const void* kernels[] = {(const void*)adamw_kernel, (const void*)adamw_chunk_kernel, (const void*)store_add_kernel,
+                             (const void*)store_add_chunk_kernel, (const void*)store_load_kernel};
+    cudaFuncAttributes attr;
+    for (size_t i = 0; i < sizeof(kernels) / sizeof(kernels[0]); i++) cudaCheck(cudaFuncGetAttributes(&attr, kernels[i]));
 }

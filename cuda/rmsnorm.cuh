@@ -118,7 +118,7 @@ __global__ void column_sum_kernel(float* dweight, const float* partial, int bloc
     dweight[c] += s;
 }
 
-static DeviceScratch g_rmsnorm_scratch;
+static DeviceScratch g_rmsnorm_scratch = {NULL, 0, "rmsnorm_backward"};
 
 /*
  * RMSNorm backward. With xh = x * rstd: dinp (N, C) += rstd * (g - xh * mean(g * xh)), g = dout * w,

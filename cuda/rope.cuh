@@ -6,21 +6,24 @@
 #include "../core/cuda_utils.cuh"
 #include "../llama/op_math.h"
 
-/* One thread per rotated pair (x_i, x_{i+HS/2}) of one q or k head of one token. */
-__global__ void rope_kernel(act_t* qkv, const float* cos_t, const float* sin_t, size_t BT, int T, int heads, int HS,
-                            size_t QKV, float direction) {
-    int half = HS / 2;
-    size_t total = BT * heads * half;
-    for (size_t idx = grid_index(); idx < total; idx += grid_stride()) {
-        int i = (int)(idx % half);
-        size_t rest = idx / half;
-        int h = (int)(rest % heads);
-        size_t bt = rest / heads;
-        int t = (int)(bt % T);
-        act_t* v = qkv + bt * QKV + (size_t)h * HS;
-        float c = cos_t[t * half + i], s = direction * sin_t[t * half + i];
+/*
+ * One thread per rotated pair (x_i, x_{i+HS/2}) of one q or k head of one token: blockIdx.x is the token
+ * (B T < 2^31, the grid's x limit); the block's threads form rows of `lanes` = min(HS/2, blockDim.x), a
+ * row per head (blockIdx.y picks the block's heads), a lane per pair. One 32-bit division per thread,
+ * none per element.
+ */
+__global__ void rope_kernel(act_t* qkv, const float* cos_t, const float* sin_t, int T, int heads, int HS, size_t QKV,
+                            float direction) {
+    int half = HS / 2, lanes = half < (int)blockDim.x ? half : (int)blockDim.x, rows = (int)blockDim.x / lanes;
+    int lane = (int)threadIdx.x % lanes, row = (int)threadIdx.x / lanes;
+    int bt = (int)blockIdx.x, h = (int)blockIdx.y * rows + row;
+    if (row >= rows || h >= heads) return;
+    act_t* v = qkv + (size_t)bt * QKV + (size_t)h * HS;
+    const float* cos_row = cos_t + (size_t)(bt % T) * half;
+    const float* sin_row = sin_t + (size_t)(bt % T) * half;
+    for (int i = lane; i < half; i += lanes) {
         float o1, o2;
-        rope_rotate(bf16_to_f(v[i]), bf16_to_f(v[i + half]), c, s, &o1, &o2);
+        rope_rotate(bf16_to_f(v[i]), bf16_to_f(v[i + half]), cos_row[i], direction * sin_row[i], &o1, &o2);
         v[i] = f_to_bf16(o1);
         v[i + half] = f_to_bf16(o2);
     }
@@ -28,9 +31,10 @@ __global__ void rope_kernel(act_t* qkv, const float* cos_t, const float* sin_t, 
 
 static inline void rope_apply(act_t* qkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int NKV, int HS,
                               float direction) {
-    size_t BT = (size_t)B * T, QKV = (size_t)(NH + 2 * NKV) * HS;
-    LAUNCH(rope_kernel, grid_for(BT * (NH + NKV) * (HS / 2), BLOCK_THREADS), BLOCK_THREADS)(qkv, cos_t, sin_t, BT, T, NH + NKV,
-                                                                                        HS, QKV, direction);
+    int heads = NH + NKV, half = HS / 2, rows = BLOCK_THREADS / (half < BLOCK_THREADS ? half : BLOCK_THREADS);
+    size_t QKV = (size_t)(NH + 2 * NKV) * HS;
+    dim3 grid((unsigned int)((size_t)B * T), (unsigned int)ceil_div((size_t)heads, (size_t)rows));
+    LAUNCH(rope_kernel, grid, BLOCK_THREADS)(qkv, cos_t, sin_t, T, heads, HS, QKV, direction);
     launchCheck();
 }
 

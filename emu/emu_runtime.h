@@ -16,3 +16,6 @@ void emu_stream_enqueue(cudaStream_t s, std::function<void()> work);
 bool emu_is_device_ptr(const void* p, size_t bytes);
 /* Reports an emulator-detected violation: prints "emu: <what>" naming the API or kernel, then aborts. */
 [[noreturn]] void emu_fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Counts one `event` (a string literal: "cudaMalloc", "kernel loads", ...) in the innermost open NVTX
+   range (emu/nvtx.cpp), reported at exit with LLM8_EMU_COUNTS=1. */
+void emu_count(const char* event);

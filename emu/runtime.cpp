@@ -7,6 +7,8 @@
  *   LLM8_EMU_SCHEDULE=late|early  non-blocking streams run as late as the rules allow (default) or at once
  *   LLM8_EMU_RACE=1               every launch runs twice, in two thread and block orders, compared bit for bit
  *   LLM8_EMU_MEMORY=<GiB>         device capacity for cudaMalloc and cudaMemGetInfo (default 80, an H100 SXM)
+ *   LLM8_EMU_COUNTS=1             at exit, the allocations, device synchronizations and kernel loads of each
+ *                                 NVTX range of the program (emu/nvtx.cpp)
  * Violations a GPU would fault on or leave undefined stop with "emu: ..." naming the call or kernel.
  */
 #include <boost/context/detail/fcontext.hpp>
@@ -103,9 +105,17 @@ static bool is_pinned(const void* p, size_t bytes) { return p && find_alloc(g_pi
 
 static void sync_all();
 
+/* Kernels loaded so far (emu_count's "kernel loads"): under CUDA's lazy loading a kernel is loaded at its
+   first launch or attribute query (CUDA C++ Programming Guide, "Lazy Loading"). */
+static std::set<const void*> g_loaded_kernels;
+static void load_kernel(const void* kernel) {
+    if (g_loaded_kernels.insert(kernel).second) emu_count("kernel loads");
+}
+
 extern "C" {
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
+    emu_count("cudaMalloc");
     if (!p) return set_error(cudaErrorInvalidValue);
     if (g_device_used + bytes > capacity_bytes()) {
         *p = nullptr;
@@ -128,6 +138,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 
 cudaError_t cudaFree(void* p) {
     if (!p) return cudaSuccess;
+    emu_count("cudaFree");
     sync_all(); /* cudaFree synchronizes the device implicitly (CUDA Runtime API, cudaFree) */
     auto it = g_device.find((uintptr_t)p);
     if (it == g_device.end()) emu_fail("cudaFree(%p): not a live cudaMalloc allocation", p);
@@ -141,6 +152,7 @@ cudaError_t cudaFree(void* p) {
 }
 
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
+    emu_count("cudaMallocHost");
     void* q = malloc(bytes ? bytes : 1);
     if (!q) return set_error(cudaErrorMemoryAllocation);
     g_pinned[(uintptr_t)q] = bytes;
@@ -150,6 +162,7 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) {
 
 cudaError_t cudaFreeHost(void* p) {
     if (!p) return cudaSuccess;
+    emu_count("cudaFreeHost");
     sync_all();
     if (!g_pinned.erase((uintptr_t)p)) emu_fail("cudaFreeHost(%p): not a live cudaMallocHost allocation", p);
     free(p);
@@ -280,6 +293,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) {
+    emu_count("cudaDeviceSynchronize");
     sync_all();
     return cudaSuccess;
 }
@@ -480,6 +494,7 @@ static std::map<const void*, int> g_max_dynamic_smem; /* cudaFuncAttributeMaxDyn
 extern "C" {
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+    load_kernel(func);
     if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
         if (value < 0 || (size_t)value > SMEM_OPTIN_MAX) return set_error(cudaErrorInvalidValue);
         g_max_dynamic_smem[func] = value;
@@ -487,6 +502,7 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
     return cudaSuccess;
 }
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, const void* func) {
+    load_kernel(func);
     memset(a, 0, sizeof(*a));
     int bound = launch_bound(func);
     a->maxThreadsPerBlock = bound ? bound : MAX_THREADS_PER_BLOCK;
@@ -831,6 +847,7 @@ static void run_grid_twice(const EmuLaunchSpec& spec) {
 }
 
 void emu_launch_spec(EmuLaunchSpec&& spec) {
+    load_kernel(spec.kernel);
     const dim3& b = spec.block;
     const dim3& g = spec.grid;
     /* CUDA C++ Programming Guide, "Compute Capabilities" (9.0): block and grid limits */

@@ -10,8 +10,36 @@
  */
 #pragma once
 
+#include <vector>
+
 #include "fp8.h"
 #include "../core/cuda_utils.cuh"
+
+/*
+ * Every amax op (fp8_amax_cuda, a producer's fused amax, the delayed cast) first zeroes its record's amax:
+ * a 4-byte memset per op, queued on the stream, unless fp8_reset_amax_cuda has zeroed a run of records
+ * with one strided memset since (the model does so once per forward for every X and dY record): a record
+ * it zeroed skips its own memset once. Host-side bookkeeping only: each op still sets s->amax = max |x|.
+ */
+static uintptr_t g_amax_zeroed_base = 0;
+static std::vector<char> g_amax_zeroed; /* per record from the base: zeroed and not used since */
+
+static inline void fp8_reset_amax_cuda(Fp8Scale* s, size_t n) {
+    if (n == 0) return;
+    cudaCheck(cudaMemset2DAsync(&s->amax, sizeof(Fp8Scale), 0, sizeof(float), n, 0));
+    g_amax_zeroed_base = (uintptr_t)s;
+    g_amax_zeroed.assign(n, 1);
+}
+
+/* Zeroes s->amax for the op about to compute it, unless fp8_reset_amax_cuda has and nothing used it since. */
+static inline void fp8_amax_zero(Fp8Scale* s) {
+    size_t i = ((uintptr_t)s - g_amax_zeroed_base) / sizeof(Fp8Scale);
+    if ((uintptr_t)s >= g_amax_zeroed_base && i < g_amax_zeroed.size() && g_amax_zeroed[i]) {
+        g_amax_zeroed[i] = 0;
+        return;
+    }
+    cudaCheck(cudaMemsetAsync(&s->amax, 0, sizeof(float), 0));
+}
 
 /* BF16 elements per 16-byte vector load. */
 #define BF16_PER_VEC 8
@@ -62,7 +90,7 @@ __global__ void amax_master_kernel(unsigned int* amax_bits, const float* x, size
  * synchronization.
  */
 static inline void fp8_amax_cuda(Fp8Scale* s, const __nv_bfloat16* x, size_t n) {
-    cudaCheck(cudaMemsetAsync(&s->amax, 0, sizeof(float), 0));
+    fp8_amax_zero(s);
     if (n == 0) return;
     int vectorized = ((uintptr_t)x % sizeof(uint4)) == 0;
     LAUNCH(amax_kernel, grid_for(ceil_div(n, BF16_PER_VEC), BLOCK_THREADS), BLOCK_THREADS)((unsigned int*)&s->amax, x, n,
@@ -71,7 +99,7 @@ static inline void fp8_amax_cuda(Fp8Scale* s, const __nv_bfloat16* x, size_t n) 
 }
 
 static inline void fp8_amax_cuda(Fp8Scale* s, const float* x, size_t n) {
-    cudaCheck(cudaMemsetAsync(&s->amax, 0, sizeof(float), 0));
+    fp8_amax_zero(s);
     if (n == 0) return;
     LAUNCH(amax_master_kernel, grid_for(n, BLOCK_THREADS), BLOCK_THREADS)((unsigned int*)&s->amax, x, n);
     launchCheck();
@@ -96,7 +124,7 @@ __device__ __forceinline__ void fp8_amax_fused_block_end(unsigned int* amax_bits
 /* Resets s->amax (device) for a producer's fused amax and returns it as the kernel's amax_bits; NULL for s NULL. */
 static inline unsigned int* fp8_amax_fused_begin(Fp8Scale* s) {
     if (s == NULL) return NULL;
-    cudaCheck(cudaMemsetAsync(&s->amax, 0, sizeof(float), 0));
+    fp8_amax_zero(s);
     return (unsigned int*)&s->amax;
 }
 
@@ -354,7 +382,7 @@ static inline void fp8_cast_transpose_cuda(uint8_t* out, uint8_t* out_t, const f
  */
 static inline void fp8_cast_transpose_delayed_cuda(uint8_t* out, uint8_t* out_t, const __nv_bfloat16* x, size_t rows,
                                                    size_t cols, Fp8Format f, Fp8Scale* s, Fp8Counts* counts, float* record) {
-    cudaCheck(cudaMemsetAsync(&s->amax, 0, sizeof(float), 0));
+    fp8_amax_zero(s);
     if (fp8_cast_transpose_vec_ok(out, out_t, x, rows, cols))
         fp8_cast_transpose_vec_cuda(out, out_t, x, rows, cols, f, s, 0, counts, 1, (unsigned int*)record);
     else fp8_cast_transpose_tiled_cuda(out, out_t, x, rows, cols, f, s, 0, counts, 1, (unsigned int*)record);
@@ -386,6 +414,12 @@ static inline void fp8_delayed_update_cuda(Fp8Scale* s, float* history, const fl
     LAUNCH(delayed_update_kernel, grid_for(n, BLOCK_THREADS), BLOCK_THREADS)(s, history, step_amax, n, H, pos, len, algo, f,
                                                                            margin, pow2);
     launchCheck();
+}
+
+/* Loads delayed_update_kernel without running it (the trainer's warm-up: the update changes the histories). */
+static inline void fp8_load_update_kernels(void) {
+    cudaFuncAttributes attr;
+    cudaCheck(cudaFuncGetAttributes(&attr, (const void*)delayed_update_kernel));
 }
 
 /* One CT_TILE x CT_TILE tile per block, staged in shared memory so that reads and writes are coalesced. */

@@ -53,9 +53,9 @@ static int g_gemm_next_victim = 0;
 static inline void gemm_cublaslt_init(void) {
     if (g_cublaslt) return;
     cublasCheck(cublasLtCreate(&g_cublaslt));
-    cudaCheck(cudaMalloc(&g_cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES));
+    cudaCheck(device_alloc(&g_cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES));
     const float one = 1.0f;
-    cudaCheck(cudaMalloc(&g_gemm_unit_scale, sizeof(float)));
+    cudaCheck(device_alloc((void**)&g_gemm_unit_scale, sizeof(float)));
     cudaCheck(cudaMemcpy(g_gemm_unit_scale, &one, sizeof(float), cudaMemcpyHostToDevice));
 }
 

@@ -62,6 +62,21 @@ static inline void backend_math_identity(char* out, size_t len);
 static inline double backend_peak_flops(Precision p);
 /* Backend memory in use, MiB (0 when not meaningful). */
 static inline double backend_memory_mib(void);
+/* Bytes of llm8's own live allocations (*ours: dev_alloc, op scratch, the cuBLASLt workspace) and of the
+   device memory in use by everything (*in_use, cudaMemGetInfo: also the CUDA context's and the
+   libraries', and other processes'); returns 0 where the backend does not measure them (CPU). */
+static inline int backend_memory_usage(size_t* ours, size_t* in_use);
+/* Loads, without running them, the kernels a warm-up cannot run without changing the training state
+   (the update's: AdamW, the stored-format adds and loads, the delayed recipe's scale update); GPU:
+   cudaFuncGetAttributes, which loads a kernel under CUDA's lazy loading. Each backend also defines
+   BACKEND_WARMS_UP: 1 when it loads kernels, plans GEMMs or builds graphs at their first use, so that
+   the trainer warms it up before the steps (trainer_warmup). */
+static inline void backend_load_kernels(void);
+/* Opens and closes a named phase of the run on a profiler's timeline (GPU: an NVTX range, which Nsight
+   Systems shows; the emulated GPU counts its allocations and device synchronizations per range,
+   docs/emulated-gpu.md); nothing on the CPU. Ranges nest. */
+static inline void backend_range_push(const char* name);
+static inline void backend_range_pop(void);
 /* Total memory of what the backend runs on, bytes (GPU: cudaMemGetInfo's total of the current device;
    CPU: host RAM), naming it in *what; 0 when there is none (no GPU). Allocates nothing of the model. */
 static inline size_t backend_memory_total(const char** what);
@@ -79,6 +94,11 @@ typedef struct {
 /* The memory the backend's ops allocate outside the model's buffer tables for a run of this shape
    (library workspaces, grow-only scratch): writes its named entries to out, returns how many. */
 static inline int backend_workspaces(const WorkspaceQuery* q, MemoryEstimate* out);
+/* Sizes, once at start-up, the scratch of every entry that names one (backend_workspaces' and
+   comm_workspaces' entries for the run) and dev_upload_async's staging for the uploads of a forward and
+   backward of up to `tokens` tokens; from then on scratch is fixed: an op that needs more stops the run
+   naming the entry that undercounts, instead of reallocating mid-step. The CPU has nothing to size. */
+static inline void backend_reserve_workspaces(const MemoryEstimate* ws, int n, size_t tokens);
 /* Floats op_attention_forward keeps per layer for backward (the CPU keeps probabilities, the GPU log-sum-exps). */
 static inline size_t att_stats_size(size_t B, int NH, int T);
 
@@ -222,6 +242,10 @@ static inline void op_cast_transpose_master(uint8_t* out, uint8_t* out_t, const 
                                             Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts);
 /* s[i].nonfinite = 0 for the n records s (the sticky flags the casts set); the other fields are kept. */
 static inline void op_fp8_clear_nonfinite(Fp8Scale* s, size_t n);
+/* s[i].amax = 0 for the n records s, ahead of the ops that compute them (op_amax, a fused amax,
+   op_cast_transpose_delayed), each of which zeroes its own record first anyway: on the GPU one strided
+   memset here spares those ops theirs (one per cast), once per record. The other fields are kept. */
+static inline void op_fp8_reset_amax(Fp8Scale* s, size_t n);
 /* out_t (cols, rows) = in (rows, cols) transposed: FP8 codes, copied. */
 static inline void op_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols);
 /* Runs a GEMM (fp8/gemm.h: build it with gemm_fprop / gemm_dgrad / gemm_wgrad); DT_ACT outputs are

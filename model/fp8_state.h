@@ -81,6 +81,12 @@ static inline Fp8Quant fp8_quant(Fp8State* f, size_t slot, int op, int amax_fuse
     return q;
 }
 
+/* Zeroes the amax of every record of `ops` operands from op on (operand-major: one strided memset; each
+   amax op then skips its own, fp8/cast_cuda.cuh). Asynchronous. */
+static inline void fp8_reset_amaxes(Fp8State* f, int op, int ops) {
+    if (f->on) op_fp8_reset_amax(fp8_record(f, 0, op), (size_t)ops * f->slots);
+}
+
 /* Starts a step: clears the X and dY non-finite flags (the W flags describe the weights in use) and, when
    delayed, the step amaxes. Asynchronous. */
 static inline void fp8_begin_step(Fp8State* f) {

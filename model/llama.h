@@ -566,6 +566,13 @@ static inline void llama_set_modes(Llama* m, const ModelModes* modes) {
     llama_modes_changed(m);
 }
 
+/* Allocates the BF16 weight scratch of a model built without bf16_linears whose block linears must run
+   BF16 after all (a run resumed in the shadow policy's fallback): at start-up, never in a step. */
+static inline void llama_reserve_bf16_weight(Llama* m) {
+    if (m->opt.precision == PRECISION_FP8 && m->bf16_scratch == NULL)
+        m->bf16_scratch = (act_t*)dev_alloc(m->bf16_scratch_elems * sizeof(act_t));
+}
+
 /* ---------------------------------------------------------------- build */
 
 /* Linear `lin` of block `layer` (NO_LAYER: the output layer) as the build placed it. */
@@ -764,6 +771,7 @@ static inline void llama_fp8_weights_gathered(Llama* m, int bucket) {
  * driver reduces the amaxes, casts and all-gathers the rest under ZeRO-1/2.
  */
 static inline void llama_refresh_working_weights(Llama* m) {
+    fp8_reset_amaxes(&m->fp8, FP8_OP_W, 1);
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* s = &m->segs[i];
         const float* master = llama_master_piece(m, s, 1);

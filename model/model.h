@@ -181,6 +181,8 @@ static inline void llama_forward_pass(Llama* m, const int* inputs, const int* ta
     m->last_B = B;
     m->last_T = T;
     m->inputs_host = inputs;
+    /* every X and dY amax of this forward and its backward zeroed at once (the ops then skip theirs) */
+    if (!m->mode.linears_bf16) fp8_reset_amaxes(&m->fp8, FP8_OP_X, FP8_DELAYED_OPS);
     dev_upload_async(m->inputs, inputs, N * sizeof(int));
     if (targets != NULL) dev_upload_async(m->targets, targets, N * sizeof(int));
 

@@ -111,6 +111,7 @@ PREP=build/device          # what `make device-prepare` made (scripts/device_pre
 LIB_LINKS=$PWD/build/device_libs
 TEST_BIN=./test_llama
 TRAIN_BIN=./train_llama
+TRAIN_WARMUP=()            # the trainer's warm-up before step 1 (docs/performance.md): on, its default
 NOT_MEASURED="emulated: not measured"
 if [ "$EMULATED" -eq 1 ]; then
     # the rehearsal: the emulated binaries, tiny shapes, and the rows it runs (each check takes seconds there)
@@ -124,6 +125,8 @@ if [ "$EMULATED" -eq 1 ]; then
     # 32000-wide classifier under ASan), so the runs are few steps at 2 x 32 tokens
     EMU_STEPS=1            # the memory-plan runs
     EMU_TRAIN_ARGS=(-e tiny -b 2 -t 32)
+    # the emulated GPU loads nothing lazily and its budget is CPU time: no warm-up (dev/test/test_emu.py checks it)
+    TRAIN_WARMUP=(--warmup-pass 0)
     EMU_REAL_FLAGS="-e tiny -b 2 -t 32 -x 3 -v 3 -m 1 -l 1e-3 -u 2 --seed 1337"
     EMU_DATA=${EMU_DATA:-dev/data/tinyshakespeare}
     # the test_llama checks the rehearsal runs, about a second each (the others: a skip row; dev/test/test_emu.py
@@ -507,6 +510,60 @@ precision_label() {
     esac
 }
 
+# The trainer's "memory after step 1: {...}" line of LOG (train/memory_plan.h memory_report) as
+# "KEY MiB" lines: plan.<category>, allocated.<category> for the plan's categories, and plan.llm8,
+# plan.estimates, allocated.llm8, not_llm8, in_use; nothing when the run printed none.
+memory_report_of() {
+    grep -m1 '^memory after step 1: ' "$1" 2> /dev/null | awk '{
+        for (part = 1; part <= 2; part++) {
+            key = part == 1 ? "plan" : "allocated"
+            i = index($0, "\"" key "\": {"); rest = substr($0, i); obj = substr(rest, index(rest, "{") + 1); obj = substr(obj, 1, index(obj, "}") - 1)
+            n = split(obj, kv, ", ")
+            for (k = 1; k <= n; k++) { split(kv[k], p, "\": "); name = substr(p[1], 2); gsub(/ /, "_", name); printf "%s.%s %.2f\n", key, name, p[2] / 1048576 }
+        }
+        for (j = 1; j <= 2; j++) {
+            key = j == 1 ? "not_llm8" : "in_use"
+            if (match($0, "\"" key "\": [0-9]+")) { v = substr($0, RSTART, RLENGTH); sub(/.*: /, "", v); printf "%s %.2f\n", key, v / 1048576 }
+        }
+    }'
+}
+
+# Rows of a run's memory report (LOG) under LABEL: with PER_CATEGORY 1 one row per category of the plan
+# (plan against the run's tables, workspaces against llm8's allocator total less them), then llm8's
+# allocations against the plan without its estimates, and the memory that is not llm8's (context,
+# libraries) against the plan's estimates. On the GPU these are measurements (bench); on the emulated GPU
+# the plan must match what was allocated (redzones aside) and nothing may be allocated outside llm8's
+# counted allocations, while the context and libraries are not modelled.
+memory_report_rows() {
+    local log=$1 label=$2 per_category=$3 report
+    report=$(memory_report_of "$log")
+    if [ -z "$report" ]; then row "$label memory after step 1" FAIL "no memory report in $(basename "$log") (the run failed or printed none)"; return; fi
+    get() { awk -v k="$1" '$1 == k {print $2}' <<< "$report"; }
+    if [ "$per_category" = 1 ]; then
+        for c in $(awk '$1 ~ /^plan\./ {sub(/^plan\./, "", $1); print $1}' <<< "$report"); do
+            case "$c" in llm8|estimates|total) continue ;; esac
+            local p a
+            p=$(get "plan.$c"); a=$(get "allocated.$c")
+            if [ "$EMULATED" -eq 1 ]; then
+                # the emulated GPU's redzones (256 bytes per table buffer) and the trainer's few bytes outside the plan
+                row "  $label ${c//_/ }" "$(awk -v p="$p" -v a="$a" 'BEGIN {print (a >= p - 0.005 && a <= p + 0.5) ? "ok" : "FAIL"}')" \
+                    "plan $p MiB, allocated $a MiB"
+            else row "  $label ${c//_/ }" bench "plan $p MiB, allocated $a MiB"; fi
+        done
+    fi
+    local pl al est nl use
+    pl=$(get plan.llm8); al=$(get allocated.llm8); est=$(get plan.estimates); nl=$(get not_llm8); use=$(get in_use)
+    if [ "$EMULATED" -eq 1 ]; then
+        row "  $label llm8's allocations" "$(awk -v p="$pl" -v a="$al" 'BEGIN {print (a >= p - 0.005 && a <= p * 1.01 + 0.5) ? "ok" : "FAIL"}')" \
+            "plan $pl MiB without its estimates, llm8's allocator total $al MiB"
+        row "  $label not llm8's (context, libraries)" "$(awk -v n="$nl" 'BEGIN {print n == 0 ? "ok" : "FAIL"}')" \
+            "cudaMemGetInfo in use $use MiB less llm8's: $nl MiB (every allocation counted); planned ~$est MiB: $NOT_MEASURED"
+    else
+        row "  $label llm8's allocations" bench "plan $pl MiB without its estimates, llm8's allocator total $al MiB"
+        row "  $label not llm8's (context, libraries)" bench "plan ~$est MiB (estimates), measured $nl MiB (cudaMemGetInfo in use $use MiB less llm8's)"
+    fi
+}
+
 # tokens/s and MFU of the 7B-shaped model in bf16 and fp8, and its memory against the plan
 phase_throughput() {
     echo "== throughput: llama2-7b shape, $LAYERS layers, T 4096, $TOKENS_PER_STEP tokens per step, $STEPS steps"
@@ -531,6 +588,9 @@ phase_throughput() {
         else
             row "  $name memory plan" FAIL "plan ${planned:-missing (see plan_$p.log)} GiB; in use ${used:-not measured (the run failed: next row)}"
         fi
+        memory_report_rows "$log" "$name" "$([ "$p" = fp8 ] && echo 1 || echo 0)"
+        ttf=$(sed -n 's/^| time to the first step: \([0-9.]* s\) from main.*warm-up \([0-9.]* s\).*the step \([0-9.]* s\)$/\1 (warm-up \2, step 1 \3)/p' "$log" | head -1)
+        [ -n "$ttf" ] && row "  $name time to the first step" info "$ttf from main to the end of step 1"
         # cuDNN's attention workspace against the plan's figure (cuda/cudnn_att.cpp prints both at the first backward)
         att=$(sed -n 's/^| attention backward [^:]*: \(workspace [0-9.]* MiB, planned [0-9.]* MiB\).*$/\1/p' "$log" | head -1)
         if [ -n "$att" ]; then
@@ -581,7 +641,7 @@ phase_throughput_emulated() {
         s=$(budget "$TRAIN_S")
         if [ ! -x "$TRAIN_BIN" ] || [ ! -f "$SHARD" ]; then row "$label" FAIL "train_llama or the random shard is missing"; continue; fi
         if [ "$s" -eq 0 ]; then row "$label" skip "$NO_TIME"; continue; fi
-        limited "$s" "$LOGS/train_$p.log" "$TRAIN_BIN" "${EMU_TRAIN_ARGS[@]}" "${flags[@]}" -x "$EMU_STEPS" -v 0 -m 1 \
+        limited "$s" "$LOGS/train_$p.log" "$TRAIN_BIN" "${EMU_TRAIN_ARGS[@]}" "${flags[@]}" "${TRAIN_WARMUP[@]}" -x "$EMU_STEPS" -v 0 -m 1 \
             -i "$SHARD" -j "$SHARD" -o "$WORK/train_$p" -n -1
         rc=$?
         limited "$TOOL_S" "$LOGS/plan_$p.log" "$TRAIN_BIN" "${EMU_TRAIN_ARGS[@]}" "${flags[@]}" --dry-run 1
@@ -600,6 +660,7 @@ phase_throughput_emulated() {
                 printf "%s %.1f MiB planned without the ~%.0f MiB CUDA context, %.1f MiB in use: %.4f", (u <= q + 0.1 && r >= 0.95) ? "ok" : "FAIL", q, c / 1048576, u, r }')
             row "$label" "${verdict%% *}" "${verdict#* } (in use / plan, must be in [0.95, 1])"
         fi
+        [ "$rc" -eq 0 ] && memory_report_rows "$LOGS/train_$p.log" "$(precision_label "$p")" "$([ "$p" = fp8 ] && echo 1 || echo 0)"
     done
     pack_logs "$LOG_CAP"
 }
@@ -671,7 +732,7 @@ phase_real_text() {
             if [ ! -x "$TRAIN_BIN" ]; then real_ok=0; row "$label" FAIL "train_llama not built"; continue; fi
             if [ "$s" -eq 0 ]; then real_ok=0; row "$label" skip "$NO_TIME"; continue; fi
             rm -rf "$WORK/real_$p"
-            limited "$s" "$log" "$TRAIN_BIN" "${REAL_FLAGS[@]}" -i "$REAL_DATA/tiny_shakespeare_train.bin" \
+            limited "$s" "$log" "$TRAIN_BIN" "${REAL_FLAGS[@]}" "${TRAIN_WARMUP[@]}" -i "$REAL_DATA/tiny_shakespeare_train.bin" \
                 -j "$REAL_DATA/tiny_shakespeare_val.bin" -p "$p" -o "$WORK/real_$p"
             rc=$?
             cp "$WORK/real_$p/main.log" "$LOGS/real_${p}_main.log" 2> /dev/null
@@ -722,11 +783,11 @@ phase_resume() {
     else
         # cuDNN's default attention backward is not bit-reproducible; both runs take the deterministic one
         export LLM8_DETERMINISTIC=1
-        limited "$s" "$LOGS/resume_full.log" "$TRAIN_BIN" "${RESUME_ARGS[@]}" -o "$FULL"
+        limited "$s" "$LOGS/resume_full.log" "$TRAIN_BIN" "${RESUME_ARGS[@]}" "${TRAIN_WARMUP[@]}" -o "$FULL"
         rc=$?
         if [ "$rc" -eq 0 ]; then
             cp "$FULL/model_$ckpt.bin" "$FULL/state_${ckpt}_00000.bin" "$FULL/DONE_$ckpt" "$RESUMED/"
-            limited "$s" "$LOGS/resume_resumed.log" "$TRAIN_BIN" "${RESUME_ARGS[@]}" -y 1 -o "$RESUMED"
+            limited "$s" "$LOGS/resume_resumed.log" "$TRAIN_BIN" "${RESUME_ARGS[@]}" "${TRAIN_WARMUP[@]}" -y 1 -o "$RESUMED"
             rc=$?
         fi
         unset LLM8_DETERMINISTIC

@@ -23,6 +23,7 @@ typedef struct {
     int32_t resume, fp8_stats_every, max_skips, overfit, warmup, schedule;
     int32_t shadow_every, shadow_grad, shadow_fallback, shadow_patience, shadow_recover;
     int32_t eval_every, eval_hellaswag, eval_lambada, eval_wikitext; /* the sets: eval_set_hash, 0 when off */
+    int32_t warmup_pass; /* --warmup-pass: its collectives run on every rank or on none */
     float lr, final_lr_frac, weight_decay, grad_clip, shadow_tol;
     int64_t train_tokens, val_tokens;
     char build[SETTING_TEXT_LEN];
@@ -59,6 +60,7 @@ static const AgreedSetting AGREED_SETTINGS[] = {
     AGREED("--shadow-recover", shadow_recover, SETTING_I32),
     AGREED("--shadow-tol", shadow_tol, SETTING_F32),
     AGREED("--eval-every", eval_every, SETTING_I32),
+    AGREED("--warmup-pass", warmup_pass, SETTING_I32),
     AGREED("-h 1 / --hellaswag (hash of its rows)", eval_hellaswag, SETTING_I32),
     AGREED("--eval-lambada (hash of its rows)", eval_lambada, SETTING_I32),
     AGREED("--eval-wikitext (hash of its rows)", eval_wikitext, SETTING_I32),

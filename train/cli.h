@@ -74,6 +74,7 @@ typedef struct {
     int max_skips;              /* --max-skips */
     int n_layers;               /* --n-layers, overrides the preset's layer count; 0: keep */
     int profile_every;          /* --profile: per-phase times of every N-th step; 0: off */
+    int warmup_pass;            /* --warmup-pass: 1 runs a step's kernels, GEMMs and collectives once before step 1 */
     int dry_run;                /* --dry-run: print the memory plan and exit */
     int plan_ranks;             /* --ranks: ranks the plan is for; 0: this job's */
     float gpu_mem_gib;          /* --gpu-mem: memory the plan is checked against, GiB; 0: the backend's */
@@ -177,6 +178,7 @@ static const ArgSpec TRAIN_ARG_SPECS[] = {
     ARG("--max-skips", ARG_INT, max_skips, "5", "stop after this many consecutive non-finite steps"),
     ARG("--n-layers", ARG_INT, n_layers, "0", "override the preset's layer count (benchmarks)"),
     ARG("--profile", ARG_INT, profile_every, "0", "print forward/backward/optimizer/FP8-cast ms of every N-th step (0: off)"),
+    ARG("--warmup-pass", ARG_INT, warmup_pass, "1", "GPU: 1 runs every kernel, GEMM shape and collective of a step once before step 1, 0 not"),
     ARG("--dry-run", ARG_INT, dry_run, "0", "1: print the per-rank memory plan of these settings and exit (allocates and reads nothing)"),
     ARG("--ranks", ARG_INT, plan_ranks, "0", "with --dry-run: the rank count to plan for (0: 1)"),
     ARG("--gpu-mem", ARG_FLOAT, gpu_mem_gib, "0", "with --dry-run: device memory in GiB to plan against (0: the device's, or host RAM)"),
@@ -343,6 +345,7 @@ static inline void train_args_check(const TrainArgs* a) {
     if (a->val_every < 0 || a->sample_every < 0 || a->fp8_stats_every < 0 || a->profile_every < 0)
         die("flags -v, -s, --fp8-stats, --profile must be >= 0");
     if (a->ckpt_every < NO_CHECKPOINTS) die("flag -n: must be >= 0, or %d (never)", NO_CHECKPOINTS);
+    if (a->warmup_pass != 0 && a->warmup_pass != 1) die("flag --warmup-pass: must be 0 or 1");
     if (a->val_batches < -1 || a->val_batches == 0) die("flag -m: validation batches must be positive or -1 (all)");
     if (a->sample_tokens <= 0) die("flag -g: sample tokens must be positive");
     if (a->hellaswag != 0 && a->hellaswag != 1) die("flag -h: must be 0 or 1 (HellaSwag), or alone for help");

@@ -38,6 +38,7 @@ typedef struct {
     Llama* m;
     CommWire wire;
     int last_micro;                /* the running micro-step is the step's last: ZeRO-0/1 reduce now */
+    int local;                     /* the warm-up's micro-step: stage gradients as a step does, reduce nothing */
     int buffer_user[GRAD_BUFFERS]; /* ZeRO-2: the slot of the reduction last reading each buffer, or -1 */
     char* gather_pending;          /* (buckets) a weight all-gather was issued and not yet waited for */
 } DataParallel;
@@ -104,7 +105,7 @@ static void dp_grads_ready(void* ctx, int bucket) {
     Llama* m = dp->m;
     int z = m->opt.sharding.zero_stage, staged = m->opt.formats.grad_buffer != GRAD_FORMAT_FP32;
     if (staged && !dp_stage_grads(dp, bucket)) return;
-    if (z < 2 && !dp->last_micro) return;
+    if (dp->local || (z < 2 && !dp->last_micro)) return;
     if (z == 0 && m->opt.sharding.world == 1) return;
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* s = &m->segs[i];
@@ -231,4 +232,28 @@ static inline void dp_fp8_stats_end(DataParallel* dp, Fp8StatsEmit emit, void* c
         free(sums);
     }
     llama_fp8_stats_end(m, emit, ctx);
+}
+
+/*
+ * The collectives of a step, once each, before the first (the trainer's warm-up): NCCL then makes its
+ * connections (the FP8 wire's all-to-all connects to every peer) and the conversion kernels load before
+ * step 1. On the smallest segment's own buffers, which every step rewrites before reading them (ZeRO-0's
+ * gradients and ZeRO-2's gradient shard are zeroed when a step begins, ZeRO-1's shard is overwritten,
+ * the norm partials are zeroed before use, the delayed recipe's step amaxes when a step begins); the
+ * weights are published again, which casts and gathers the same bytes. Waits for all of it.
+ */
+static inline void dp_warmup(DataParallel* dp) {
+    Llama* m = dp->m;
+    int z = m->opt.sharding.zero_stage;
+    ModelSegment* s = &m->segs[0];
+    for (int i = 1; i < m->num_segs; i++) s = m->segs[i].param.count < s->param.count ? &m->segs[i] : s;
+    if (z == 0 && m->opt.sharding.world > 1) comm_all_reduce((float*)llama_grad_stored(m, s), s->param.count, dp->wire);
+    if (z > 0) {
+        const float* send = llama_grads_bucketed(m) ? llama_grad_bucket(m, s) : (const float*)llama_grad_stored(m, s);
+        comm_reduce_scatter(send, llama_grad_shard(m, s), s->shard.piece, z == 2, dp->wire);
+    }
+    if (m->layout.shards > 1) comm_all_reduce_f64(m->norm_partials, m->layout.chunks);
+    dp_fp8_reduce_step_amax(dp);
+    comm_wait_all();
+    dp_publish_weights(dp);
 }

@@ -16,6 +16,7 @@
 #pragma once
 
 #include "cli.h"
+#include "shard_io.h"
 #include "../comm/comm.h"
 #include "../model/model.h"
 
@@ -23,11 +24,11 @@
 static const char* const PLAN_CATEGORIES[] = {"master weights", "working weights", "FP8 weight copies", "gradients",
                                               "AdamW moments", "activations", "other", "workspaces"};
 #define NUM_PLAN_CATEGORIES (sizeof(PLAN_CATEGORIES) / sizeof(PLAN_CATEGORIES[0]))
-#define MAX_PLAN_WORKSPACES (MAX_BACKEND_WORKSPACES + MAX_COMM_WORKSPACES + 1)
+#define MAX_PLAN_WORKSPACES (MAX_BACKEND_WORKSPACES + MAX_COMM_WORKSPACES + 2)
 /* The largest micro-batch the search tries (a bound, not a limit anyone meets). */
 #define PLAN_MAX_B (1 << 20)
-/* A run fits when it leaves this fraction of the memory free: the context and library workspaces are
-   estimates, and a few allocations grow during the first steps (cuDNN's workspace, comm scratch). */
+/* A run fits when it leaves this fraction of the memory free: the context and the libraries' buffers are
+   estimates. */
 #define PLAN_HEADROOM 0.02
 
 /* What one rank of a run needs. */
@@ -43,7 +44,41 @@ typedef struct {
     const LlamaConfig* cfg;
     ModelOptions opt;
     CommWire wire;
+    int checkpoints; /* the run writes checkpoints (-o, and -n not -1): model_save's device staging */
 } PlanSettings;
+
+/* The settings of a run with flags a and model cfg on `sharding` (the job's, or --ranks N for a dry run),
+   the blocks --bf16-layers names (bf16_layers_parse). */
+static inline PlanSettings plan_settings(const TrainArgs* a, const LlamaConfig* cfg, Sharding sharding, const char* bf16_blocks) {
+    PlanSettings s = {cfg, train_args_model_options(a, sharding, bf16_blocks), a->grad_reduce,
+                      a->output_dir != NULL && a->ckpt_every != NO_CHECKPOINTS};
+    return s;
+}
+
+/*
+ * The entries outside the tables of a run of model m (configured or built with settings s): the backend's
+ * (backend_workspaces), the communication's (comm_workspaces), llama_bf16_weight's scratch and model_save's
+ * staging; returns how many. The plan prints them, and the trainer sizes the scratch they name from them
+ * at start-up (backend_reserve_workspaces), so that the plan is what the run allocates.
+ */
+static inline int plan_workspaces(const Llama* m, const PlanSettings* s, MemoryEstimate* out) {
+    const ModelOptions* o = &s->opt;
+    size_t piece = 0, segment = 0;
+    for (int i = 0; i < m->num_segs; i++) {
+        if (m->segs[i].shard.piece > piece) piece = m->segs[i].shard.piece;
+        if (m->segs[i].param.count > segment) segment = m->segs[i].param.count;
+    }
+    WorkspaceQuery q = {s->cfg, o->B, o->T, o->precision, m->layout.chunks, o->fp8.accum};
+    int n = backend_workspaces(&q, out);
+    n += comm_workspaces(o->sharding.world, o->sharding.zero_stage, s->wire, piece, segment, out + n);
+    if (llama_has_bf16_linears(m))
+        out[n++] = (MemoryEstimate){"bf16_scratch", m->bf16_scratch_elems * sizeof(act_t), 0,
+                                    "BF16 weight of a block linear running BF16 (llama_bf16_weight)", NULL};
+    if (s->checkpoints && checkpoint_staging_bytes(m) > 0)
+        out[n++] = (MemoryEstimate){"checkpoint_staging", checkpoint_staging_bytes(m), 0,
+                                    "checkpoint: every rank's chunk of the master weights, all-gathered for rank 0 to write", NULL};
+    return n;
+}
 
 static inline size_t plan_category(const char* name) {
     for (size_t c = 0; c < NUM_PLAN_CATEGORIES; c++) {
@@ -67,19 +102,8 @@ static inline MemoryPlan memory_plan(const PlanSettings* s, int print) {
     plan_add_table(&p, state, nstate);
     plan_add_table(&p, acts, nacts);
     plan_add_table(&p, small, nsmall);
-    size_t piece = 0, segment = 0;
-    for (int i = 0; i < m.num_segs; i++) {
-        if (m.segs[i].shard.piece > piece) piece = m.segs[i].shard.piece;
-        if (m.segs[i].param.count > segment) segment = m.segs[i].param.count;
-    }
     MemoryEstimate ws[MAX_PLAN_WORKSPACES];
-    const ModelOptions* o = &s->opt;
-    WorkspaceQuery q = {s->cfg, o->B, o->T, o->precision, m.layout.chunks, o->fp8.accum};
-    int nws = backend_workspaces(&q, ws);
-    nws += comm_workspaces(o->sharding.world, o->sharding.zero_stage, s->wire, piece, segment, ws + nws);
-    if (llama_has_bf16_linears(&m))
-        ws[nws++] = (MemoryEstimate){"bf16_scratch", m.bf16_scratch_elems * sizeof(act_t), 0,
-                                     "BF16 weight of a block linear running BF16 (llama_bf16_weight)"};
+    int nws = plan_workspaces(&m, s, ws);
     for (int i = 0; i < nws; i++) p.by_category[plan_category("workspaces")] += ws[i].bytes;
     memcpy(p.workspaces, ws, (size_t)nws * sizeof(ws[0]));
     p.num_workspaces = nws;
@@ -96,6 +120,43 @@ static inline MemoryPlan memory_plan(const PlanSettings* s, int print) {
     }
     llama_free(&m);
     return p;
+}
+
+/*
+ * After step 1, where the backend measures device memory (the GPU, real or emulated): this run's plan by
+ * category against what the run allocated (its buffer tables; for "workspaces", llm8's allocator total
+ * less the tables), and the plan's estimates (the CUDA context, cuDNN's workspace, NCCL's buffers)
+ * against cudaMemGetInfo's memory in use less llm8's allocations. Prints a table and one line
+ * "memory after step 1: {JSON}" that scripts/device_check.sh reads (docs/memory.md). Allocates nothing.
+ */
+static inline void memory_report(Llama* m, const PlanSettings* s) {
+    size_t ours = 0, in_use = 0;
+    if (!backend_memory_usage(&ours, &in_use)) return;
+    MemoryPlan p = memory_plan(s, 0);
+    BufferSpec tables[NUM_STATE_BUFFERS + NUM_ACT_BUFFERS + NUM_SMALL_BUFFERS];
+    int n = llama_state_table(m, tables);
+    n += llama_acts_table(m, tables + n);
+    n += llama_small_table(m, tables + n);
+    size_t allocated[NUM_PLAN_CATEGORIES] = {0}, in_tables = 0, estimates = 0, ws = plan_category("workspaces");
+    for (int i = 0; i < n; i++) {
+        allocated[plan_category(tables[i].category)] += buffer_bytes(&tables[i]) + BUFFER_REDZONE;
+        in_tables += buffer_bytes(&tables[i]) + BUFFER_REDZONE;
+    }
+    allocated[ws] += ours > in_tables ? ours - in_tables : 0;
+    for (int i = 0; i < p.num_workspaces; i++) estimates += p.workspaces[i].estimate ? p.workspaces[i].bytes : 0;
+    size_t not_ours = in_use > ours ? in_use - ours : 0;
+    printf("| memory after step 1, MiB: category  plan | allocated (the run's tables; workspaces: llm8's allocator total less them)\n");
+    for (size_t c = 0; c < NUM_PLAN_CATEGORIES; c++)
+        printf("|   %-18s %10.2f | %10.2f%s\n", PLAN_CATEGORIES[c], mib(p.by_category[c] - (c == ws ? estimates : 0)), mib(allocated[c]),
+               c == ws ? " (the plan without its estimates)" : "");
+    printf("|   %-18s %10.2f | %10.2f (llm8's allocations: its allocator's total)\n", "llm8 in all", mib(p.total - estimates), mib(ours));
+    printf("|   %-18s ~%9.2f | %10.2f (context, libraries: the plan's estimates | cudaMemGetInfo in use %.2f less llm8's)\n",
+           "not llm8's", mib(estimates), mib(not_ours), mib(in_use));
+    printf("memory after step 1: {\"plan\": {");
+    for (size_t c = 0; c < NUM_PLAN_CATEGORIES; c++) printf("\"%s\": %zu, ", PLAN_CATEGORIES[c], p.by_category[c] - (c == ws ? estimates : 0));
+    printf("\"llm8\": %zu, \"estimates\": %zu, \"total\": %zu}, \"allocated\": {", p.total - estimates, estimates, p.total);
+    for (size_t c = 0; c < NUM_PLAN_CATEGORIES; c++) printf("\"%s\": %zu, ", PLAN_CATEGORIES[c], allocated[c]);
+    printf("\"llm8\": %zu}, \"not_llm8\": %zu, \"in_use\": %zu}\n", ours, not_ours, in_use);
 }
 
 /* The memory a plan may use of `memory`: all but the headroom. */
@@ -147,7 +208,7 @@ static inline int memory_plan_main(const TrainArgs* a) {
     train_args_check_grad_buffer(a, ranks);
     char* blocks = (char*)mallocCheck((size_t)cfg.n_layers);
     bf16_layers_parse(a->bf16_layers, cfg.n_layers, blocks);
-    PlanSettings s = {&cfg, train_args_model_options(a, sh, blocks), a->grad_reduce};
+    PlanSettings s = plan_settings(a, &cfg, sh, blocks);
     const char* memory_what = "--gpu-mem";
     size_t memory = a->gpu_mem_gib > 0.0f ? (size_t)((double)a->gpu_mem_gib * (double)(1ull << 30)) : backend_memory_total(&memory_what);
 

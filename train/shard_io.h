@@ -24,6 +24,29 @@
    host copy of it. */
 #define STREAM_CHUNK_FLOATS ((size_t)1 << 24)
 
+/* model_save's device staging, ranks > 1: chunk k of every rank's piece of a segment at once (S x at most
+   STREAM_CHUNK_FLOATS / S floats); 0 bytes for one shard. */
+static inline size_t checkpoint_staging_bytes(const Llama* m) {
+    size_t S = (size_t)m->layout.shards, piece = 0;
+    if (S == 1) return 0;
+    for (int i = 0; i < m->num_segs; i++) piece = m->segs[i].shard.piece > piece ? m->segs[i].shard.piece : piece;
+    size_t step = STREAM_CHUNK_FLOATS / S;
+    return S * (piece < step ? piece : step) * sizeof(float);
+}
+
+/* The staging, reserved at start-up by the trainer (checkpoint_reserve_staging), so that writing a
+   checkpoint allocates nothing; a program that reserved none gets one per model_save. */
+static void* g_checkpoint_staging = NULL;
+
+static inline void checkpoint_reserve_staging(const Llama* m) {
+    size_t bytes = checkpoint_staging_bytes(m);
+    if (bytes > 0 && g_checkpoint_staging == NULL) g_checkpoint_staging = dev_alloc(bytes);
+}
+static inline void checkpoint_release_staging(void) {
+    if (g_checkpoint_staging) dev_free(g_checkpoint_staging);
+    g_checkpoint_staging = NULL;
+}
+
 /* Byte offset of parameter i (checkpoint order) in a model file. */
 static inline long model_param_offset(size_t i) { return (long)(HEADER_INTS * sizeof(int32_t) + i * sizeof(float)); }
 
@@ -37,7 +60,8 @@ static inline void model_save(const char* path, Llama* m) {
     FILE* f = lead ? checkpoint_write_begin(path, tmp, sizeof(tmp), &m->cfg) : NULL;
     size_t step = STREAM_CHUNK_FLOATS / (size_t)S;
     float* host = (float*)mallocCheck(STREAM_CHUNK_FLOATS * sizeof(float));
-    float* staging = S > 1 ? (float*)dev_alloc(STREAM_CHUNK_FLOATS * sizeof(float)) : NULL;
+    float* staging = (float*)g_checkpoint_staging;
+    if (S > 1 && staging == NULL) staging = (float*)dev_alloc(checkpoint_staging_bytes(m));
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* s = &m->segs[i];
         if (S == 1) {
@@ -68,7 +92,7 @@ static inline void model_save(const char* path, Llama* m) {
         }
     }
     free(host);
-    if (staging) dev_free(staging);
+    if (staging && staging != g_checkpoint_staging) dev_free(staging);
     if (lead) atomic_commit(f, tmp, path);
 }
 

@@ -57,6 +57,8 @@ typedef struct {
     int total_skips;
     int overfit_loaded;     /* -a 1: the one batch is in tr->train */
     int stop_signal;        /* a stop signal reached some rank: checkpoint and exit (train/preempt.h) */
+    double main_time;       /* wall_seconds when main began */
+    double warmup_seconds;  /* trainer_warmup's */
     double start_time;      /* wall_seconds when the step loop began */
     double step_seconds;    /* time of the steps run by this process, for the ETA */
     int steps_run;
@@ -135,8 +137,10 @@ static inline TrainState trainer_state(const Trainer* tr) {
 /* Writes the checkpoint of the current step (every rank). */
 static inline void trainer_save(Trainer* tr) {
     watchdog_phase("checkpoint", tr->step);
+    backend_range_push("checkpoint");
     TrainState s = trainer_state(tr);
     checkpoint_save(tr->args.output_dir, &tr->model, &s);
+    backend_range_pop();
     printf("| checkpoint: step %d written to %s\n", tr->step, tr->args.output_dir);
 }
 
@@ -159,9 +163,6 @@ static inline void trainer_resume(Trainer* tr) {
     tr->shadow_state = s.shadow;
     printf("| resumed from %s at step %d (saved by %d rank(s) with ZeRO-%d, now %d with ZeRO-%d)\n", dir, step, s.world,
            s.zero_stage, tr->world, tr->args.zero_stage);
-    if (s.shadow.bf16 && tr->args.shadow_every == 0)
-        die("%s: step %d was saved in a BF16 fallback of the shadow check; resume it with the --shadow-every and "
-            "--shadow-policy it ran with", dir, step);
     if (s.shadow.bf16) printf("| resumed in a BF16 fallback: %d BF16 step(s) done\n", s.shadow.bf16_steps);
 }
 
@@ -322,6 +323,7 @@ static inline RankSettings trainer_rank_settings(const Trainer* tr) {
     r.shadow_recover = a->shadow_recover;
     r.shadow_tol = a->shadow_tol;
     r.eval_every = a->eval_every < 0 ? a->val_every : a->eval_every;
+    r.warmup_pass = a->warmup_pass;
     r.eval_hellaswag = eval_set_hash(&tr->evals[EVAL_HELLASWAG]);
     r.eval_lambada = eval_set_hash(&tr->evals[EVAL_LAMBADA]);
     r.eval_wikitext = eval_set_hash(&tr->evals[EVAL_WIKITEXT]);
@@ -359,6 +361,71 @@ static inline int trainer_check_args(const TrainArgs* a, LlamaConfig* cfg) {
         die("flag -o %s: holds the checkpoints of an earlier run (DONE_%08d); resume it with -y 1 or choose another -o",
             a->output_dir, checkpoint_latest_step(a->output_dir));
     return from_checkpoint;
+}
+
+/* This run's memory plan settings (train/memory_plan.h) on the job's ranks. */
+static inline PlanSettings trainer_plan_settings(const Trainer* tr) {
+    Sharding sharding = {tr->world, tr->rank, tr->args.zero_stage};
+    return plan_settings(&tr->args, &tr->cfg, sharding, tr->bf16_blocks);
+}
+
+/*
+ * Sizes every buffer the steps use outside the model's tables, from the memory plan's entries for this
+ * run (plan_workspaces): the ops' and collectives' scratch, the upload staging, the BF16 weight scratch
+ * of a run that can run a block linear in BF16, the checkpoint staging. After it no step allocates.
+ */
+static inline void trainer_reserve(Trainer* tr) {
+    PlanSettings s = trainer_plan_settings(tr);
+    MemoryEstimate ws[MAX_PLAN_WORKSPACES];
+    int n = plan_workspaces(&tr->model, &s, ws);
+    /* the options' BF16 weight scratch, also for a run resumed in the shadow policy's fallback without the check */
+    if (tr->shadow_state.bf16) llama_reserve_bf16_weight(&tr->model);
+    if (s.checkpoints) checkpoint_reserve_staging(&tr->model);
+    backend_reserve_workspaces(ws, n, (size_t)tr->args.B * tr->args.T);
+}
+
+/*
+ * Before the steps, on a backend that loads kernels, plans GEMMs and builds attention graphs at their first
+ * use (BACKEND_WARMS_UP; docs/performance.md, "The first step"): otherwise step 1 pays for all of them
+ * while its collectives run, and a kernel loaded by CUDA's lazy loading may synchronize the whole context.
+ * Runs each once on a throwaway batch: the shadow check's passes where the run checks, a training
+ * micro-step (forward, backward with the driver's reductions off, gradient norm) at the training shape,
+ * which validation and evaluations share, and a sample's (1, T) forward where the run samples; then the
+ * collectives of a step (dp_warmup) and the loading of the update's kernels (backend_load_kernels). The
+ * passes build cuDNN's graphs of these shapes (cuda/cudnn_att.cpp keeps one per shape). Everything it
+ * writes a step writes again before reading: gradients, activations, the FP8 records, flags and step
+ * amaxes are reset when a step begins, so the run's results are those of a run without it.
+ */
+static inline void trainer_warmup(Trainer* tr) {
+    if (!BACKEND_WARMS_UP || !tr->args.warmup_pass) return;
+    double t0 = wall_seconds();
+    watchdog_phase("warm-up", tr->step);
+    Llama* m = &tr->model;
+    int B = tr->args.B, T = tr->args.T;
+    size_t N = (size_t)B * T;
+    int* tokens = (int*)mallocCheck(N * sizeof(int));
+    for (size_t i = 0; i < N; i++) tokens[i] = (int)(i % (size_t)tr->cfg.vocab_size);
+    if (tr->shadow_policy.every > 0) shadow_run(&tr->shadow, tokens, tokens, B, T);
+    /* the linears as the run has them; a run resumed in the BF16 fallback returns to FP8 later */
+    ModelModes saved = llama_modes(m);
+    Precision now = llama_linear_precision(m), recipe = tr->args.precision;
+    tr->dp.local = 1;
+    for (int pass = 0; pass < (now != recipe ? 2 : 1); pass++) {
+        llama_set_linear_precision(m, pass == 0 ? now : recipe);
+        llama_forward_deferred(m, tokens, tokens, B, T, 1.0f / (float)N, tr->loss_sums);
+        llama_backward(m);
+    }
+    llama_set_modes(m, &saved);
+    tr->dp.local = 0;
+    int bad;
+    llama_grad_norm_partials(m);
+    (void)llama_grad_norm_total(m, &bad);
+    if (tr->args.sample_every > 0 && B > 1) llama_forward(m, tokens, NULL, 1, T, 0.0f);
+    dp_warmup(&tr->dp);
+    backend_load_kernels();
+    backend_synchronize();
+    free(tokens);
+    tr->warmup_seconds = wall_seconds() - t0;
 }
 
 /* Loads the downstream evaluation sets of -h 1, --eval-lambada and --eval-wikitext (every rank). */
@@ -471,7 +538,9 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaC
 
     rng_seed(&tr->sample_rng, (uint64_t)a->seed ^ SAMPLE_SEED_SALT);
     if (a->resume) trainer_resume(tr);
+    trainer_reserve(tr);
     llama_set_linear_precision(&tr->model, tr->shadow_state.bf16 ? PRECISION_BF16 : a->precision);
+    trainer_warmup(tr);
     /* -x 0 only evaluates: it appends to the logs of -o and drops nothing */
     if (tr->rank == 0)
         logger_init(&tr->logger, a->output_dir, tr->steps == 0 ? LOG_KEEP_ALL : a->resume ? tr->step : -1,
@@ -688,6 +757,16 @@ static inline void trainer_update(Trainer* tr, const StepState* st) {
     backend_timer_stop(PROF_OPTIMIZER);
 }
 
+/* After the first step of this process: how long it took to get there, and the memory plan against what
+   the run holds (train/memory_plan.h memory_report, on a backend that measures it). */
+static inline void trainer_first_step_report(Trainer* tr, const StepState* st, double ms) {
+    printf("| time to the first step: %.1f s from main to the end of step %d: start-up %.1f s (warm-up %.1f s), "
+           "what ran before the step %.1f s, the step %.1f s\n", wall_seconds() - tr->main_time, tr->step + 1,
+           tr->start_time - tr->main_time, tr->warmup_seconds, st->t0 - tr->start_time, ms / 1e3);
+    PlanSettings plan = trainer_plan_settings(tr);
+    if (tr->rank == 0) memory_report(&tr->model, &plan);
+}
+
 /* The step's line (loss, lr, norm, time, tokens/s, MFU, exposed communication, ETA), its profile, its
    metrics row, and the shadow check's report. */
 static inline void trainer_log_step(Trainer* tr, const StepState* st) {
@@ -713,6 +792,7 @@ static inline void trainer_log_step(Trainer* tr, const StepState* st) {
     format_duration(eta, sizeof(eta), tr->step_seconds / tr->steps_run * (tr->steps - tr->step - 1));
     printf(" | %s elapsed, ETA %s\n", elapsed, eta);
     if (st->profiled) trainer_print_profile(tr, phase_ms, ms);
+    if (tr->steps_run == 1) trainer_first_step_report(tr, st, ms);
     const char* linears = precision_name(llama_linear_precision(&tr->model));
     logger_train(&tr->logger, tr->step, (float)st->loss, st->lr, st->norm, ms, tok_s, mfu, backend_memory_mib(), comm_ms, st->skip,
                  linears);
@@ -757,6 +837,7 @@ static inline void share_cores(void) {
 
 static inline void trainer_free(Trainer* tr) {
     if (tr->loss_sums) dev_free(tr->loss_sums);
+    checkpoint_release_staging();
     for (int k = 0; k < EVAL_KINDS; k++) eval_free(&tr->evals[k]);
     logger_free(&tr->logger);
     shadow_free(&tr->shadow);
@@ -772,6 +853,7 @@ static inline void trainer_free(Trainer* tr) {
 
 /* The whole run on this rank. Returns the process exit status: 0, or EXIT_PREEMPTED after a stop signal. */
 static inline int train_main(int argc, char** argv) {
+    double main_time = wall_seconds();
     TrainArgs args = train_args_default();
     int help = train_args_parse(&args, argc, argv);
     /* --help, every flag check and a dry run come before the communicator and the device: a cluster's
@@ -791,9 +873,13 @@ static inline int train_main(int argc, char** argv) {
     preempt_install();
     Trainer* tr = (Trainer*)callocCheck(1, sizeof(Trainer));
     trainer_init(tr, &args, &cfg, from_checkpoint);
+    tr->main_time = main_time;
     TrainArgs* a = &tr->args;
     int start = tr->step;
     tr->start_time = wall_seconds();
+    /* the steps allocate nothing and never synchronize the whole device (checkpoints apart: their own
+       range); the emulated GPU counts both per range (docs/emulated-gpu.md) */
+    backend_range_push("step loop");
     for (;;) {
         int last = tr->step >= tr->steps;
         if (last || (a->val_every > 0 && tr->step % a->val_every == 0)) {
@@ -816,6 +902,7 @@ static inline int train_main(int argc, char** argv) {
             printf("| %s: stopping after step %d\n", signal_name(tr->stop_signal), tr->step);
             if (a->output_dir && a->ckpt_every != NO_CHECKPOINTS) trainer_save(tr);
             else printf("| %s: nothing is saved\n", a->output_dir ? "-n -1" : "no -o");
+            backend_range_pop();
             watchdog_phase("shutdown", tr->step);
             comm_barrier();
             trainer_free(tr);
@@ -824,6 +911,7 @@ static inline int train_main(int argc, char** argv) {
             return EXIT_PREEMPTED;
         }
     }
+    backend_range_pop();
     if (tr->shadow_checks > 0)
         printf("| shadow checks: %d, %.1f ms each on average, %.2f%% of the step time of this run\n", tr->shadow_checks,
                tr->shadow_ms / tr->shadow_checks, 100.0 * tr->shadow_ms / tr->step_ms);

@@ -1089,6 +1089,46 @@ typedef struct {
 } KcCastVariant;
 
 /*
+ * op_fp8_reset_amax ahead of the amax ops (the model's one strided memset per forward, which spares each
+ * op its own): four poisoned records, records 0-2 reset, then op_amax of x into record 1 (it skips its own
+ * zeroing), of y (x / 1024, smaller) into record 1 again (a second use must zero it again, or x's amax
+ * would stay) and of y into record 3, outside the reset. Each amax must be the CPU's of its tensor, bit for
+ * bit, and records 0 and 2 must hold amax 0 with their other fields untouched.
+ */
+static int kc_amax_reset_check(uint64_t seed) {
+    const size_t n = 1000;
+    float* x = kc_host(n);
+    kc_fill_normal(x, n, seed, 0.0f, 1.0f, 1);
+    float* y = kc_host(n);
+    for (size_t i = 0; i < n; i++) y[i] = x[i] / 1024.0f;
+    act_t* d_x = kc_dev_act(x, n);
+    act_t* d_y = kc_dev_act(y, n);
+    Fp8Scale want_x = {NAN, NAN, NAN, NAN}, want_y = {NAN, NAN, NAN, NAN}, got[4];
+    cpu_ref_amax(&want_x, x, n);
+    cpu_ref_amax(&want_y, y, n);
+    Fp8Scale* d = (Fp8Scale*)dev_alloc(4 * sizeof(Fp8Scale));
+    kc_poison(d, 4 * sizeof(Fp8Scale));
+    op_fp8_reset_amax(d, 3);
+    op_amax(&d[1], d_x, n);
+    dev_download(got, d, 4 * sizeof(Fp8Scale));
+    float first = got[1].amax;
+    int ok = float_bits(first) == float_bits(want_x.amax);
+    op_amax(&d[1], d_y, n);
+    op_amax(&d[3], d_y, n);
+    dev_download(got, d, 4 * sizeof(Fp8Scale));
+    ok = ok && float_bits(got[1].amax) == float_bits(want_y.amax) && float_bits(got[3].amax) == float_bits(want_y.amax);
+    for (int r = 0; r < 3; r += 2) ok = ok && got[r].amax == 0.0f && float_bits(got[r].scale) == 0xFFFFFFFFu;
+    printf("    amax after op_fp8_reset_amax: first use %.9g, second use %.9g, outside the reset %.9g, cpu %.9g / %.9g, "
+           "tol bit-identical%s\n", first, got[1].amax, got[3].amax, want_x.amax, want_y.amax, ok ? "" : "  FAIL");
+    free(x);
+    free(y);
+    dev_free(d_x);
+    dev_free(d_y);
+    dev_free(d);
+    return !ok;
+}
+
+/*
  * Tolerance: none. amax is a max (order-free), the scale comes from fp8.h's policy on both sides (IEEE
  * division, exact frexp/ldexp), and the cast is cuda_fp8.h's conversion, which the CPU emulates bit for
  * bit: codes, amax, scale, scale_inv and the counts must be bit-identical (two NaN amaxes count as equal).
@@ -1196,7 +1236,7 @@ static int kc_case_fp8_cast(const KernelShape* s, int iters, uint64_t seed) {
     }
     dev_free(d_scale);
     dev_free(d_counts);
-    return failed;
+    return failed + kc_amax_reset_check(splitmix64(&stream));
 }
 
 /* ------------------------------------------------------------ fp8_cast_vec: the two cast-transpose kernels */
@@ -1842,14 +1882,15 @@ static inline size_t kc_count_diff_f32(const float* got, const float* ref, size_
  * pieces of a ragged size (each piece's last chunk short), chunk magnitudes 2^U(-40, 40) with a factor
  * 2^U(-12, 0) per element, one chunk of zeros, a NaN in piece 1's chunk 0 and an Inf in piece 2's chunk
  * 1: exactly those two chunks of the sums are NaN. The sums run on the CPU's blocks, with and without
- * accumulation into a random recv.
+ * accumulation into a random recv. The blocks lie grad_fp8_block_stride apart (256-byte aligned): the pack
+ * must leave the padding after each block as it found it (0xFF here).
  */
 static int kc_case_grad_fp8(const KernelShape* s, int iters, uint64_t seed) {
     uint64_t stream = seed;
     const int W = 3;
     size_t n = (size_t)s->C * s->F / 4 + 123;
     if (n < 2 * ZERO_CHUNK) n = 2 * ZERO_CHUNK + 123;
-    size_t total = (size_t)W * n, bytes = grad_fp8_block_bytes(n);
+    size_t total = (size_t)W * n, bytes = grad_fp8_block_bytes(n), stride = grad_fp8_block_stride(n), all = (size_t)W * stride;
     float* x = kc_host(total);
     Rng r;
     rng_seed(&r, splitmix64(&stream));
@@ -1861,25 +1902,26 @@ static int kc_case_grad_fp8(const KernelShape* s, int iters, uint64_t seed) {
     for (size_t i = ZERO_CHUNK; i < 2 * ZERO_CHUNK; i++) x[i] = 0.0f;
     x[n + 17] = NAN;
     x[2 * n + ZERO_CHUNK + 5] = -INFINITY;
-    uint8_t* ref = (uint8_t*)mallocCheck((size_t)W * bytes);
-    for (int p = 0; p < W; p++) grad_fp8_pack(ref + (size_t)p * bytes, x + (size_t)p * n, n);
+    uint8_t* ref = (uint8_t*)mallocCheck(all);
+    memset(ref, 0xFF, all);
+    for (int p = 0; p < W; p++) grad_fp8_pack(ref + (size_t)p * stride, x + (size_t)p * n, n);
 
     float* d_x = kc_dev_f32(x, total);
-    uint8_t* d_blocks = (uint8_t*)dev_alloc((size_t)W * bytes);
-    kc_poison(d_blocks, (size_t)W * bytes);
+    uint8_t* d_blocks = (uint8_t*)dev_alloc(all);
+    kc_poison(d_blocks, all);
     grad_fp8_pack_cuda(d_blocks, d_x, n, (size_t)W, 0);
-    uint8_t* got = (uint8_t*)mallocCheck((size_t)W * bytes);
-    dev_download(got, d_blocks, (size_t)W * bytes);
-    size_t first = 0, bad = kc_count_diff(got, ref, (size_t)W * bytes, &first);
-    int failed = bad != 0;
-    printf("    grad_fp8_pack: %d pieces of %zu, %zu bytes: %zu differ, tol bit-identical%s\n", W, n, (size_t)W * bytes, bad,
-           bad ? "  FAIL" : "");
-    if (bad) printf("      FAIL: first byte at %zu (piece %zu, %s): gpu 0x%02x, cpu 0x%02x\n", first, first / bytes,
-                    first % bytes < n ? "code" : "scale_inv", got[first], ref[first]);
+    uint8_t* got = (uint8_t*)mallocCheck(all);
+    dev_download(got, d_blocks, all);
+    size_t first = 0, bad = kc_count_diff(got, ref, all, &first);
+    int failed = bad != 0 || stride % GRAD_FP8_BLOCK_ALIGN != 0;
+    printf("    grad_fp8_pack: %d pieces of %zu, %zu bytes each, %zu apart: %zu differ, tol bit-identical%s\n", W, n, bytes, stride,
+           bad, failed ? "  FAIL" : "");
+    if (bad) printf("      FAIL: first byte at %zu (piece %zu, %s): gpu 0x%02x, cpu 0x%02x\n", first, first / stride,
+                    first % stride < n ? "code" : first % stride < bytes ? "scale_inv" : "padding", got[first], ref[first]);
 
     float* recv = kc_host(n);
     kc_fill_normal(recv, n, splitmix64(&stream), 0.0f, 1.0f, 0);
-    uint8_t* d_ref = (uint8_t*)kc_dev_bytes(ref, (size_t)W * bytes);
+    uint8_t* d_ref = (uint8_t*)kc_dev_bytes(ref, all);
     float* d_out = (float*)dev_alloc(n * sizeof(float));
     for (int acc = 0; acc <= 1; acc++) {
         float* want = kc_host(n);

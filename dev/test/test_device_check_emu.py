@@ -3,8 +3,8 @@ The device check rehearsed on the emulated GPU (scripts/device_check.sh --emulat
 script on build/emu/test_llama and build/emu/train_llama at scaled-down shapes, within its default 95 s
 budget. Rows whose only need is an execution model must give a real answer (ok): the kernel checks, the
 memory plan against what the emulated run allocated, the real-text curves (emulated fp8 against emulated
-bf16 and against train_llama_cpu's fp8 curve at the same flags), resume. Rows that need the hardware
-must say "emulated: not measured", and no row may FAIL.
+bf16 and against train_llama_cpu's fp8 curve at the same flags), resume, the trainer's memory report after
+step 1 by category. Rows that need the hardware must say "emulated: not measured", and no row may FAIL.
 """
 import os
 import re
@@ -60,6 +60,16 @@ def test_device_check_rehearsal(tmp_path, shakespeare):
     for name in real:
         assert rows.get(name, ("missing",))[0] == "ok", (name, rows.get(name))
     assert "in use / plan" in rows[real[0]][1]
+    # the trainer's memory report after step 1: every category of the fp8 run's plan against what it allocated,
+    # and for each run llm8's allocations and the memory that is not llm8's (0 here: the context and libraries
+    # are not emulated, and every allocation is counted)
+    for category in ("master weights", "working weights", "FP8 weight copies", "gradients", "AdamW moments", "activations",
+                     "other", "workspaces"):
+        assert rows.get(f"-p fp8 {category}", ("missing",))[0] == "ok", (category, rows.get(f"-p fp8 {category}"))
+    for precision in ("-p bf16", "-p fp8", "fp8 delayed"):
+        assert rows.get(f"{precision} llm8's allocations", ("missing",))[0] == "ok", rows.get(f"{precision} llm8's allocations")
+        status, detail = rows.get(f"{precision} not llm8's (context, libraries)", ("missing", ""))
+        assert status == "ok" and "less llm8's: 0.00 MiB" in detail and NOT_MEASURED in detail, (precision, status, detail)
     # resume is the last training row: a loaded machine may leave it no time, which the row says
     status, detail = rows["resume tiny from step 1 (LLM8_DETERMINISTIC=1)"]
     assert status == "ok" or (status == "skip" and NO_TIME in detail), (status, detail)

@@ -8,8 +8,14 @@ build/emu/test_llama and build/emu/train_llama on the CPU, one fiber per GPU thr
   and every model check; two at a time, as the emulator runs each on one thread.
 - Planted faults, each applied to a copy of the real source, each caught by the emulator; the same
   command on the unmodified source passes, so each test fails if the emulator's check is removed.
+- train_llama on the emulated GPU against train_llama_cpu, on 1 and 2 ranks through the NCCL double, every
+  run under STEPS_FORBID: from the start of the step loop to its end (checkpoints apart) nothing allocates
+  or frees device or pinned memory, synchronizes the whole device or loads a kernel (emu/nvtx.cpp counts
+  them per NVTX range), across the runs for every ZeRO stage, wire format and recompute level, with
+  validation, evaluations, samples, the shadow check and checkpoints.
 Skipped, with the reason, when build/emu was not built (`make emu`).
 """
+import json
 import math
 import os
 import re
@@ -29,6 +35,18 @@ def emu_env(**extra):
     env = dict(os.environ)
     env.update(extra)
     return env
+
+
+# What the step loop must not do (the trainer's NVTX range "step loop"; checkpoints have a range of their
+# own): emu/nvtx.cpp stops the run at the first, naming it. Kernel loads are what the warm-up (--warmup-pass 1,
+# the default) prevents.
+NO_ALLOCATION = "cudaMalloc,cudaFree,cudaMallocHost,cudaFreeHost,cudaDeviceSynchronize"
+STEPS_FORBID = f"step loop={NO_ALLOCATION},kernel loads"
+
+
+def trainer_env(**extra):
+    """emu_env for train_llama runs: the step loop's rule enforced."""
+    return emu_env(LLM8_EMU_FORBID=STEPS_FORBID, **extra)
 
 
 def kernel_checks():
@@ -151,6 +169,16 @@ FAULTS = [
 ]
 
 
+# The trainer's start-up sizing removed: the first step's backward grows its scratch (a cudaMalloc in the
+# step loop). --warmup-pass 0, whose passes would otherwise grow the scratch before the loop, so the rule
+# forbids allocations alone here (kernel loads are --warmup-pass's, test_step_kernel_loads_are_caught).
+TRAINER_FAULTS = [
+    ("step_allocates", "train/trainer.h", "    trainer_reserve(tr);\n", "",
+     "train_llama", ["-e", "tiny", "-b", "2", "-t", "32", "-x", "1", "-v", "0", "-m", "1", "--warmup-pass", "0"],
+     {"LLM8_EMU_FORBID": f"step loop={NO_ALLOCATION}"}, r'emu: cudaMalloc(Host)? inside NVTX range "step loop"'),
+]
+
+
 def faulty_copy(root, path, old, new):
     """A copy of the working tree under `root` with `old` replaced by `new` in `path`, with this tree's
     objects (the runtime, the library doubles, the CPU reference); returns it and make's arguments to
@@ -184,9 +212,9 @@ def faulty_builds(request, tmp_path_factory):
     """Each selected fault's binary, built from its own copy of the source (at -O0 unless BUILT_AS_MAKE_EMU),
     two builds at a time (CI's 2 cores)."""
     selected = {item.callspec.params["name"] for item in request.session.items
-                if item.originalname == "test_planted_fault_is_caught"}
+                if item.originalname in ("test_planted_fault_is_caught", "test_trainer_fault_is_caught")}
     jobs = []
-    for name, path, old, new, target, *_ in FAULTS:
+    for name, path, old, new, target, *_ in FAULTS + TRAINER_FAULTS:
         if name not in selected:
             continue
         copy, keep = faulty_copy(tmp_path_factory.mktemp(name), path, old, new)
@@ -207,6 +235,15 @@ def faulty_builds(request, tmp_path_factory):
 
 @pytest.mark.parametrize("name, path, old, new, target, args, env, caught", FAULTS, ids=[f[0] for f in FAULTS])
 def test_planted_fault_is_caught(faulty_builds, name, path, old, new, target, args, env, caught):
+    assert_fault_caught(faulty_builds, name, target, args, env, caught)
+
+
+@pytest.mark.parametrize("name, path, old, new, target, args, env, caught", TRAINER_FAULTS, ids=[f[0] for f in TRAINER_FAULTS])
+def test_trainer_fault_is_caught(faulty_builds, shakespeare, name, path, old, new, target, args, env, caught):
+    assert_fault_caught(faulty_builds, name, target, args, env, caught)
+
+
+def assert_fault_caught(faulty_builds, name, target, args, env, caught):
     # the unmodified source passes the same command
     clean = run([EMU / target, *args], env=emu_env(**env), timeout=600)
     assert clean.returncode == 0 and not re.search(caught, clean.stdout + clean.stderr), clean.stdout[-3000:] + clean.stderr[-3000:]
@@ -263,7 +300,7 @@ def test_trainer_matches_cpu(shakespeare, precision, recompute):
     recipe = ["-p", "fp8", "--fp8-recipe", "delayed"] if precision == "delayed" else ["-p", precision]
     flags = TRAIN_FLAGS + [*recipe, "-r", recompute]
     a = cpu_losses(flags)
-    emu = run([EMU / "train_llama", *flags], timeout=900)
+    emu = run([EMU / "train_llama", *flags], env=trainer_env(), timeout=900)
     assert emu.returncode == 0, emu.stdout[-3000:] + emu.stderr[-3000:]
     assert_close_to_cpu(a, losses(emu.stdout), precision)
 
@@ -277,7 +314,7 @@ def test_evals_match_cpu(eval_files, tmp_path):
     flags = ["-b", "4", "-t", "32", "-m", "1", "-x", "0", "--eval-limit", "1", *eval_flags(eval_files)]
     found = {}
     for name, exe in (("cpu", REPO / "train_llama_cpu"), ("emu", EMU / "train_llama")):
-        r = run([exe, *flags, "-o", tmp_path / name], timeout=900)
+        r = run([exe, *flags, "-o", tmp_path / name], env=trainer_env(), timeout=900)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         found[name] = evals_of(tmp_path / name)
     assert found["cpu"].keys() == found["emu"].keys() and len(found["cpu"]) == 3
@@ -298,7 +335,7 @@ def one_rank(shakespeare, tmp_path_factory):
     the CPU trainer, the reference of the ZeRO tests and the uninterrupted run of the resume test.
     Returns its losses and its output folder."""
     out = tmp_path_factory.mktemp("one_rank")
-    r = run([EMU / "train_llama", "-b", "4", *ONE_RANK_FLAGS, "-o", out, "-n", "1"], timeout=900)
+    r = run([EMU / "train_llama", "-b", "4", *ONE_RANK_FLAGS, "-o", out, "-n", "1"], env=trainer_env(), timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return losses(r.stdout), out
 
@@ -307,14 +344,18 @@ def test_recompute_bf16_matches_cpu(one_rank):
     assert_close_to_cpu(cpu_losses(["-b", "4", *ONE_RANK_FLAGS]), one_rank[0], "bf16 -r 2")
 
 
+def mpi_env(**extra):
+    """trainer_env for mpirun, as a user runs it: no sanitizer variables (the binary's own defaults keep
+    Open MPI's leftovers at exit out of LeakSanitizer's report, emu/sanitizer_defaults.cpp), so the exit
+    status is checked as it is."""
+    return {k: v for k, v in trainer_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                                         OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1", **extra).items()
+            if k not in ("ASAN_OPTIONS", "LSAN_OPTIONS")}
+
+
 def two_ranks(zero, *extra, exe=EMU / "train_llama"):
-    # As a user runs it: no sanitizer variables (the binary's own defaults keep Open MPI's leftovers at exit
-    # out of LeakSanitizer's report, emu/sanitizer_defaults.cpp), so the exit status is checked as it is.
-    env = {k: v for k, v in emu_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                                    OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1").items()
-           if k not in ("ASAN_OPTIONS", "LSAN_OPTIONS")}
-    r = run([MPIRUN, "--oversubscribe", "-np", "2", exe, "-b", "2", "-z", zero, *ONE_RANK_FLAGS, *extra], env=env,
-            timeout=900)
+    r = run([MPIRUN, "--oversubscribe", "-np", "2", "-x", "LLM8_EMU_FORBID", exe, "-b", "2", "-z", zero, *ONE_RANK_FLAGS, *extra],
+            env=mpi_env(), timeout=900)
     assert r.returncode == 0 and "Sanitizer" not in r.stderr, r.stdout[-3000:] + r.stderr[-4000:]
     return losses(r.stdout)
 
@@ -391,8 +432,90 @@ def test_resume_is_bit_exact(one_rank, tmp_path):
     for f in full.iterdir():
         if f.is_file() and "00000001" in f.name:
             shutil.copy2(f, resumed / f.name)
-    r = run([EMU / "train_llama", "-b", "4", *ONE_RANK_FLAGS, "-o", resumed, "-n", "1", "-y", "1"], timeout=900)
+    r = run([EMU / "train_llama", "-b", "4", *ONE_RANK_FLAGS, "-o", resumed, "-n", "1", "-y", "1"], env=trainer_env(),
+            timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "resumed from" in r.stdout, r.stdout[-3000:]
     assert losses(r.stdout) == one_rank[0][1:]
     assert (full / "model_00000002.bin").read_bytes() == (resumed / "model_00000002.bin").read_bytes()
+
+
+COUNTS = re.compile(r'^emu counts: pid (\d+): range "([^"]+)": (.*)$', re.M)
+
+
+@pytest.mark.skipif(MPIRUN is None, reason="mpirun not found (make setup installs Open MPI)")
+def test_steps_allocate_nothing(shakespeare, tmp_path):
+    """What the other emulated runs leave out, in one run of 2 ranks: ZeRO-0 with the BF16 wire, -r 1, an fp8
+    run with the shadow check's BF16 passes, validations, samples and a checkpoint (one step: the loop runs
+    step 0's validation and sample, the step, then step 1's, and the final checkpoint). The step loop's
+    range counts zero allocations, frees, device synchronizations and kernel loads on each rank
+    (STEPS_FORBID would stop the run at the first), and the checkpoint is counted apart, in its own range;
+    rank 0's memory report after step 1 is the plan by category, all of it llm8's counted allocations."""
+    flags = ["-e", "tiny", "-b", "2", "-t", "32", "-x", "1", "-v", "1", "-m", "1", "-s", "1", "-g", "2", "-z", "0",
+             "--grad-reduce", "bf16", "-r", "1", "-p", "fp8", "--shadow-every", "1", "-o", tmp_path / "run", "-n", "1"]
+    r = run([MPIRUN, "--oversubscribe", "-np", "2", "-x", "LLM8_EMU_FORBID", "-x", "LLM8_EMU_COUNTS", EMU / "train_llama", *flags],
+            env=mpi_env(LLM8_EMU_COUNTS="1"), timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-4000:]
+    assert len(losses(r.stdout)) == 1 and "| sample: " in r.stdout and "shadow check: " in r.stdout, r.stdout[-3000:]
+    counts = {}
+    for pid, name, events in COUNTS.findall(r.stderr):
+        counts.setdefault(name, {})[pid] = {k: int(v) for k, v in (e.rsplit(" ", 1) for e in events.split(", "))}
+    assert len(counts.get("step loop", {})) == 2 and len(counts.get("checkpoint", {})) == 2, r.stderr[-3000:]
+    for pid, events in counts["step loop"].items():
+        assert all(events[e] == 0 for e in NO_ALLOCATION.split(",") + ["kernel loads"]), (pid, events)
+    # the counts see what they count: start-up allocates, and loads kernels in the warm-up
+    for pid, events in counts["(no range)"].items():
+        assert events["cudaMalloc"] > 0 and events["kernel loads"] > 0, (pid, events)
+    # rank 0's memory report after step 1: what the run allocated is the plan by category (the emulated
+    # GPU's 256-byte redzones per buffer aside), and every byte in use is llm8's own, counted allocation
+    line = next(l for l in r.stdout.splitlines() if l.startswith("memory after step 1: "))
+    report = json.loads(line[len("memory after step 1: "):])
+    plan, allocated = report["plan"], report["allocated"]
+    for category, planned in plan.items():
+        if category not in ("estimates", "total"):
+            assert planned <= allocated[category] <= planned + (1 << 19), (category, planned, allocated[category])
+    assert report["not_llm8"] == 0 and report["in_use"] == allocated["llm8"], report
+    assert plan["estimates"] >= 256 << 20 and plan["total"] == plan["llm8"] + plan["estimates"], plan
+
+
+def test_step_kernel_loads_are_caught(shakespeare):
+    """Without the warm-up (--warmup-pass 0) the first kernel of step 1 is a load inside the step loop: the
+    rule stops the run there, naming it; with it (test_steps_allocate_nothing, every run above) none is."""
+    r = run([EMU / "train_llama", "-e", "tiny", "-b", "2", "-t", "32", "-x", "1", "-v", "0", "-m", "1", "--warmup-pass", "0"],
+            env=trainer_env(), timeout=300)
+    assert r.returncode != 0 and 'emu: kernel loads inside NVTX range "step loop"' in r.stderr, r.stdout[-2000:] + r.stderr[-3000:]
+
+
+# How mpirun's ranks see the launcher's node-local rank: Open MPI's own variable as mpirun sets it, only
+# torchrun's LOCAL_RANK (Open MPI's removed, its value moved), LOCAL_RANK 0 on every rank (rank 1's is
+# wrong), or no variable at all.
+GPU_SELECTION = {
+    "launcher": ("exec \"$@\"", "| GPU selection: OMPI_COMM_WORLD_LOCAL_RANK=0 before MPI_Init, MPI's node-local rank"),
+    "local_rank": ("LOCAL_RANK=$OMPI_COMM_WORLD_LOCAL_RANK; export LOCAL_RANK; unset OMPI_COMM_WORLD_LOCAL_RANK; exec \"$@\"",
+                   "| GPU selection: LOCAL_RANK=0 before MPI_Init, MPI's node-local rank"),
+    "mismatch": ("unset OMPI_COMM_WORLD_LOCAL_RANK; LOCAL_RANK=0 exec \"$@\"",
+                 "error: the launcher's node-local rank is not MPI's (MPI_COMM_TYPE_SHARED) on rank(s) 1: rank 1 has "
+                 "LOCAL_RANK=0 where MPI's node-local rank is 1"),
+    "none": ("unset OMPI_COMM_WORLD_LOCAL_RANK; exec \"$@\"",
+             "| GPU selection: MPI's node-local rank 0 after MPI_Init: no launcher variable"),
+}
+
+
+@pytest.mark.skipif(MPIRUN is None, reason="mpirun not found (make setup installs Open MPI)")
+@pytest.mark.parametrize("case", list(GPU_SELECTION))
+def test_gpu_selection_before_mpi(case):
+    """comm/comm_nccl.cuh selects each rank's GPU from the launcher's node-local rank before MPI_Init and
+    checks it against MPI's shared-memory split after (2 ranks of build/emu/test_llama, one cheap check):
+    the variable used is named; a variable that disagrees with MPI's split stops every rank, with one line
+    from rank 0 naming the rank and nothing hung; with none set the fallback is said."""
+    wrapper, expected = GPU_SELECTION[case]
+    r = run([MPIRUN, "--oversubscribe", "-np", "2", "sh", "-c", wrapper, "sh", EMU / "test_llama", "--only", "kernel_rope"],
+            env=mpi_env(), timeout=120)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    if case == "mismatch":
+        assert r.returncode != 0 and len(errors) == 1 and errors[0].startswith(expected), r.stdout[-2000:] + r.stderr[-3000:]
+        assert "passed" not in r.stdout, r.stdout[-2000:]
+    else:
+        assert r.returncode == 0 and not errors and r.stdout.count("1 passed, 0 failed") == 2, r.stdout[-2000:] + r.stderr[-3000:]
+        assert [line for line in r.stdout.splitlines() if line.startswith("| GPU selection")] == [expected] or \
+            any(line.startswith(expected) for line in r.stdout.splitlines()), r.stdout[-2000:]

@@ -307,3 +307,49 @@ def test_gpu_plan_counts_the_deterministic_attention_workspace(T):
     limited, line = gpu_attention_plan(T, True, 0)
     want = fastest["workspaces"]["cudnn_attention"] if version >= (9, 25) else dp + row_sums
     assert limited["workspaces"]["cudnn_attention"] == want, line
+
+
+# NCCL's defaults, restated from its environment-variable documentation and source (NVIDIA/nccl
+# src/init.cc DEFAULT_*_BUFFSIZE, src/include/device.h): one connection's protocol buffers, Simple
+# (NCCL_BUFFSIZE, 4 MiB), LL (8 lines x 512 threads x 8 steps x 16-byte lines) and LL128 (120 elements x
+# 640 threads x 8 steps x 8 bytes); NVLS: NCCL_NVLS_CHUNKSIZE 128 KiB, 8 steps, 16 channels on Hopper
+# (src/transport/nvls.cc). On an 8-GPU H100 node NCCL reports 32 collective and 32 p2p channels per peer.
+NCCL_CONNECTION = (4 << 20) + 8 * 512 * 8 * 16 + 120 * 640 * 8 * 8
+NCCL_VARS = ("NCCL_BUFFSIZE", "NCCL_LL_BUFFSIZE", "NCCL_LL128_BUFFSIZE", "NCCL_MAX_NCHANNELS", "NCCL_MAX_P2P_NCHANNELS",
+             "NCCL_NVLS_ENABLE", "NCCL_NVLS_CHUNKSIZE", "NCCL_NVLS_NCHANNELS")
+
+
+def gpu_plan(*args, **nccl_env):
+    env = {k: v for k, v in os.environ.items() if k not in NCCL_VARS}
+    env.update({k: str(v) for k, v in nccl_env.items()})
+    r = run([GPU_TRAINER, "--dry-run", "1", "-e", "llama2-7b", "-b", 1, "-t", 4096, "-p", "fp8", "-d", 8 * 4096,
+             "--gpu-mem", GIB_80GB, *map(str, args)], env=env)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1][len("plan: "):])["workspaces"]
+
+
+@pytest.mark.skipif(not GPU_TRAINER.exists(), reason="train_llama is not built (the CUDA build needs nvcc)")
+def test_gpu_plan_counts_nccl_checkpoint_staging_and_context(tmp_path):
+    """The GPU plan's rows outside the tables that a multi-rank run adds: NCCL's ring and tree buffers, the
+    FP8 wire's peer connections (every node peer on 32 p2p channels) and NVLink SHARP's buffers, each as
+    NCCL's variables bound them, the checkpoint staging of a sharded run that writes checkpoints, and the
+    CUDA context estimate and host-value buffer every run has."""
+    one = gpu_plan("--ranks", 1, "-z", 1, "--grad-reduce", "fp8")
+    assert one["cuda_context"] >= 256 << 20 and one["comm_host"] == 1 << 20
+    assert not {"nccl_buffers", "nccl_p2p", "nccl_nvls", "checkpoint_staging"} & one.keys(), one  # one rank: no NCCL
+    eight = gpu_plan("--ranks", 8, "-z", 1, "--grad-reduce", "fp8", "-o", tmp_path / "run")
+    assert eight["nccl_buffers"] == 32 * 2 * NCCL_CONNECTION
+    assert eight["nccl_p2p"] == 7 * 32 * NCCL_CONNECTION
+    assert eight["nccl_nvls"] == 16 * 2 * (128 << 10) * 8 * 8
+    # ZeRO-1 pieces of 7B on 8 ranks: the largest (the embedding's, 32000 x 4096 / 8 padded to 4096-element
+    # chunks) is below 16 Mi / 8 floats, so the staging holds 8 of them
+    piece = -(-32000 * 4096 // 8 // 4096) * 4096
+    assert eight["checkpoint_staging"] == 8 * min(piece, (1 << 24) // 8) * 4
+    # what bounds them: the variables NCCL reads, and the flags
+    bounded = gpu_plan("--ranks", 8, "-z", 1, "--grad-reduce", "fp8", NCCL_MAX_P2P_NCHANNELS=4, NCCL_BUFFSIZE=1 << 20,
+                       NCCL_NVLS_ENABLE=0)
+    connection = (1 << 20) + 8 * 512 * 8 * 16 + 120 * 640 * 8 * 8
+    assert bounded["nccl_p2p"] == 7 * 4 * connection and "nccl_nvls" not in bounded
+    assert "checkpoint_staging" not in bounded  # no -o: no checkpoints
+    assert "nccl_p2p" not in gpu_plan("--ranks", 8, "-z", 1, "--grad-reduce", "fp32")
+    assert "checkpoint_staging" not in gpu_plan("--ranks", 8, "-z", 1, "-o", tmp_path / "run", "-n", -1)
