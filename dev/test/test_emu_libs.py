@@ -369,8 +369,10 @@ def test_nccl_undefined_usage_stops_the_run(tools, mode, ranks, message):
 
 
 def build_with_runtime(tools, nccl_source, name):
-    """lib_nccl linked against emu-core's lazy runtime (emu/runtime.cpp) instead of the eager stub."""
-    return compile_program(tools["dir"] / name, [REPO / "emu/tests/lib_nccl.cpp", nccl_source, REPO / "emu/runtime.cpp"],
+    """lib_nccl linked against emu-core's lazy runtime (emu/runtime.cpp, with emu/nvtx.cpp for the counts the
+    runtime keeps) instead of the eager stub."""
+    return compile_program(tools["dir"] / name, [REPO / "emu/tests/lib_nccl.cpp", nccl_source, REPO / "emu/runtime.cpp",
+                                                 REPO / "emu/nvtx.cpp"],
                            ["-lboost_context"])
 
 
