@@ -2,9 +2,10 @@
  * Command-line arguments of the trainers, shared by train_llama (GPU) and train_llama_cpu. llm.c's
  * single-letter flags where llm.c has one (docs/cli.md), long flags for the rest. Every flag takes exactly
  * one value; an unknown flag, a missing value or a malformed number or name stops with one line naming
- * the flag. Each flag is written once, as a row of TRAIN_ARG_SPECS: its name, type, default and help; the
- * table is the parser, the defaults (train_args_default parses each row's default as if it had been
- * given) and the --help text. Enum flags are parsed here, once, into their typed enums.
+ * the flag. Each flag is written once, as a row of TRAIN_ARGS: its name, type, field, default and help;
+ * the rows make the TrainArgs struct, the parser's table, the defaults (train_args_default parses each
+ * row's default as if it had been given) and the --help text. Enum flags are parsed here, once, into
+ * their typed enums.
  */
 #pragma once
 
@@ -22,79 +23,113 @@
 #include "../llama/optim.h"
 #include "../model/options.h"
 
-typedef struct {
-    const char* train_pattern;  /* -i */
-    const char* val_pattern;    /* -j */
-    const char* output_dir;     /* -o, NULL: no logs or checkpoints */
-    const char* model;          /* -e: preset name or checkpoint path */
-    const char* tokenizer_path; /* --tokenizer, NULL: tokenizer.bin beside the train shards */
-    int B;                      /* -b micro-batch size (sequences per rank) */
-    int T;                      /* -t sequence length */
-    long long total_batch;      /* -d tokens per optimizer step over all ranks; -1: B*T*world */
-    float lr;                   /* -l peak learning rate */
-    int warmup;                 /* -u warmup steps */
-    float final_lr_frac;        /* -q final LR as a fraction of -l */
-    LrSchedule schedule;        /* -k */
-    float weight_decay;         /* -c */
-    float grad_clip;            /* --clip, max global L2 norm; 0: off */
-    int steps;                  /* -x optimizer steps; -1: one epoch */
-    int val_every;              /* -v */
-    int val_batches;            /* -m; -1: the whole validation set */
-    int sample_every;           /* -s; 0: never */
-    int sample_tokens;          /* -g */
-    int hellaswag;              /* -h 1: HellaSwag evaluation (llm.c's -h) */
-    const char* hellaswag_path; /* --hellaswag */
-    const char* eval_lambada;   /* --eval-lambada FILE, NULL: off */
-    const char* eval_wikitext;  /* --eval-wikitext FILE, NULL: off */
-    int eval_every;             /* --eval-every; -1: as -v */
-    int eval_limit;             /* --eval-limit: first N examples of each set; -1: all */
-    const char* eval_dump;      /* --eval-dump DIR: the scored logits (tests); NULL: off */
-    EvalCompat eval_compat;     /* --eval-compat (dataloader/eval_sets.h) */
-    int ckpt_every;             /* -n; 0: only at the end (when -o is given); NO_CHECKPOINTS: never */
-    int resume;                 /* -y */
-    int zero_stage;             /* -z */
-    CommWire grad_reduce;       /* --grad-reduce */
-    OptimState optim_state;     /* --optim-state */
-    GradFormat grad_buffer;     /* --grad-buffer */
-    MasterFormat master_weights; /* --master-weights */
-    float comm_timeout;         /* --comm-timeout seconds; 0: no watchdog */
-    int recompute;              /* -r */
-    Precision precision;        /* -p */
-    int overfit;                /* -a: train on the first batch only */
-    int shuffle;                /* --shuffle */
-    long long seed;             /* --seed */
-    int fp8_stats_every;        /* --fp8-stats */
-    int pow2_scales;            /* --pow2-scales */
-    Fp8Accum fp8_accum;         /* --fp8-accum */
-    int fp8_fast_accum;         /* --fp8-fast-accum: fprop's FP8 GEMMs with fast accumulation */
-    Fp8Recipe fp8_recipe;       /* --fp8-recipe */
-    int amax_history;           /* --amax-history: delayed: history entries per operand */
-    Fp8AmaxAlgo amax_algo;      /* --amax-algo */
-    int fp8_margin;             /* --fp8-margin: delayed: scale = (fp8 max / amax) / 2^margin */
-    int max_skips;              /* --max-skips */
-    int n_layers;               /* --n-layers, overrides the preset's layer count; 0: keep */
-    int profile_every;          /* --profile: per-phase times of every N-th step; 0: off */
-    int warmup_pass;            /* --warmup-pass: 1 runs a step's kernels, GEMMs and collectives once before step 1 */
-    int dry_run;                /* --dry-run: print the memory plan and exit */
-    int plan_ranks;             /* --ranks: ranks the plan is for; 0: this job's */
-    float gpu_mem_gib;          /* --gpu-mem: memory the plan is checked against, GiB; 0: the backend's */
-    const char* bf16_layers;    /* --bf16-layers: blocks whose linears stay BF16 in -p fp8 (bf16_layers_parse) */
-    int shadow_every;           /* --shadow-every K: shadow check every K steps; 0: off */
-    int shadow_grad;            /* --shadow-grad 1: the shadow check compares gradients too */
-    ShadowPolicyKind shadow_policy; /* --shadow-policy */
-    float shadow_tol;           /* --shadow-tol: largest relative loss difference of a clean check */
-    int shadow_patience;        /* --shadow-patience: checks over the tolerance in a row before a fallback */
-    int shadow_recover;         /* --shadow-recover: BF16 steps before returning to FP8; 0: never */
-    float alert_saturated;      /* --alert-saturated: saturated share of an FP8 operand that raises an alert; 0: off */
-    float alert_underflow;      /* --alert-underflow: underflow share that raises an alert; 0: off */
-    float alert_amax_growth;    /* --alert-amax-growth: W or X amax ratio to the previous statistics step; 0: off */
-} TrainArgs;
+/*
+ * Every flag, once: ARG(flag, type, field, default, help) or, for a flag that names one of several values,
+ * ARG_NAMES(flag, enum type, field, names, default, help). The default is written as it would be given
+ * (ARG_STR: NULL for none; ARG_NAMES: one of its names). This list makes the TrainArgs fields, the
+ * parser's table, the defaults and the --help text.
+ */
+#define TRAIN_ARGS(ARG, ARG_NAMES) \
+    ARG("-i", ARG_STR, train_pattern, "dev/data/tinyshakespeare/tiny_shakespeare_train.bin", "train shard glob") \
+    ARG("-j", ARG_STR, val_pattern, "dev/data/tinyshakespeare/tiny_shakespeare_val.bin", "validation shard glob") \
+    ARG("-o", ARG_STR, output_dir, NULL, "output dir for main.log, metrics, checkpoints") \
+    ARG("-e", ARG_STR, model, "tiny", "model: a preset name (see below) or a model checkpoint .bin") \
+    ARG("--tokenizer", ARG_STR, tokenizer_path, NULL, "tokenizer.bin for samples (none: beside the train shards)") \
+    ARG("-b", ARG_INT, B, "8", "micro-batch size, sequences per rank") \
+    ARG("-t", ARG_INT, T, "256", "sequence length") \
+    ARG("-d", ARG_I64, total_batch, "-1", "total batch in tokens per optimizer step, all ranks (-1: B*T*ranks)") \
+    ARG("-l", ARG_FLOAT, lr, "0.001", "peak learning rate") \
+    ARG("-u", ARG_INT, warmup, "20", "learning-rate warmup steps") \
+    ARG("-q", ARG_FLOAT, final_lr_frac, "0.1", "final learning rate as a fraction of -l") \
+    ARG_NAMES("-k", LrSchedule, schedule, LR_SCHEDULE_NAMES, "cosine", "learning-rate schedule: cosine | linear | constant") \
+    ARG("-c", ARG_FLOAT, weight_decay, "0.1", "AdamW weight decay (2-D weights only)") \
+    ARG("--clip", ARG_FLOAT, grad_clip, "1", "gradient clipping: max global L2 norm (0: off)") \
+    ARG("-x", ARG_INT, steps, "-1", "optimizer steps (-1: one epoch of the train data)") \
+    ARG("-v", ARG_INT, val_every, "25", "validation loss every N steps (0: only at the end)") \
+    ARG("-m", ARG_INT, val_batches, "20", "validation batches (of -d tokens) per evaluation (-1: all)") \
+    ARG("-h", ARG_INT, hellaswag, "0", "1: HellaSwag accuracy at every evaluation (as llm.c; -h or --help alone: this help)") \
+    ARG("--hellaswag", ARG_STR, hellaswag_path, "dev/data/hellaswag/hellaswag_val.bin", \
+        "HellaSwag file for -h 1 (llm.c's eval format: dev/data/hellaswag.py)") \
+    ARG("--eval-lambada", ARG_STR, eval_lambada, NULL, "LAMBADA file (dev/data/lambada.py): last-word accuracy and perplexity") \
+    ARG("--eval-wikitext", ARG_STR, eval_wikitext, NULL, "WikiText file (dev/data/wikitext.py): word/byte perplexity, bits per byte") \
+    ARG("--eval-every", ARG_INT, eval_every, "-1", "downstream evaluations every N steps (0: only at the end; -1: as -v)") \
+    ARG("--eval-limit", ARG_INT, eval_limit, "-1", "evaluate the first N examples (documents) of each set (-1: all)") \
+    ARG("--eval-dump", ARG_STR, eval_dump, NULL, "write the evaluations' scored logits under DIR (tests' independent scorer)") \
+    ARG_NAMES("--eval-compat", EvalCompat, eval_compat, EVAL_COMPAT_NAMES, "harness", \
+              "rules of the eval files and scores: harness (lm-evaluation-harness's for an HF Llama-2: no BOS, its WikiText " \
+              "detokenizer, acc_norm per character) | llm8 (BOS first, llm8's detokenizer, acc_norm per byte); each file " \
+              "records its mode (dev/data/*.py --eval-compat)") \
+    ARG("-s", ARG_INT, sample_every, "0", "print a sample every N steps (0: never)") \
+    ARG("-g", ARG_INT, sample_tokens, "64", "tokens per sample") \
+    ARG("-n", ARG_INT, ckpt_every, "0", "checkpoint every N steps (0: only at the end; needs -o; -1: never, e.g. benchmarks)") \
+    ARG("-y", ARG_INT, resume, "0", "1: resume from the latest checkpoint in -o") \
+    ARG("-z", ARG_INT, zero_stage, "0", "ZeRO stage: 0 all-reduce, 1 optimizer state sharded, 2 gradients sharded too") \
+    ARG_NAMES("--grad-reduce", CommWire, grad_reduce, COMM_WIRE_NAMES, "fp32", \
+              "gradients on the wire: fp32 (4 B/element, exact rank-order sums) | bf16 (2 B, each contribution rounded to BF16) " \
+              "| fp8 (1 B + 4 B per 4096-element chunk: E4M3 with a scale per chunk, ~2^-4 relative rounding per contribution, " \
+              "summed in FP32); bf16 and fp8 change the sums") \
+    ARG_NAMES("--optim-state", OptimState, optim_state, OPTIM_STATE_NAMES, "fp32", \
+              "AdamW moments stored as fp32 (8 B/param) | bf16 (4 B) | fp8 (E4M3 m + FP16 v, a scale per 4096: 3 B; MS-AMP O2)") \
+    ARG_NAMES("--grad-buffer", GradFormat, grad_buffer, GRAD_FORMAT_NAMES, "fp32", \
+              "gradients accumulated over micro-steps stored as fp32 (4 B/param) | bf16 (2 B, ~2^-8 relative rounding per " \
+              "micro-step) | fp8 (E4M3, a scale per 4096: 1 B, ~2^-4 per micro-step); -z 1, or -z 0 on one rank; adds FP32 " \
+              "bucket buffers") \
+    ARG_NAMES("--master-weights", MasterFormat, master_weights, MASTER_FORMAT_NAMES, "fp32", \
+              "master weights stored as fp32 (4 B/param of the shard) | fp16 (2 B, a scale per 4096; MS-AMP O3: updates below " \
+              "~2^-12 of a weight are lost)") \
+    ARG("--comm-timeout", ARG_FLOAT, comm_timeout, "900", "seconds without progress before a rank aborts the job (0: off)") \
+    ARG("-r", ARG_INT, recompute, "0", "recompute in backward: 0 none, 1 norm and SwiGLU outputs, 2 whole blocks") \
+    ARG_NAMES("-p", Precision, precision, PRECISION_NAMES, "fp8", "precision recipe: fp8 | bf16 | fp32") \
+    ARG("-a", ARG_INT, overfit, "0", "1: overfit the first batch (debugging)") \
+    ARG("--shuffle", ARG_INT, shuffle, "1", "1: shuffle shards and samples each epoch") \
+    ARG("--seed", ARG_I64, seed, "1337", "seed for init, shuffling and sampling") \
+    ARG("--fp8-stats", ARG_INT, fp8_stats_every, "0", "log FP8 amax/scale/saturation/underflow every N steps (0: off)") \
+    ARG("--pow2-scales", ARG_INT, pow2_scales, "0", "1: round FP8 scales down to powers of two") \
+    ARG_NAMES("--fp8-accum", Fp8Accum, fp8_accum, FP8_ACCUM_NAMES, "exact", \
+              "fp8 GEMM accumulation: exact (FP32) | hopper (model of H100 tensor cores; CPU build only)") \
+    ARG("--fp8-fast-accum", ARG_INT, fp8_fast_accum, "1", "fp8: 1 fprop GEMMs with fast accumulation (as TE), 0 without") \
+    ARG_NAMES("--fp8-recipe", Fp8Recipe, fp8_recipe, FP8_RECIPE_NAMES, "current", \
+              "fp8 scaling of X and dY: current (each tensor's own amax) | delayed (TE DelayedScaling: amax history)") \
+    ARG("--amax-history", ARG_INT, amax_history, "1024", "delayed: amax history length, entries per operand, one per applied step (TE: 1024)") \
+    ARG_NAMES("--amax-algo", Fp8AmaxAlgo, amax_algo, FP8_AMAX_ALGO_NAMES, "max", \
+              "delayed: amax of the history: max (of every entry) | most_recent (the last step's)") \
+    ARG("--fp8-margin", ARG_INT, fp8_margin, "0", "delayed: scale = (fp8 max / amax) / 2^margin, margin >= 0") \
+    ARG("--max-skips", ARG_INT, max_skips, "5", "stop after this many consecutive non-finite steps") \
+    ARG("--n-layers", ARG_INT, n_layers, "0", "override the preset's layer count (benchmarks)") \
+    ARG("--profile", ARG_INT, profile_every, "0", "print forward/backward/optimizer/FP8-cast ms of every N-th step (0: off)") \
+    ARG("--warmup-pass", ARG_INT, warmup_pass, "1", "GPU: 1 runs every kernel, GEMM shape and collective of a step once before step 1, 0 not") \
+    ARG("--dry-run", ARG_INT, dry_run, "0", "1: print the per-rank memory plan of these settings and exit (allocates and reads nothing)") \
+    ARG("--ranks", ARG_INT, plan_ranks, "0", "with --dry-run: the rank count to plan for (0: 1)") \
+    ARG("--gpu-mem", ARG_FLOAT, gpu_mem_gib, "0", "with --dry-run: device memory in GiB to plan against (0: the device's, or host RAM)") \
+    ARG("--bf16-layers", ARG_STR, bf16_layers, "none", "fp8: blocks kept in BF16: none | first,last | indices and ranges (0,2-5)") \
+    ARG("--shadow-every", ARG_INT, shadow_every, "0", "fp8: every K steps also run the first micro-batch in BF16 and compare (0: off)") \
+    ARG("--shadow-grad", ARG_INT, shadow_grad, "0", "1: the shadow check compares gradients too (-z 0/1)") \
+    ARG_NAMES("--shadow-policy", ShadowPolicyKind, shadow_policy, SHADOW_POLICY_NAMES, "warn", \
+              "on shadow checks over --shadow-tol: warn | fallback (train in BF16)") \
+    ARG("--shadow-tol", ARG_FLOAT, shadow_tol, "0.01", "shadow check: largest relative FP8-vs-BF16 loss difference") \
+    ARG("--shadow-patience", ARG_INT, shadow_patience, "3", "fallback after this many checks over --shadow-tol in a row") \
+    ARG("--shadow-recover", ARG_INT, shadow_recover, "100", "fallback: BF16 steps before returning to FP8 (0: never)") \
+    ARG("--alert-saturated", ARG_FLOAT, alert_saturated, "0.01", "--fp8-stats steps: alert above this saturated share (0: off)") \
+    ARG("--alert-underflow", ARG_FLOAT, alert_underflow, "0.01", "--fp8-stats steps: alert above this underflow share (0: off)") \
+    ARG("--alert-amax-growth", ARG_FLOAT, alert_amax_growth, "8", "--fp8-stats steps: alert when a W or X amax grows by this factor (0: off)")
 
 /* -n -1: a run with -o writes logs but no checkpoint, not even the last one (benchmarks). */
 #define NO_CHECKPOINTS (-1)
 
-/* An ARG_STR default may be NULL (--help: "none"); an ARG_ENUM value is one of its row's names. */
 typedef enum { ARG_STR, ARG_INT, ARG_I64, ARG_FLOAT, ARG_ENUM } ArgType;
+
+/* The C type of each ArgType's field. */
+#define ARG_C_TYPE_ARG_STR const char*
+#define ARG_C_TYPE_ARG_INT int
+#define ARG_C_TYPE_ARG_I64 long long
+#define ARG_C_TYPE_ARG_FLOAT float
+#define TRAIN_ARG_FIELD(flag, type, field, def, help) ARG_C_TYPE_##type field;
+#define TRAIN_ARG_ENUM_FIELD(flag, type, field, names, def, help) type field;
+
+/* The parsed command line: one field per row of TRAIN_ARGS, named and typed there. */
+typedef struct {
+    TRAIN_ARGS(TRAIN_ARG_FIELD, TRAIN_ARG_ENUM_FIELD)
+} TrainArgs;
 
 typedef struct {
     const char* flag;
@@ -107,92 +142,10 @@ typedef struct {
 } ArgSpec;
 
 #define ARG_FIELD(field) offsetof(TrainArgs, field), sizeof(((TrainArgs*)0)->field)
-#define ARG(flag, type, field, def, help) {flag, type, ARG_FIELD(field), def, help, NULL, 0}
-#define ARG_NAMES(flag, field, names, def, help) {flag, ARG_ENUM, ARG_FIELD(field), def, help, names, (int)(sizeof(names) / sizeof(names[0]))}
-
-static const ArgSpec TRAIN_ARG_SPECS[] = {
-    ARG("-i", ARG_STR, train_pattern, "dev/data/tinyshakespeare/tiny_shakespeare_train.bin", "train shard glob"),
-    ARG("-j", ARG_STR, val_pattern, "dev/data/tinyshakespeare/tiny_shakespeare_val.bin", "validation shard glob"),
-    ARG("-o", ARG_STR, output_dir, NULL, "output dir for main.log, metrics, checkpoints"),
-    ARG("-e", ARG_STR, model, "tiny", "model: a preset name (see below) or a model checkpoint .bin"),
-    ARG("--tokenizer", ARG_STR, tokenizer_path, NULL, "tokenizer.bin for samples (none: beside the train shards)"),
-    ARG("-b", ARG_INT, B, "8", "micro-batch size, sequences per rank"),
-    ARG("-t", ARG_INT, T, "256", "sequence length"),
-    ARG("-d", ARG_I64, total_batch, "-1", "total batch in tokens per optimizer step, all ranks (-1: B*T*ranks)"),
-    ARG("-l", ARG_FLOAT, lr, "0.001", "peak learning rate"),
-    ARG("-u", ARG_INT, warmup, "20", "learning-rate warmup steps"),
-    ARG("-q", ARG_FLOAT, final_lr_frac, "0.1", "final learning rate as a fraction of -l"),
-    ARG_NAMES("-k", schedule, LR_SCHEDULE_NAMES, "cosine", "learning-rate schedule: cosine | linear | constant"),
-    ARG("-c", ARG_FLOAT, weight_decay, "0.1", "AdamW weight decay (2-D weights only)"),
-    ARG("--clip", ARG_FLOAT, grad_clip, "1", "gradient clipping: max global L2 norm (0: off)"),
-    ARG("-x", ARG_INT, steps, "-1", "optimizer steps (-1: one epoch of the train data)"),
-    ARG("-v", ARG_INT, val_every, "25", "validation loss every N steps (0: only at the end)"),
-    ARG("-m", ARG_INT, val_batches, "20", "validation batches (of -d tokens) per evaluation (-1: all)"),
-    ARG("-h", ARG_INT, hellaswag, "0", "1: HellaSwag accuracy at every evaluation (as llm.c; -h or --help alone: this help)"),
-    ARG("--hellaswag", ARG_STR, hellaswag_path, "dev/data/hellaswag/hellaswag_val.bin",
-        "HellaSwag file for -h 1 (llm.c's eval format: dev/data/hellaswag.py)"),
-    ARG("--eval-lambada", ARG_STR, eval_lambada, NULL, "LAMBADA file (dev/data/lambada.py): last-word accuracy and perplexity"),
-    ARG("--eval-wikitext", ARG_STR, eval_wikitext, NULL, "WikiText file (dev/data/wikitext.py): word/byte perplexity, bits per byte"),
-    ARG("--eval-every", ARG_INT, eval_every, "-1", "downstream evaluations every N steps (0: only at the end; -1: as -v)"),
-    ARG("--eval-limit", ARG_INT, eval_limit, "-1", "evaluate the first N examples (documents) of each set (-1: all)"),
-    ARG("--eval-dump", ARG_STR, eval_dump, NULL, "write the evaluations' scored logits under DIR (tests' independent scorer)"),
-    ARG_NAMES("--eval-compat", eval_compat, EVAL_COMPAT_NAMES, "harness",
-              "rules of the eval files and scores: harness (lm-evaluation-harness's for an HF Llama-2: no BOS, its WikiText "
-              "detokenizer, acc_norm per character) | llm8 (BOS first, llm8's detokenizer, acc_norm per byte); each file "
-              "records its mode (dev/data/*.py --eval-compat)"),
-    ARG("-s", ARG_INT, sample_every, "0", "print a sample every N steps (0: never)"),
-    ARG("-g", ARG_INT, sample_tokens, "64", "tokens per sample"),
-    ARG("-n", ARG_INT, ckpt_every, "0", "checkpoint every N steps (0: only at the end; needs -o; -1: never, e.g. benchmarks)"),
-    ARG("-y", ARG_INT, resume, "0", "1: resume from the latest checkpoint in -o"),
-    ARG("-z", ARG_INT, zero_stage, "0", "ZeRO stage: 0 all-reduce, 1 optimizer state sharded, 2 gradients sharded too"),
-    ARG_NAMES("--grad-reduce", grad_reduce, COMM_WIRE_NAMES, "fp32",
-              "gradients on the wire: fp32 (4 B/element, exact rank-order sums) | bf16 (2 B, each contribution rounded to BF16) "
-              "| fp8 (1 B + 4 B per 4096-element chunk: E4M3 with a scale per chunk, ~2^-4 relative rounding per contribution, "
-              "summed in FP32); bf16 and fp8 change the sums"),
-    ARG_NAMES("--optim-state", optim_state, OPTIM_STATE_NAMES, "fp32",
-              "AdamW moments stored as fp32 (8 B/param) | bf16 (4 B) | fp8 (E4M3 m + FP16 v, a scale per 4096: 3 B; MS-AMP O2)"),
-    ARG_NAMES("--grad-buffer", grad_buffer, GRAD_FORMAT_NAMES, "fp32",
-              "gradients accumulated over micro-steps stored as fp32 (4 B/param) | bf16 (2 B, ~2^-8 relative rounding per "
-              "micro-step) | fp8 (E4M3, a scale per 4096: 1 B, ~2^-4 per micro-step); -z 1, or -z 0 on one rank; adds FP32 "
-              "bucket buffers"),
-    ARG_NAMES("--master-weights", master_weights, MASTER_FORMAT_NAMES, "fp32",
-              "master weights stored as fp32 (4 B/param of the shard) | fp16 (2 B, a scale per 4096; MS-AMP O3: updates below "
-              "~2^-12 of a weight are lost)"),
-    ARG("--comm-timeout", ARG_FLOAT, comm_timeout, "900", "seconds without progress before a rank aborts the job (0: off)"),
-    ARG("-r", ARG_INT, recompute, "0", "recompute in backward: 0 none, 1 norm and SwiGLU outputs, 2 whole blocks"),
-    ARG_NAMES("-p", precision, PRECISION_NAMES, "fp8", "precision recipe: fp8 | bf16 | fp32"),
-    ARG("-a", ARG_INT, overfit, "0", "1: overfit the first batch (debugging)"),
-    ARG("--shuffle", ARG_INT, shuffle, "1", "1: shuffle shards and samples each epoch"),
-    ARG("--seed", ARG_I64, seed, "1337", "seed for init, shuffling and sampling"),
-    ARG("--fp8-stats", ARG_INT, fp8_stats_every, "0", "log FP8 amax/scale/saturation/underflow every N steps (0: off)"),
-    ARG("--pow2-scales", ARG_INT, pow2_scales, "0", "1: round FP8 scales down to powers of two"),
-    ARG_NAMES("--fp8-accum", fp8_accum, FP8_ACCUM_NAMES, "exact",
-              "fp8 GEMM accumulation: exact (FP32) | hopper (model of H100 tensor cores; CPU build only)"),
-    ARG("--fp8-fast-accum", ARG_INT, fp8_fast_accum, "1", "fp8: 1 fprop GEMMs with fast accumulation (as TE), 0 without"),
-    ARG_NAMES("--fp8-recipe", fp8_recipe, FP8_RECIPE_NAMES, "current",
-              "fp8 scaling of X and dY: current (each tensor's own amax) | delayed (TE DelayedScaling: amax history)"),
-    ARG("--amax-history", ARG_INT, amax_history, "1024", "delayed: amax history length, entries per operand, one per applied step (TE: 1024)"),
-    ARG_NAMES("--amax-algo", amax_algo, FP8_AMAX_ALGO_NAMES, "max",
-              "delayed: amax of the history: max (of every entry) | most_recent (the last step's)"),
-    ARG("--fp8-margin", ARG_INT, fp8_margin, "0", "delayed: scale = (fp8 max / amax) / 2^margin, margin >= 0"),
-    ARG("--max-skips", ARG_INT, max_skips, "5", "stop after this many consecutive non-finite steps"),
-    ARG("--n-layers", ARG_INT, n_layers, "0", "override the preset's layer count (benchmarks)"),
-    ARG("--profile", ARG_INT, profile_every, "0", "print forward/backward/optimizer/FP8-cast ms of every N-th step (0: off)"),
-    ARG("--warmup-pass", ARG_INT, warmup_pass, "1", "GPU: 1 runs every kernel, GEMM shape and collective of a step once before step 1, 0 not"),
-    ARG("--dry-run", ARG_INT, dry_run, "0", "1: print the per-rank memory plan of these settings and exit (allocates and reads nothing)"),
-    ARG("--ranks", ARG_INT, plan_ranks, "0", "with --dry-run: the rank count to plan for (0: 1)"),
-    ARG("--gpu-mem", ARG_FLOAT, gpu_mem_gib, "0", "with --dry-run: device memory in GiB to plan against (0: the device's, or host RAM)"),
-    ARG("--bf16-layers", ARG_STR, bf16_layers, "none", "fp8: blocks kept in BF16: none | first,last | indices and ranges (0,2-5)"),
-    ARG("--shadow-every", ARG_INT, shadow_every, "0", "fp8: every K steps also run the first micro-batch in BF16 and compare (0: off)"),
-    ARG("--shadow-grad", ARG_INT, shadow_grad, "0", "1: the shadow check compares gradients too (-z 0/1)"),
-    ARG_NAMES("--shadow-policy", shadow_policy, SHADOW_POLICY_NAMES, "warn", "on shadow checks over --shadow-tol: warn | fallback (train in BF16)"),
-    ARG("--shadow-tol", ARG_FLOAT, shadow_tol, "0.01", "shadow check: largest relative FP8-vs-BF16 loss difference"),
-    ARG("--shadow-patience", ARG_INT, shadow_patience, "3", "fallback after this many checks over --shadow-tol in a row"),
-    ARG("--shadow-recover", ARG_INT, shadow_recover, "100", "fallback: BF16 steps before returning to FP8 (0: never)"),
-    ARG("--alert-saturated", ARG_FLOAT, alert_saturated, "0.01", "--fp8-stats steps: alert above this saturated share (0: off)"),
-    ARG("--alert-underflow", ARG_FLOAT, alert_underflow, "0.01", "--fp8-stats steps: alert above this underflow share (0: off)"),
-    ARG("--alert-amax-growth", ARG_FLOAT, alert_amax_growth, "8", "--fp8-stats steps: alert when a W or X amax grows by this factor (0: off)"),
-};
+#define TRAIN_ARG_SPEC(flag, type, field, def, help) {flag, type, ARG_FIELD(field), def, help, NULL, 0},
+#define TRAIN_ARG_ENUM_SPEC(flag, type, field, names, def, help) \
+    {flag, ARG_ENUM, ARG_FIELD(field), def, help, names, (int)(sizeof(names) / sizeof(names[0]))},
+static const ArgSpec TRAIN_ARG_SPECS[] = {TRAIN_ARGS(TRAIN_ARG_SPEC, TRAIN_ARG_ENUM_SPEC)};
 #define NUM_TRAIN_ARGS (sizeof(TRAIN_ARG_SPECS) / sizeof(TRAIN_ARG_SPECS[0]))
 
 static inline long long parse_integer(const char* flag, const char* value, long long lo, long long hi) {
