@@ -649,55 +649,67 @@ static inline void trainer_next_batch(Trainer* tr) {
     tr->overfit_loaded = overfit;
 }
 
+/* A due shadow check, on the step's first micro-batch: the BF16 side, before the FP8 step's casts. */
+static inline void trainer_shadow_check(Trainer* tr) {
+    watchdog_phase("shadow check", tr->step);
+    shadow_run(&tr->shadow, tr->train.inputs, tr->train.targets, tr->args.B, tr->args.T);
+}
+
+/* Forward and backward of micro-batch `micro` into the gradients; its loss sum stays in loss_sums. */
+static inline void trainer_forward_backward(Trainer* tr, int micro, float dloss) {
+    Llama* m = &tr->model;
+    tr->dp.last_micro = micro == tr->grad_accum_steps - 1;
+    watchdog_phase("forward", tr->step);
+    backend_timer_start(PROF_FORWARD);
+    llama_forward_deferred(m, tr->train.inputs, tr->train.targets, tr->args.B, tr->args.T, dloss, tr->loss_sums + micro);
+    backend_timer_stop(PROF_FORWARD);
+    watchdog_phase("backward", tr->step);
+    backend_timer_start(PROF_BACKWARD);
+    llama_backward(m);
+    backend_timer_stop(PROF_BACKWARD);
+}
+
 /*
- * The step's micro-steps: forward and backward of grad_accum_steps micro-batches into the gradients,
- * reading nothing back (each forward leaves its loss sum in loss_sums). A due shadow check runs first,
- * on the first micro-batch; the step's own casts then gather the statistics and the non-finite flags.
+ * The step's micro-steps: for each of grad_accum_steps micro-batches, its data, then forward and backward,
+ * reading nothing back. A due shadow check runs first, on the first micro-batch; the step's own casts
+ * then gather the statistics and the non-finite flags.
  */
 static inline void trainer_micro_steps(Trainer* tr, const StepState* st) {
     const TrainArgs* a = &tr->args;
     Llama* m = &tr->model;
-    int A = tr->grad_accum_steps;
-    float dloss = 1.0f / ((float)a->B * a->T * A * tr->world);
+    float dloss = 1.0f / ((float)a->B * a->T * tr->grad_accum_steps * tr->world);
     dp_begin_step(&tr->dp);
-    for (int micro = 0; micro < A; micro++) {
+    for (int micro = 0; micro < tr->grad_accum_steps; micro++) {
         trainer_next_batch(tr);
-        if (micro == 0 && st->shadow_due) {
-            watchdog_phase("shadow check", tr->step);
-            shadow_run(&tr->shadow, tr->train.inputs, tr->train.targets, a->B, a->T);
-        }
+        if (micro == 0 && st->shadow_due) trainer_shadow_check(tr);
         if (micro == 0) llama_fp8_begin_step(m);
         if (micro == 0 && st->stats_due) llama_fp8_stats_begin(m);
-        tr->dp.last_micro = micro == A - 1;
-        watchdog_phase("forward", tr->step);
-        backend_timer_start(PROF_FORWARD);
-        llama_forward_deferred(m, tr->train.inputs, tr->train.targets, a->B, a->T, dloss, tr->loss_sums + micro);
-        backend_timer_stop(PROF_FORWARD);
-        watchdog_phase("backward", tr->step);
-        backend_timer_start(PROF_BACKWARD);
-        llama_backward(m);
-        backend_timer_stop(PROF_BACKWARD);
+        trainer_forward_backward(tr, micro, dloss);
     }
 }
 
-/*
- * After the micro-steps, what every rank must see the same: the losses (read back once for the whole
- * step), the delayed recipe's step amaxes, the FP8 non-finite flags and the stop signal (one MAX
- * reduction), and the gradient norm. Opens the optimizer's profile phase, which trainer_update closes.
- */
-static inline void trainer_reduce(Trainer* tr, StepState* st) {
-    const TrainArgs* a = &tr->args;
-    Llama* m = &tr->model;
-    int A = tr->grad_accum_steps, W = tr->world;
+/* The micro-batches' losses, read back once for the whole step (waiting for the backward and its
+   reductions) into this rank's slots. */
+static inline void trainer_read_losses(Trainer* tr, StepState* st) {
+    int A = tr->grad_accum_steps;
     watchdog_phase("gradient reduction", tr->step);
     double* loss_sums = (double*)mallocCheck((size_t)A * sizeof(double));
     dev_download(loss_sums, tr->loss_sums, (size_t)A * sizeof(double));
     for (int micro = 0; micro < A; micro++) {
-        float micro_loss = (float)(loss_sums[micro] / ((double)a->B * a->T)); /* llama_forward's mean, bit for bit */
-        st->slots[(size_t)micro * W + tr->rank] = micro_loss;
+        float micro_loss = (float)(loss_sums[micro] / ((double)tr->args.B * tr->args.T)); /* llama_forward's mean, bit for bit */
+        st->slots[(size_t)micro * tr->world + tr->rank] = micro_loss;
         if (micro == 0) st->first_loss = micro_loss;
     }
     free(loss_sums);
+}
+
+/*
+ * After the losses, what every rank must see the same: the delayed recipe's step amaxes, the gradient
+ * norm, the FP8 non-finite flags and the stop signal (one MAX reduction). Opens the optimizer's profile
+ * phase, which trainer_update closes.
+ */
+static inline void trainer_reduce(Trainer* tr, StepState* st) {
+    Llama* m = &tr->model;
     dp_fp8_reduce_step_amax(&tr->dp);
     st->fp8_nonfinite = llama_fp8_nonfinite(m, st->fp8_bad, sizeof(st->fp8_bad));
     backend_timer_start(PROF_OPTIMIZER);
@@ -767,30 +779,33 @@ static inline void trainer_first_step_report(Trainer* tr, const StepState* st, d
     if (tr->rank == 0) memory_report(&tr->model, &plan);
 }
 
-/* The step's line (loss, lr, norm, time, tokens/s, MFU, exposed communication, ETA), its profile, its
-   metrics row, and the shadow check's report. */
-static inline void trainer_log_step(Trainer* tr, const StepState* st) {
-    const TrainArgs* a = &tr->args;
-    int W = tr->world;
-    backend_synchronize();
-    double comm_ms = comm_exposed_ms();
-    double ms = (wall_seconds() - st->t0) * 1e3;
-    double phase_ms[PROF_PHASES];
-    backend_profile_end(phase_ms);
-    double tokens = (double)tr->grad_accum_steps * a->B * a->T * W;
-    double tok_s = tokens / (ms / 1e3);
-    double peak = backend_peak_flops(a->precision);
-    double mfu = peak > 0.0 ? flops_per_token(&tr->cfg, a->T) * tok_s / (peak * W) : 0.0;
+/* The step's line: loss, learning rate, gradient norm, time, tokens/s, MFU, exposed communication, the
+   time elapsed and the ETA. */
+static inline void trainer_print_step(Trainer* tr, const StepState* st, double ms, double tok_s, double mfu, double comm_ms) {
     printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s", tr->step + 1, tr->steps, (float)st->loss, st->lr,
            st->norm, ms, tok_s);
     if (mfu > 0.0) printf(" | MFU %.1f%%", 100.0 * mfu);
-    if (W > 1) printf(" | comm %.1f ms", comm_ms);
+    if (tr->world > 1) printf(" | comm %.1f ms", comm_ms);
     tr->step_seconds += ms / 1e3;
     tr->steps_run++;
     char elapsed[32], eta[32];
     format_duration(elapsed, sizeof(elapsed), wall_seconds() - tr->start_time);
     format_duration(eta, sizeof(eta), tr->step_seconds / tr->steps_run * (tr->steps - tr->step - 1));
     printf(" | %s elapsed, ETA %s\n", elapsed, eta);
+}
+
+/* After the step's work has finished: its line, its profile, its metrics row and the shadow check's report. */
+static inline void trainer_log_step(Trainer* tr, const StepState* st) {
+    const TrainArgs* a = &tr->args;
+    backend_synchronize();
+    double comm_ms = comm_exposed_ms();
+    double ms = (wall_seconds() - st->t0) * 1e3;
+    double phase_ms[PROF_PHASES];
+    backend_profile_end(phase_ms);
+    double tok_s = (double)tr->grad_accum_steps * a->B * a->T * tr->world / (ms / 1e3);
+    double peak = backend_peak_flops(a->precision);
+    double mfu = peak > 0.0 ? flops_per_token(&tr->cfg, a->T) * tok_s / (peak * tr->world) : 0.0;
+    trainer_print_step(tr, st, ms, tok_s, mfu, comm_ms);
     if (st->profiled) trainer_print_profile(tr, phase_ms, ms);
     if (tr->steps_run == 1) trainer_first_step_report(tr, st, ms);
     const char* linears = precision_name(llama_linear_precision(&tr->model));
@@ -810,13 +825,15 @@ static inline void trainer_next_recipe(Trainer* tr, const StepState* st) {
 }
 
 /*
- * One optimizer step on every rank: grad_accum_steps micro-steps, the data-parallel reduction, the
- * decisions every rank shares, the update (or the skip), the log. The loss of micro-batch (micro, rank)
- * goes to slot micro * world + rank, so the step's loss is the same sum for any rank count.
+ * One optimizer step on every rank: the micro-steps (data, shadow check, forward and backward), the
+ * losses read back, the reductions, the decisions every rank shares (the skip), the update, the log.
+ * The loss of micro-batch (micro, rank) goes to slot micro * world + rank, so the step's loss is the
+ * same sum for any rank count.
  */
 static inline void trainer_step(Trainer* tr) {
     StepState st = trainer_step_begin(tr);
     trainer_micro_steps(tr, &st);
+    trainer_read_losses(tr, &st);
     trainer_reduce(tr, &st);
     trainer_decide(tr, &st);
     if (st.stats_due) trainer_fp8_stats(tr);
