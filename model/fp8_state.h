@@ -175,14 +175,8 @@ static inline int fp8_nonfinite(Fp8State* f, char* out, size_t len) {
 
 /* ---------------------------------------------------------------- weights */
 
-/*
- * A linear running FP8 keeps no BF16 working copy: its E4M3 W and W^T are cast from the master weights
- * once per optimizer step, from their BF16 rounding (the value a working copy would hold), so the codes
- * are those a cast of a working copy gives, on both builds. The steps under sharding (docs/model.md):
- * each rank's amax of its pieces (fp8_weight_amax), one MAX all-reduce of every W record, each rank casts
- * its pieces with the global scale (fp8_cast_weight), the E4M3 pieces are all-gathered, then each layer's
- * W^T is transposed from its gathered W before first use.
- */
+/* A linear running FP8 keeps no BF16 working copy: its E4M3 W and W^T are cast from the BF16 rounding of
+   the master weights once per optimizer step, in pieces when sharded (docs/model.md "FP8 weights"). */
 
 /* The W records of every slot, contiguous: what the sharded amax all-reduce reduces. */
 static inline Fp8Scale* fp8_weight_records(Fp8State* f) { return fp8_record(f, 0, FP8_OP_W); }
