@@ -117,7 +117,8 @@ static int check_fp8_nonfinite_flagged(void) {
     ref_state_read(&r, REF_STATE_PATH, &cfg);
     backend_init(PRECISION_FP8);
     Llama m;
-    llama_build(&m, &cfg, PRECISION_FP8, r.B, r.T, NULL, 0, SINGLE_PROCESS, STATE_FORMATS_FP32);
+    ModelOptions o = model_options(PRECISION_FP8, r.B, r.T);
+    llama_build(&m, &cfg, &o);
     float* params = (float*)mallocCheck(m.num_params * sizeof(float));
     checkpoint_read_params(REF_MODEL_PATH, &cfg, params);
     size_t offsets[NUM_PARAM_TENSORS];
@@ -154,7 +155,7 @@ static int check_fp8_nonfinite_flagged(void) {
     /* and a NaN gradient is named by its tensor and layer */
     llama_zero_grads(&m);
     float nan = NAN;
-    dev_upload(llama_grad(&m, P_W13, 1) + 3, &nan, sizeof(float));
+    dev_upload(m.layers[1].lin[LIN_W13].dweight + 3, &nan, sizeof(float));
     int bad;
     float norm = llama_grad_norm(&m, &bad);
     char name[64] = "none";
@@ -445,7 +446,7 @@ static int check_cast_transpose(void) {
         Fp8Counts k = {0, 0, 0, 0};
         op_amax(&s, x, rows * cols);
         op_cast_transpose(out, out_t, x, rows, cols, f, &s, 0, &k);
-        /* amax and scale against the definitions: max |x| and fp8_max / amax (DESIGN.md section 3) */
+        /* amax and scale against the definitions: max |x| and fp8_max / amax (docs/precision.md) */
         float amax = 0.0f;
         for (size_t i = 0; i < rows * cols; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
         float want_scale = (f == FP8_E4M3 ? 448.0f : 57344.0f) / amax;
@@ -668,10 +669,11 @@ static int check_bf16_blocks(void) {
     for (int k = 0; k < 2; k++) {
         Precision p = k == 0 ? PRECISION_BF16 : PRECISION_FP8;
         backend_init(p);
-        llama_build(&m[k], cfg, p, B, T, NULL, 0, SINGLE_PROCESS, STATE_FORMATS_FP32);
+        ModelOptions o = model_options(p, B, T);
+        o.bf16_blocks = k == 1 ? blocks : NULL;
+        llama_build(&m[k], cfg, &o);
         model_init(&m[k], seed);
         llama_refresh_working_weights(&m[k]);
-        if (k == 1) llama_set_bf16_blocks(&m[k], blocks);
         llama_forward(&m[k], batch, batch + N, B, T, 1.0f / (float)N);
     }
     Acts *b = &m[0].acts, *x = &m[1].acts;
@@ -688,7 +690,7 @@ static int check_bf16_blocks(void) {
     if (memcmp(b->fc + N * 2 * F, x->fc + N * 2 * F, N * 2 * F * sizeof(act_t)) == 0) failures += fail("block 1: fc equals the bf16 recipe's: FP8 did not run");
     /* block L-1: fc = ln_ffn w13^T, ln_ffn the scratch its forward left (N, C), w13 (2F, C) */
     const act_t* ln = x->ln_ffn;
-    const act_t* w = llama_bf16_weight(&m[1], L - 1, LIN_W13);
+    const act_t* w = llama_bf16_weight(&m[1], llama_linear(&m[1], L - 1, LIN_W13));
     const act_t* fc = x->fc + (size_t)(L - 1) * N * 2 * F;
     int outside = 0;
     double worst = 0.0;
@@ -707,7 +709,7 @@ static int check_bf16_blocks(void) {
     printf("    block %d: w13 output vs float64 GEMM of its input: worst relative error %.3e, %d outside the BF16 bound\n", L - 1, worst, outside);
     if (outside) failures += fail("block %d: %d w13 outputs are not the BF16 GEMM of its input", L - 1, outside);
     Fp8Scale* s = (Fp8Scale*)mallocCheck((size_t)L * LIN_PER_LAYER * FP8_OPS * sizeof(Fp8Scale));
-    dev_download(s, m[1].fp8_scales, (size_t)L * LIN_PER_LAYER * FP8_OPS * sizeof(Fp8Scale));
+    dev_download(s, m[1].fp8.scales, (size_t)L * LIN_PER_LAYER * FP8_OPS * sizeof(Fp8Scale));
     for (int l = 0; l < L; l++) {
         for (int lin = 0; lin < LIN_PER_LAYER; lin++) {
             float amax = s[(size_t)FP8_OP_X * llama_fp8_slots(&m[1]) + llama_slot(l, lin)].amax;
@@ -904,10 +906,10 @@ static int check_lr_schedule(void) {
         double want;
         if (step < warmup) want = lr * (step + 1) / warmup;
         else want = lr * frac + 0.5 * (1 + cos(3.14159265358979323846 * (step - warmup) / (double)(total - warmup - 1))) * (lr - lr * frac);
-        float got = lr_at_step("cosine", (float)lr, warmup, (float)frac, step, total);
+        float got = lr_at_step(LR_COSINE, (float)lr, warmup, (float)frac, step, total);
         if (fabs(got - want) > 1e-6 * lr) failures += fail("cosine step %d: %g, want %g", step, got, want);
         double lin = step < warmup ? want : lr * frac + (1.0 - (step - warmup) / (double)(total - warmup - 1)) * (lr - lr * frac);
-        got = lr_at_step("linear", (float)lr, warmup, (float)frac, step, total);
+        got = lr_at_step(LR_LINEAR, (float)lr, warmup, (float)frac, step, total);
         if (fabs(got - lin) > 1e-6 * lr) failures += fail("linear step %d: %g, want %g", step, got, lin);
         if (failures > 3) break;
     }
@@ -991,7 +993,7 @@ static int tool_main(int argc, char** argv) {
         return 0;
     }
     if (strcmp(argv[1], "--dump-run") == 0 && argc == 4) {
-        int p = precision_parse(argv[2]);
+        int p = name_index(PRECISION_NAMES, 3, argv[2]);
         if (p < 0) die("--dump-run: '%s' is not a precision (fp8 | bf16 | fp32)", argv[2]);
         reference_dump((Precision)p, argv[3]);
         return 0;
@@ -1010,7 +1012,7 @@ static int tool_main(int argc, char** argv) {
         return 0;
     }
     if (strcmp(argv[1], "--adamw") == 0 && argc == 9) {
-        int f = optim_state_parse(argv[2]), steps = atoi(argv[3]);
+        int f = name_index(OPTIM_STATE_NAMES, 3, argv[2]), steps = atoi(argv[3]);
         if (f < 0 || steps < 1) die("--adamw: '%s' is not fp32, bf16 or fp8, or steps %s < 1", argv[2], argv[3]);
         float lr = strtof(argv[4], NULL), wd = strtof(argv[5], NULL), grad_scale = strtof(argv[6], NULL);
         float* x = read_floats(argv[7], &n);
@@ -1064,7 +1066,7 @@ static int tool_main(int argc, char** argv) {
         return 0;
     }
     if (strcmp(argv[1], "--fp8-gemm") == 0 && argc == 15) {
-        int accum = fp8_accum_parse(argv[2]);
+        int accum = name_index(FP8_ACCUM_NAMES, 2, argv[2]);
         if (accum < 0) die("--fp8-gemm: '%s' is not exact or hopper", argv[2]);
         Fp8Format fx = parse_format(argv[3]), fw = parse_format(argv[4]);
         size_t M = strtoull(argv[5], NULL, 10), N = strtoull(argv[6], NULL, 10), K = strtoull(argv[7], NULL, 10);
@@ -1089,7 +1091,7 @@ static int tool_main(int argc, char** argv) {
     }
     if (strcmp(argv[1], "--fp8-delayed") == 0 && argc == 9) {
         Fp8Format f = parse_format(argv[2]);
-        int algo = fp8_amax_algo_parse(argv[3]), margin = atoi(argv[4]), pow2 = atoi(argv[5]), H = atoi(argv[6]);
+        int algo = name_index(FP8_AMAX_ALGO_NAMES, 2, argv[3]), margin = atoi(argv[4]), pow2 = atoi(argv[5]), H = atoi(argv[6]);
         if (algo < 0 || H < 1) die("--fp8-delayed: bad ALGO '%s' or H %d", argv[3], H);
         float* x = read_floats(argv[7], &n);
         if (n < 1) die("--fp8-delayed: %s holds no initial scale", argv[7]);

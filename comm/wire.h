@@ -14,10 +14,3 @@ typedef enum { WIRE_F32 = 0, WIRE_BF16 = 1, WIRE_FP8 = 2 } CommWire;
 
 /* The --grad-reduce values, indexed by CommWire. */
 static const char* const COMM_WIRE_NAMES[COMM_WIRES] = {"fp32", "bf16", "fp8"};
-
-/* The CommWire a --grad-reduce value names, or -1. */
-static inline int comm_wire_parse(const char* s) {
-    for (int w = 0; w < COMM_WIRES; w++)
-        if (strcmp(s, COMM_WIRE_NAMES[w]) == 0) return w;
-    return -1;
-}

@@ -205,6 +205,13 @@ static inline double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0
 /* Integer ceiling division for sizes. */
 static inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
+/* The index of s among the n names, or -1: an enum flag's value, parsed once (train/cli.h). */
+static inline int name_index(const char* const* names, int n, const char* s) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(s, names[i]) == 0) return i;
+    return -1;
+}
+
 /* FNV-1a (32-bit, Fowler-Noll-Vo) of n bytes at p, continuing from h (start from FNV_OFFSET). */
 #define FNV_OFFSET 2166136261u
 static inline uint32_t fnv1a(uint32_t h, const void* p, size_t n) {

@@ -38,6 +38,13 @@ static int g_round_bf16 = 0; /* set by backend_init from -p: activations are sto
 
 static inline float store(float x) { return g_round_bf16 ? bf16_round(x) : x; }
 
+/* store(x), its magnitude folded into a producer's fused amax (amax_combine: NaN wins, as fp8_amax_cpu). */
+static inline float store_amax(float x, float* amax) {
+    float y = store(x);
+    *amax = amax_combine(*amax, fabsf(y));
+    return y;
+}
+
 /* OpenMP reduction `amax`: fp8.h's amax_combine (NaN wins), so a fused amax equals fp8_amax_cpu's in any order. */
 #pragma omp declare reduction(amax : float : omp_out = amax_combine(omp_out, omp_in)) initializer(omp_priv = 0.0f)
 
@@ -83,8 +90,8 @@ static inline size_t backend_memory_total(const char** what) {
 }
 
 /* The grow-only scratch of the emulated GEMMs (fp8/gemm_cpu.h decodes FP8 operands to floats, the Hopper
-   model of --fp8-accum hopper to significands and exponents; op_gemm computes an accumulating product
-   apart) and the embedding backward's sort. */
+   model of --fp8-accum hopper to significands and exponents, and computes an accumulating product apart)
+   and the embedding backward's sort. */
 static inline int backend_workspaces(const WorkspaceQuery* q, MemoryEstimate* out) {
     const LlamaConfig* c = q->cfg;
     size_t N = (size_t)q->B * q->T, C = (size_t)c->dim, F = (size_t)c->ffn_dim, V = (size_t)c->vocab_size;
@@ -229,8 +236,7 @@ static inline void op_rmsnorm_forward(act_t* out, float* rstd, const act_t* inp,
         float r = rms_rstd(x, C, eps);
         rstd[i] = r;
         for (int c = 0; c < C; c++) {
-            out[i * C + c] = store(x[c] * r * weight[c]);
-            a = amax_combine(a, fabsf(out[i * C + c]));
+            out[i * C + c] = store_amax(x[c] * r * weight[c], &a);
         }
     }
     if (amax) amax->amax = a;
@@ -248,8 +254,7 @@ static inline void op_residual_rmsnorm_forward(act_t* resid_out, act_t* norm_out
         float r = rms_rstd(x, C, eps);
         rstd[i] = r;
         for (int c = 0; c < C; c++) {
-            norm_out[i * C + c] = store(x[c] * r * weight[c]);
-            a = amax_combine(a, fabsf(norm_out[i * C + c]));
+            norm_out[i * C + c] = store_amax(x[c] * r * weight[c], &a);
         }
     }
     if (amax) amax->amax = a;
@@ -430,8 +435,7 @@ static inline void op_swiglu_forward(act_t* out, const act_t* inp, size_t N, int
 #pragma omp parallel for schedule(static) reduction(amax : a)
     for (size_t i = 0; i < N; i++) {
         for (int j = 0; j < F; j++) {
-            out[i * F + j] = store(swiglu(inp[i * 2 * F + j], inp[i * 2 * F + F + j]));
-            a = amax_combine(a, fabsf(out[i * F + j]));
+            out[i * F + j] = store_amax(swiglu(inp[i * 2 * F + j], inp[i * 2 * F + F + j]), &a);
         }
     }
     if (amax) amax->amax = a;
@@ -587,6 +591,13 @@ static inline void op_cast_transpose_delayed(uint8_t* out, uint8_t* out_t, const
     backend_timer_stop(PROF_FP8_CAST);
 }
 
+static inline void op_fp8_quantize(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols, Fp8Format f,
+                                   const Fp8Quant* q) {
+    backend_timer_start(PROF_FP8_CAST);
+    fp8_quantize_cpu(out, out_t, x, rows, cols, f, q);
+    backend_timer_stop(PROF_FP8_CAST);
+}
+
 static inline void op_fp8_delayed_update(Fp8Scale* s, float* history, const float* step_amax, size_t n, int H, int pos, int len,
                                          int algo, Fp8Format f, int margin, int pow2) {
     fp8_delayed_update_cpu(s, history, step_amax, n, H, pos, len, algo, f, margin, pow2);
@@ -619,35 +630,12 @@ static inline void op_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t ro
     backend_timer_stop(PROF_FP8_CAST);
 }
 
-/*
- * gemm_cpu, then a DT_ACT output rounded to BF16 values where the GPU stores BF16. An accumulating GEMM
- * computes its product into scratch and adds it in one rounding, as cuBLASLt's epilogue does: BLAS
- * would add its K-blocks to D one by one, which makes accumulated micro-steps depend on how they are split.
- */
-static float* g_accumulate_scratch = NULL;
-static size_t g_accumulate_scratch_len = 0;
-
+/* gemm_cpu, then a DT_ACT output stored as the activation type (BF16 values where the GPU stores BF16). */
 static inline void op_gemm(const GemmCall* g) {
-    size_t total = g->m * g->n;
-    if (g->accumulate) {
-        if (g_accumulate_scratch_len < total) {
-            free(g_accumulate_scratch);
-            g_accumulate_scratch = (float*)mallocCheck(total * sizeof(float));
-            g_accumulate_scratch_len = total;
-        }
-        GemmCall fresh = *g;
-        fresh.d = g_accumulate_scratch;
-        fresh.accumulate = 0;
-        gemm_cpu(&fresh);
-        float* d = (float*)g->d;
-#pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < total; i++) d[i] += g_accumulate_scratch[i];
-    } else {
-        gemm_cpu(g);
-    }
+    gemm_cpu(g);
     if (g->d_type == DT_ACT && g_round_bf16) {
         float* d = (float*)g->d;
 #pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < total; i++) d[i] = bf16_round(d[i]);
+        for (size_t i = 0; i < g->m * g->n; i++) d[i] = store(d[i]);
     }
 }

@@ -384,6 +384,13 @@ static inline void op_cast_transpose_delayed(uint8_t* out, uint8_t* out_t, const
     backend_timer_stop(PROF_FP8_CAST);
 }
 
+static inline void op_fp8_quantize(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols, Fp8Format f,
+                                   const Fp8Quant* q) {
+    backend_timer_start(PROF_FP8_CAST);
+    fp8_quantize_cuda(out, out_t, x, rows, cols, f, q);
+    backend_timer_stop(PROF_FP8_CAST);
+}
+
 static inline void op_fp8_delayed_update(Fp8Scale* s, float* history, const float* step_amax, size_t n, int H, int pos, int len,
                                          int algo, Fp8Format f, int margin, int pow2) {
     fp8_delayed_update_cuda(s, history, step_amax, n, H, pos, len, algo, f, margin, pow2);

@@ -42,13 +42,6 @@ static const char* const EVAL_NAMES[EVAL_KINDS] = {"hellaswag", "lambada", "wiki
 typedef enum { EVAL_COMPAT_LLM8 = 0, EVAL_COMPAT_HARNESS = 1, EVAL_COMPATS } EvalCompat;
 static const char* const EVAL_COMPAT_NAMES[EVAL_COMPATS] = {"llm8", "harness"};
 
-/* The EvalCompat named `name`, or -1. */
-static inline int eval_compat_parse(const char* name) {
-    for (int c = 0; c < EVAL_COMPATS; c++)
-        if (strcmp(name, EVAL_COMPAT_NAMES[c]) == 0) return c;
-    return -1;
-}
-
 typedef struct {
     int record, choice;     /* example (or document) and ending; choice 0 for LAMBADA and WikiText */
     size_t offset;          /* of the row's tokens in EvalSet.tokens */

@@ -26,7 +26,10 @@ static inline void fp8_amax_cpu(Fp8Scale* s, const float* x, size_t n, int round
     for (size_t k = 0; k < chunks; k++) {
         size_t end = (k + 1) * AMAX_CHUNK < n ? (k + 1) * AMAX_CHUNK : n;
         float a = 0.0f;
-        for (size_t i = k * AMAX_CHUNK; i < end; i++) a = amax_combine(a, fabsf(fp8_cast_input(x[i], round_bf16)));
+        for (size_t i = k * AMAX_CHUNK; i < end; i++) {
+            float v = fp8_cast_input(x[i], round_bf16);
+            a = amax_combine(a, fabsf(v));
+        }
         part[k] = a;
     }
     float a = 0.0f;
@@ -70,14 +73,17 @@ static inline float fp8_cast_codes_cpu(uint8_t* out, uint8_t* out_t, const float
     return amax_bits > 0x7f800000u ? NAN : bits_float(amax_bits);
 }
 
-/*
- * Current scaling: sets s->scale / s->scale_inv from s->amax (fp8_compute_scale) and s->nonfinite to 1
- * when that amax is not finite (sticky, fp8.h Fp8Scale), then casts x (fp8_cast_codes_cpu).
- */
-static inline void fp8_cast_transpose_cpu(uint8_t* out, uint8_t* out_t, const float* x, size_t rows, size_t cols,
-                                          Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts, int round_bf16) {
+/* Current scaling's scale: s->scale / s->scale_inv from s->amax (fp8_compute_scale), and s->nonfinite set
+   to 1 when that amax is not finite (sticky, fp8.h Fp8Scale). */
+static inline void fp8_scale_from_amax_cpu(Fp8Scale* s, Fp8Format f, int pow2) {
     fp8_scale_set(s, s->amax, f, pow2);
     if (!fp8_amax_is_finite(s->amax)) s->nonfinite = 1.0f;
+}
+
+/* Current scaling: the scale from s->amax (fp8_scale_from_amax_cpu), then the cast of x (fp8_cast_codes_cpu). */
+static inline void fp8_cast_transpose_cpu(uint8_t* out, uint8_t* out_t, const float* x, size_t rows, size_t cols,
+                                          Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts, int round_bf16) {
+    fp8_scale_from_amax_cpu(s, f, pow2);
     fp8_cast_codes_cpu(out, out_t, x, rows, cols, f, s->scale, counts, round_bf16);
 }
 
@@ -90,6 +96,15 @@ static inline void fp8_cast_transpose_delayed_cpu(uint8_t* out, uint8_t* out_t, 
                                                   Fp8Format f, Fp8Scale* s, Fp8Counts* counts, float* record) {
     s->amax = fp8_cast_codes_cpu(out, out_t, x, rows, cols, f, s->scale, counts, 0);
     if (record) *record = amax_combine(*record, s->amax);
+}
+
+/* x (rows, cols) cast as q says (fp8.h Fp8Quant) into out and/or out_t (either may be NULL). */
+static inline void fp8_quantize_cpu(uint8_t* out, uint8_t* out_t, const float* x, size_t rows, size_t cols, Fp8Format f,
+                                    const Fp8Quant* q) {
+    if (q->amax) fp8_amax_cpu(q->s, x, rows * cols, 0);
+    if (!q->history) fp8_scale_from_amax_cpu(q->s, f, q->pow2);
+    if (!q->history && q->record == NULL) fp8_cast_codes_cpu(out, out_t, x, rows, cols, f, q->s->scale, q->counts, 0);
+    else fp8_cast_transpose_delayed_cpu(out, out_t, x, rows, cols, f, q->s, q->counts, q->record);
 }
 
 /* s[i] for the n records and their histories (n rows of H): fp8_delayed_update with step_amax[i]. */

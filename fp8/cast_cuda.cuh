@@ -388,6 +388,18 @@ static inline void fp8_cast_transpose_delayed_cuda(uint8_t* out, uint8_t* out_t,
     else fp8_cast_transpose_tiled_cuda(out, out_t, x, rows, cols, f, s, 0, counts, 1, (unsigned int*)record);
 }
 
+/* x (rows, cols) BF16 cast as q says (fp8.h Fp8Quant; device pointers) into out and/or out_t. */
+static inline void fp8_quantize_cuda(uint8_t* out, uint8_t* out_t, const __nv_bfloat16* x, size_t rows, size_t cols, Fp8Format f,
+                                     const Fp8Quant* q) {
+    if (q->amax) fp8_amax_cuda(q->s, x, rows * cols);
+    if (!q->history && q->record == NULL) {
+        fp8_cast_transpose_cuda(out, out_t, x, rows, cols, f, q->s, q->pow2, q->counts);
+        return;
+    }
+    if (!q->history) fp8_cast_transpose_cuda(NULL, NULL, x, 0, cols, f, q->s, q->pow2, NULL); /* the scale from the amax */
+    fp8_cast_transpose_delayed_cuda(out, out_t, x, rows, cols, f, q->s, q->counts, q->record);
+}
+
 /* One thread per record: fp8.h's fp8_delayed_update (the CPU runs the same function in a loop). */
 __global__ void delayed_update_kernel(Fp8Scale* s, float* history, const float* step_amax, size_t n, int H, int pos, int len,
                                       int algo, Fp8Format f, int margin, int pow2) {

@@ -161,7 +161,7 @@ LLM8_HD static inline void fp8_scale_set(Fp8Scale* s, float amax, Fp8Format f, i
  * "transformer_engine.common.recipe.DelayedScaling"; its kernel amax_and_scale_update): an activation
  * or gradient is cast with a scale computed before it exists, from a history of amaxes of earlier
  * steps, and the cast records the tensor's amax as it goes (no separate amax read). llm8's history gets
- * one entry per applied optimizer step per operand (TE: one per forward call), see model/model.h.
+ * one entry per applied optimizer step per operand (TE: one per forward call), see model/fp8_state.h.
  */
 typedef enum { FP8_RECIPE_CURRENT = 0, FP8_RECIPE_DELAYED = 1 } Fp8Recipe;
 /* How the delayed recipe reduces its history to one amax (TE's amax_compute_algo). */
@@ -173,16 +173,11 @@ typedef enum { FP8_AMAX_MAX = 0, FP8_AMAX_MOST_RECENT = 1 } Fp8AmaxAlgo;
 /* --fp8-margin's largest value (fp8_max * 2^-margin stays a normal float far beyond it). */
 #define FP8_MARGIN_MAX 64
 
+/* --fp8-recipe's and --amax-algo's values, indexed by Fp8Recipe and Fp8AmaxAlgo. */
+static const char* const FP8_RECIPE_NAMES[] = {"current", "delayed"};
+static const char* const FP8_AMAX_ALGO_NAMES[] = {"max", "most_recent"};
 static inline const char* fp8_recipe_name(int r) { return r == FP8_RECIPE_DELAYED ? "delayed" : "current"; }
 static inline const char* fp8_amax_algo_name(int a) { return a == FP8_AMAX_MOST_RECENT ? "most_recent" : "max"; }
-
-/* The Fp8Recipe / Fp8AmaxAlgo a flag value names, or -1. */
-static inline int fp8_recipe_parse(const char* s) {
-    return strcmp(s, "current") == 0 ? FP8_RECIPE_CURRENT : strcmp(s, "delayed") == 0 ? FP8_RECIPE_DELAYED : -1;
-}
-static inline int fp8_amax_algo_parse(const char* s) {
-    return strcmp(s, "max") == 0 ? FP8_AMAX_MAX : strcmp(s, "most_recent") == 0 ? FP8_AMAX_MOST_RECENT : -1;
-}
 
 /*
  * The delayed recipe's scale from the amax its history gives (TE amax_and_scale_update, whose
@@ -199,7 +194,7 @@ LLM8_HD static inline float fp8_delayed_scale(float amax, float prev_scale, Fp8F
 }
 
 /* Bytes of the delayed recipe's training state for `records` X / dY records with histories of H: the
-   records (Fp8Scale), then the histories (FP32). The model's and the state file's sizes (model/model.h,
+   records (Fp8Scale), then the histories (FP32). The model's and the state file's sizes (model/fp8_state.h,
    train/checkpoint.h) both come from here. */
 static inline size_t fp8_delayed_state_bytes(size_t records, int H) {
     return records * sizeof(Fp8Scale) + records * (size_t)H * sizeof(float);
@@ -233,3 +228,25 @@ typedef struct {
     unsigned long long nonzero;
     unsigned long long count;
 } Fp8Counts;
+
+/*
+ * One cast of an activation X or an output gradient dY as its recipe runs it (cast_cpu.h
+ * fp8_quantize_cpu, cast_cuda.cuh fp8_quantize_cuda), resolved by the caller for this cast:
+ *   amax:     s->amax = max |x| first (current scaling, where no producer has computed it already);
+ *   history:  cast with the scale s holds (the delayed recipe, from its history); else the scale from
+ *             s->amax (fp8_scale_set), flagging s->nonfinite when that amax is not finite;
+ *   record:   after the cast, s->amax = max |x| and *record = max(*record, it) (the delayed recipe's
+ *             step entry); a cast with history and no record still sets s->amax;
+ *   counts:   the cast statistics (may be NULL).
+ * A delayed run's first step (no history yet) sets the scale from the amax and records: it equals the
+ * current recipe's step.
+ */
+typedef struct {
+    Fp8Scale* s;
+    Fp8Counts* counts;
+    float* record;
+    int amax;
+    int history;
+    int pow2;
+} Fp8Quant;
+

@@ -46,12 +46,9 @@ static inline int dtype_is_fp8(DType t) { return t == DT_E4M3 || t == DT_E5M2; }
  */
 typedef enum { FP8_ACCUM_EXACT = 0, FP8_ACCUM_HOPPER = 1 } Fp8Accum;
 
+/* --fp8-accum's values, indexed by Fp8Accum. */
+static const char* const FP8_ACCUM_NAMES[] = {"exact", "hopper"};
 static inline const char* fp8_accum_name(int a) { return a == FP8_ACCUM_HOPPER ? "hopper" : "exact"; }
-
-/* The Fp8Accum a --fp8-accum value names, or -1. */
-static inline int fp8_accum_parse(const char* s) {
-    return strcmp(s, "exact") == 0 ? FP8_ACCUM_EXACT : strcmp(s, "hopper") == 0 ? FP8_ACCUM_HOPPER : -1;
-}
 
 /*
  * One input of a GEMM, as Transformer Engine's tensors carry it: the data, its type and, for FP8, a

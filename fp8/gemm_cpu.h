@@ -39,20 +39,28 @@ static inline void fp8_decode(float* out, const uint8_t* codes, size_t n, Fp8For
     for (size_t i = 0; i < n; i++) out[i] = lut[codes[i]];
 }
 
-/* Grow-only scratch for the decoded A and B operands (GEMMs run one at a time). */
-static float* g_gemm_scratch[2] = {NULL, NULL};
-static size_t g_gemm_scratch_len[2] = {0, 0};
+/* Grow-only scratch of the GEMMs, which run one at a time: the decoded A and B operands, and the product
+   of an accumulating GEMM. */
+enum { GEMM_SCRATCH_A, GEMM_SCRATCH_B, GEMM_SCRATCH_PRODUCT, GEMM_SCRATCH_SLOTS };
+static float* g_gemm_scratch[GEMM_SCRATCH_SLOTS];
+static size_t g_gemm_scratch_len[GEMM_SCRATCH_SLOTS];
 
-/* The operand as floats: itself, or its codes decoded into scratch slot `which`. */
-static inline const float* gemm_cpu_operand(const GemmOperand* o, size_t n, int which) {
-    if (!dtype_is_fp8(o->dtype)) return (const float*)o->data;
+/* Scratch slot `which`, at least n floats. */
+static inline float* gemm_cpu_scratch(int which, size_t n) {
     if (g_gemm_scratch_len[which] < n) {
         free(g_gemm_scratch[which]);
         g_gemm_scratch[which] = (float*)mallocCheck(n * sizeof(float));
         g_gemm_scratch_len[which] = n;
     }
-    fp8_decode(g_gemm_scratch[which], (const uint8_t*)o->data, n, o->dtype == DT_E4M3 ? FP8_E4M3 : FP8_E5M2);
     return g_gemm_scratch[which];
+}
+
+/* The operand as floats: itself, or its codes decoded into scratch slot `which`. */
+static inline const float* gemm_cpu_operand(const GemmOperand* o, size_t n, int which) {
+    if (!dtype_is_fp8(o->dtype)) return (const float*)o->data;
+    float* out = gemm_cpu_scratch(which, n);
+    fp8_decode(out, (const uint8_t*)o->data, n, o->dtype == DT_E4M3 ? FP8_E4M3 : FP8_E5M2);
+    return out;
 }
 
 #ifdef LLM8_NO_BLAS
@@ -144,23 +152,35 @@ static inline void gemm_cpu_blas_identity(char* out, size_t len) {
 
 /*
  * Runs g (gemm.h: column-major, cuBLASLt semantics) on host memory: D (m x n) float =
- * scale_inv_a * scale_inv_b * op(A) op(B) [+ D]. Stops with gemm_check's reason for a GEMM cuBLASLt
- * could not run, so a shape the GPU would refuse fails on the CPU build too.
+ * scale_inv_a * scale_inv_b * op(A) op(B) [+ D]. An accumulating GEMM computes its product apart and adds
+ * it in one rounding, as cuBLASLt's epilogue does: BLAS would add its K-blocks to D one by one, which
+ * makes accumulated micro-steps depend on how they are split. Stops with gemm_check's reason for a GEMM
+ * cuBLASLt could not run, so a shape the GPU would refuse fails on the CPU build too.
  */
 static inline void gemm_cpu(const GemmCall* g) {
+    if (g->accumulate) {
+        size_t total = g->m * g->n;
+        GemmCall product = *g;
+        product.d = gemm_cpu_scratch(GEMM_SCRATCH_PRODUCT, total);
+        product.accumulate = 0;
+        gemm_cpu(&product);
+        float *d = (float*)g->d, *p = (float*)product.d;
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < total; i++) d[i] += p[i];
+        return;
+    }
     char why[256];
     if (gemm_check(g, why, sizeof(why))) die("%s", why);
     /* a non-finite code (never made by the trainer's saturating casts) falls back to the IEEE path */
     if (g->accum == FP8_ACCUM_HOPPER && dtype_is_fp8(g->a.dtype) && gemm_hopper(g, 1) == 0) return;
     float alpha = dtype_is_fp8(g->a.dtype) ? *g->a.scale_inv * *g->b.scale_inv : 1.0f;
-    const float* a = gemm_cpu_operand(&g->a, g->m * g->k, 0);
-    const float* b = gemm_cpu_operand(&g->b, g->k * g->n, 1);
+    const float* a = gemm_cpu_operand(&g->a, g->m * g->k, GEMM_SCRATCH_A);
+    const float* b = gemm_cpu_operand(&g->b, g->k * g->n, GEMM_SCRATCH_B);
     size_t lda = g->trans_a ? g->k : g->m, ldb = g->trans_b ? g->n : g->k;
-    float beta = g->accumulate ? 1.0f : 0.0f;
 #ifndef LLM8_NO_BLAS
     if (g->m > INT_MAX || g->n > INT_MAX || g->k > INT_MAX)
         die("GEMM m %zu n %zu k %zu exceeds OpenBLAS's int dimensions", g->m, g->n, g->k);
 #endif
     gemm_cpu_blas_setup();
-    sgemm_tiled(g->trans_a, g->trans_b, g->m, g->n, g->k, alpha, a, lda, b, ldb, beta, (float*)g->d, g->m);
+    sgemm_tiled(g->trans_a, g->trans_b, g->m, g->n, g->k, alpha, a, lda, b, ldb, 0.0f, (float*)g->d, g->m);
 }

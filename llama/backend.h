@@ -214,7 +214,8 @@ static inline void op_store_load(StoreCodec c, float* out, const void* src, cons
 
 /* ---------------------------------------------------------------- FP8 and GEMM */
 
-/* s->amax = max |x| over n act values; NaN when any is NaN (fp8.h amax_combine). Timed as PROF_FP8_CAST. */
+/* The steps of op_fp8_quantize (below), each an op of its own for the kernel checks (dev/cuda):
+   s->amax = max |x| over n act values; NaN when any is NaN (fp8.h amax_combine). Timed as PROF_FP8_CAST. */
 static inline void op_amax(Fp8Scale* s, const act_t* x, size_t n);
 /* s->scale, s->scale_inv from s->amax (fp8_compute_scale), s->nonfinite = 1 when that amax is not finite
    (sticky: never cleared here); then x (rows, cols) cast to codes of format f,
@@ -229,6 +230,12 @@ static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* 
    PROF_FP8_CAST. */
 static inline void op_cast_transpose_delayed(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols,
                                              Fp8Format f, Fp8Scale* s, Fp8Counts* counts, float* record);
+/* The cast of an activation or gradient as the model resolved its recipe (fp8.h Fp8Quant; its pointers
+   are backend memory): x (rows, cols) to codes of format f in out (rows, cols) and/or out_t (cols, rows),
+   as op_amax when q->amax, then op_cast_transpose, or op_cast_transpose_delayed with q->record (after
+   setting the scale from the amax, unless q->history), would. Timed as PROF_FP8_CAST. */
+static inline void op_fp8_quantize(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols, Fp8Format f,
+                                   const Fp8Quant* q);
 /* The delayed recipe's update after an applied step, for n records s of format f: fp8.h's
    fp8_delayed_update of record i with its history (history + i H, a ring of H, entry `pos` replaced,
    `len` entries in use) and step_amax[i]. All in backend memory; asynchronous on the GPU. */

@@ -63,21 +63,12 @@ static inline int llama_qkv_dim(const LlamaConfig* c) { return c->dim + 2 * llam
 
 /* -p: which numeric recipe the run uses (docs/design.md#the-fp8-recipe). */
 typedef enum { PRECISION_FP32 = 0, PRECISION_BF16 = 1, PRECISION_FP8 = 2 } Precision;
+static const char* const PRECISION_NAMES[] = {"fp32", "bf16", "fp8"};
 
-static inline const char* precision_name(Precision p) {
-    return p == PRECISION_FP8 ? "fp8" : p == PRECISION_BF16 ? "bf16" : "fp32";
-}
+static inline const char* precision_name(Precision p) { return p >= PRECISION_FP32 && p <= PRECISION_FP8 ? PRECISION_NAMES[p] : "?"; }
 
-/* -r: what backward rebuilds instead of reading it from memory (model/model.h "Recompute"). */
+/* -r: what backward rebuilds instead of reading it from memory (docs/memory.md "Recompute"). */
 enum { RECOMPUTE_NONE, RECOMPUTE_NORMS, RECOMPUTE_BLOCKS, RECOMPUTE_LEVELS };
-
-/* Parses "fp8" | "bf16" | "fp32"; returns -1 for anything else. */
-static inline int precision_parse(const char* s) {
-    if (strcmp(s, "fp8") == 0) return PRECISION_FP8;
-    if (strcmp(s, "bf16") == 0) return PRECISION_BF16;
-    if (strcmp(s, "fp32") == 0) return PRECISION_FP32;
-    return -1;
-}
 
 /*
  * Largest value of any config dimension. Llama-2 70B's widest is 28672 (ffn); with every dimension at

@@ -19,20 +19,24 @@
 /* torch.nn.utils.clip_grad_norm_ divides by (norm + 1e-6); we do the same to match the HF reference. */
 #define CLIP_NORM_EPS 1e-6f
 
+/* -k: the learning-rate schedule after the warmup. */
+typedef enum { LR_COSINE = 0, LR_LINEAR = 1, LR_CONSTANT = 2 } LrSchedule;
+static const char* const LR_SCHEDULE_NAMES[] = {"cosine", "linear", "constant"};
+
 /*
  * Learning rate at optimizer step `step` (0-based) of `total` steps: linear warmup from lr/warmup to lr
  * over `warmup` steps (llm.c), then cosine or linear decay to lr * final_frac at the last step, or
- * constant. schedule: "cosine" | "linear" | "constant".
+ * constant.
  */
-static inline float lr_at_step(const char* schedule, float lr, int warmup, float final_frac, int step, int total) {
+static inline float lr_at_step(LrSchedule schedule, float lr, int warmup, float final_frac, int step, int total) {
     if (step < warmup) return lr * (float)(step + 1) / (float)warmup;
-    if (strcmp(schedule, "constant") == 0) return lr;
+    if (schedule == LR_CONSTANT) return lr;
     int decay_steps = total - warmup;
     if (decay_steps <= 1) return lr;
     float progress = (float)(step - warmup) / (float)(decay_steps - 1);
     if (progress > 1.0f) progress = 1.0f;
     float frac;
-    if (strcmp(schedule, "linear") == 0) {
+    if (schedule == LR_LINEAR) {
         frac = 1.0f - progress;
     } else {
         frac = 0.5f * (1.0f + cosf(3.14159265358979f * progress));
@@ -89,12 +93,6 @@ static const char* const OPTIM_STATE_NAMES[] = {"fp32", "bf16", "fp8"};
 
 /* --optim-state's spelling of OptimState s ("?" for none). */
 static inline const char* optim_state_name(int s) { return s >= 0 && s <= OPTIM_STATE_FP8 ? OPTIM_STATE_NAMES[s] : "?"; }
-/* --optim-state's value: its OptimState, or -1 when it is none of fp32, bf16, fp8. */
-static inline int optim_state_parse(const char* s) {
-    for (int i = 0; i <= OPTIM_STATE_FP8; i++)
-        if (strcmp(s, OPTIM_STATE_NAMES[i]) == 0) return i;
-    return -1;
-}
 
 /* Bytes per element of moment `which` (0: m, 1: v) in format f. */
 LLM8_HD static inline size_t adamw_moment_bytes(OptimState f, int which) {
@@ -232,12 +230,6 @@ static const char* const GRAD_FORMAT_NAMES[] = {"fp32", "bf16", "fp8"};
 
 /* --grad-buffer's spelling of GradFormat f ("?" for none). */
 static inline const char* grad_format_name(int f) { return f >= 0 && f <= GRAD_FORMAT_FP8 ? GRAD_FORMAT_NAMES[f] : "?"; }
-/* --grad-buffer's value: its GradFormat, or -1 when it is none of fp32, bf16, fp8. */
-static inline int grad_format_parse(const char* s) {
-    for (int i = 0; i <= GRAD_FORMAT_FP8; i++)
-        if (strcmp(s, GRAD_FORMAT_NAMES[i]) == 0) return i;
-    return -1;
-}
 /* The codec of a gradient buffer in format f. */
 static inline StoreCodec grad_codec(GradFormat f) { return f == GRAD_FORMAT_FP32 ? STORE_FP32 : f == GRAD_FORMAT_BF16 ? STORE_BF16 : STORE_E4M3; }
 
@@ -255,12 +247,6 @@ static const char* const MASTER_FORMAT_NAMES[] = {"fp32", "fp16"};
 
 /* --master-weights's spelling of MasterFormat f ("?" for none). */
 static inline const char* master_format_name(int f) { return f >= 0 && f <= MASTER_FP16 ? MASTER_FORMAT_NAMES[f] : "?"; }
-/* --master-weights's value: its MasterFormat, or -1 when it is neither fp32 nor fp16. */
-static inline int master_format_parse(const char* s) {
-    for (int i = 0; i <= MASTER_FP16; i++)
-        if (strcmp(s, MASTER_FORMAT_NAMES[i]) == 0) return i;
-    return -1;
-}
 /* The codec of master weights in format f. */
 static inline StoreCodec master_codec(MasterFormat f) { return f == MASTER_FP16 ? STORE_FP16 : STORE_FP32; }
 

@@ -108,6 +108,32 @@ static inline void param_segment_name(const ParamSegment* s, char* out, size_t l
     else snprintf(out, len, "%s[layer %d]", PARAM_NAMES[s->tensor], s->layer);
 }
 
+/*
+ * The linear layers: four per block (wqkv, wo, w13, w2: the FP8 GEMMs of -p fp8, docs/precision.md) and
+ * the output layer, which stays in the activation type. A block linear's FP8 records are its slot,
+ * layer * LIN_PER_LAYER + which.
+ */
+typedef enum { LIN_QKV, LIN_WO, LIN_W13, LIN_W2, LIN_OUTPUT } LinearId;
+#define LIN_PER_LAYER 4
+static const char* const LINEAR_NAMES[] = {"wqkv", "wo", "w13", "w2", "output"};
+/* The `layer` of the output layer, which belongs to no block. */
+#define NO_LAYER (-1)
+
+/* The parameter tensor (P_*) of linear layer `lin`. */
+static inline int llama_linear_tensor(LinearId lin) {
+    static const int tensors[] = {P_WQKV, P_WO, P_W13, P_W2, P_OUTPUT};
+    return tensors[lin];
+}
+
+/* Output width OC and input width C of linear layer `lin`. */
+static inline void llama_linear_dims(const LlamaConfig* c, LinearId lin, size_t* out_dim, size_t* in_dim) {
+    size_t C = (size_t)c->dim, F = (size_t)c->ffn_dim;
+    size_t outs[] = {(size_t)llama_qkv_dim(c), C, 2 * F, C, (size_t)c->vocab_size};
+    size_t ins[] = {C, C, C, F, C};
+    *out_dim = outs[lin];
+    *in_dim = ins[lin];
+}
+
 /* 2-D weight matrices get weight decay; the 1-D norm weights do not (Megatron-LM, llm.c convention). */
 static inline int param_is_decayed(int tensor) {
     return tensor != P_ATTN_NORM && tensor != P_FFN_NORM && tensor != P_NORM;

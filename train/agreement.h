@@ -1,5 +1,5 @@
 /*
- * Start-up agreement of the ranks (DESIGN.md section 6): before anything that communicates, every rank
+ * Start-up agreement of the ranks (docs/cluster.md): before anything that communicates, every rank
  * contributes the settings that must be equal everywhere (the run identity of train/checkpoint.h, the
  * ZeRO stage and every setting that decides when the ranks communicate or what they decide: steps,
  * validation, checkpoint and sample intervals, the schedule, the shadow check and its policy, the data's
@@ -20,7 +20,7 @@
 typedef struct {
     RunIdentity id;
     int32_t zero_stage, steps, grad_accum_steps, val_every, val_batches, ckpt_every, sample_every;
-    int32_t resume, fp8_stats_every, max_skips, overfit, warmup, schedule_hash;
+    int32_t resume, fp8_stats_every, max_skips, overfit, warmup, schedule;
     int32_t shadow_every, shadow_grad, shadow_fallback, shadow_patience, shadow_recover;
     int32_t eval_every, eval_hellaswag, eval_lambada, eval_wikitext; /* the sets: eval_set_hash, 0 when off */
     int32_t warmup_pass; /* --warmup-pass: its collectives run on every rank or on none */
@@ -52,7 +52,7 @@ static const AgreedSetting AGREED_SETTINGS[] = {
     AGREED("--max-skips", max_skips, SETTING_I32),
     AGREED("-a", overfit, SETTING_I32),
     AGREED("-u", warmup, SETTING_I32),
-    AGREED("-k (hash)", schedule_hash, SETTING_I32),
+    AGREED("-k", schedule, SETTING_I32),
     AGREED("--shadow-every", shadow_every, SETTING_I32),
     AGREED("--shadow-grad", shadow_grad, SETTING_I32),
     AGREED("--shadow-policy fallback", shadow_fallback, SETTING_I32),

@@ -1,8 +1,11 @@
 /*
  * Command-line arguments of the trainers, shared by train_llama (GPU) and train_llama_cpu. llm.c's
- * single-letter flags where llm.c has one (DESIGN.md section 5), long flags for the rest. Every flag
- * takes exactly one value; an unknown flag, a missing value or a malformed number stops with one line
- * naming the flag. The table below is both the parser and the --help text.
+ * single-letter flags where llm.c has one (docs/cli.md), long flags for the rest. Every flag takes exactly
+ * one value; an unknown flag, a missing value or a malformed number or name stops with one line naming
+ * the flag. Each flag is written once, as a row of TRAIN_ARGS: its name, type, field, default and help;
+ * the rows make the TrainArgs struct, the parser's table, the defaults (train_args_default parses each
+ * row's default as if it had been given) and the --help text. Enum flags are parsed here, once, into
+ * their typed enums.
  */
 #pragma once
 
@@ -11,269 +14,139 @@
 #include <limits.h>
 #include <math.h>
 
+#include "shadow_policy.h"
 #include "../comm/wire.h"
 #include "../dataloader/eval_sets.h"
 #include "../fp8/gemm.h"
 #include "../llama/config.h"
 #include "../llama/model_file.h"
 #include "../llama/optim.h"
+#include "../model/options.h"
 
-typedef struct {
-    const char* train_pattern;  /* -i */
-    const char* val_pattern;    /* -j */
-    const char* output_dir;     /* -o, NULL: no logs or checkpoints */
-    const char* model;          /* -e: preset name or checkpoint path */
-    const char* tokenizer_path; /* --tokenizer, NULL: tokenizer.bin beside the train shards */
-    int B;                      /* -b micro-batch size (sequences per rank) */
-    int T;                      /* -t sequence length */
-    long long total_batch;      /* -d tokens per optimizer step over all ranks; -1: B*T*world */
-    float lr;                   /* -l peak learning rate */
-    int warmup;                 /* -u warmup steps */
-    float final_lr_frac;        /* -q final LR as a fraction of -l */
-    const char* schedule;       /* -k cosine | linear | constant */
-    float weight_decay;         /* -c */
-    float grad_clip;            /* --clip, max global L2 norm; 0: off */
-    int steps;                  /* -x optimizer steps; -1: one epoch */
-    int val_every;              /* -v */
-    int val_batches;            /* -m; -1: the whole validation set */
-    int sample_every;           /* -s; 0: never */
-    int sample_tokens;          /* -g */
-    int hellaswag;              /* -h 1: HellaSwag evaluation (llm.c's -h) */
-    const char* hellaswag_path; /* --hellaswag */
-    const char* eval_lambada;   /* --eval-lambada FILE, NULL: off */
-    const char* eval_wikitext;  /* --eval-wikitext FILE, NULL: off */
-    int eval_every;             /* --eval-every; -1: as -v */
-    int eval_limit;             /* --eval-limit: first N examples of each set; -1: all */
-    const char* eval_dump;      /* --eval-dump DIR: the scored logits (tests); NULL: off */
-    const char* eval_compat;    /* --eval-compat harness | llm8 (dataloader/eval_sets.h EvalCompat) */
-    int ckpt_every;             /* -n; 0: only at the end (when -o is given); NO_CHECKPOINTS: never */
-    int resume;                 /* -y */
-    int zero_stage;             /* -z */
-    const char* grad_reduce;    /* --grad-reduce fp32 | bf16 | fp8 (comm/wire.h comm_wire_parse) */
-    const char* optim_state;    /* --optim-state fp32 | bf16 | fp8 (llama/optim.h OptimState) */
-    const char* grad_buffer;    /* --grad-buffer fp32 | bf16 | fp8 (llama/optim.h GradFormat) */
-    const char* master_weights; /* --master-weights fp32 | fp16 (llama/optim.h MasterFormat) */
-    float comm_timeout;         /* --comm-timeout seconds; 0: no watchdog */
-    int recompute;              /* -r */
-    int precision;              /* -p (Precision) */
-    int overfit;                /* -a: train on the first batch only */
-    int shuffle;                /* --shuffle */
-    long long seed;             /* --seed */
-    int fp8_stats_every;        /* --fp8-stats */
-    int pow2_scales;            /* --pow2-scales */
-    const char* fp8_accum;      /* --fp8-accum exact | hopper (fp8/gemm.h Fp8Accum) */
-    int fp8_fast_accum;         /* --fp8-fast-accum: fprop's FP8 GEMMs with fast accumulation */
-    const char* fp8_recipe;     /* --fp8-recipe current | delayed (fp8/fp8.h Fp8Recipe) */
-    int amax_history;           /* --amax-history: delayed: history entries per operand */
-    const char* amax_algo;      /* --amax-algo max | most_recent (fp8/fp8.h Fp8AmaxAlgo) */
-    int fp8_margin;             /* --fp8-margin: delayed: scale = (fp8 max / amax) / 2^margin */
-    int max_skips;              /* --max-skips */
-    int n_layers;               /* --n-layers, overrides the preset's layer count; 0: keep */
-    int profile_every;          /* --profile: per-phase times of every N-th step; 0: off */
-    int warmup_pass;            /* --warmup-pass: 1 runs a step's kernels, GEMMs and collectives once before step 1 */
-    int dry_run;                /* --dry-run: print the memory plan and exit */
-    int plan_ranks;             /* --ranks: ranks the plan is for; 0: this job's */
-    float gpu_mem_gib;          /* --gpu-mem: memory the plan is checked against, GiB; 0: the backend's */
-    const char* bf16_layers;    /* --bf16-layers: blocks whose linears stay BF16 in -p fp8 ("none", "first,last", "0,2-5") */
-    int shadow_every;           /* --shadow-every K: shadow check every K steps; 0: off */
-    int shadow_grad;            /* --shadow-grad 1: the shadow check compares gradients too */
-    const char* shadow_policy;  /* --shadow-policy warn | fallback */
-    float shadow_tol;           /* --shadow-tol: largest relative loss difference of a clean check */
-    int shadow_patience;        /* --shadow-patience: checks over the tolerance in a row before a fallback */
-    int shadow_recover;         /* --shadow-recover: BF16 steps before returning to FP8; 0: never */
-    float alert_saturated;      /* --alert-saturated: saturated share of an FP8 operand that raises an alert; 0: off */
-    float alert_underflow;      /* --alert-underflow: underflow share that raises an alert; 0: off */
-    float alert_amax_growth;    /* --alert-amax-growth: W or X amax ratio to the previous statistics step; 0: off */
-} TrainArgs;
+/*
+ * Every flag, once: ARG(flag, type, field, default, help) or, for a flag that names one of several values,
+ * ARG_NAMES(flag, enum type, field, names, default, help). The default is written as it would be given
+ * (ARG_STR: NULL for none; ARG_NAMES: one of its names). This list makes the TrainArgs fields, the
+ * parser's table, the defaults and the --help text.
+ */
+#define TRAIN_ARGS(ARG, ARG_NAMES) \
+    ARG("-i", ARG_STR, train_pattern, "dev/data/tinyshakespeare/tiny_shakespeare_train.bin", "train shard glob") \
+    ARG("-j", ARG_STR, val_pattern, "dev/data/tinyshakespeare/tiny_shakespeare_val.bin", "validation shard glob") \
+    ARG("-o", ARG_STR, output_dir, NULL, "output dir for main.log, metrics, checkpoints") \
+    ARG("-e", ARG_STR, model, "tiny", "model: a preset name (see below) or a model checkpoint .bin") \
+    ARG("--tokenizer", ARG_STR, tokenizer_path, NULL, "tokenizer.bin for samples (none: beside the train shards)") \
+    ARG("-b", ARG_INT, B, "8", "micro-batch size, sequences per rank") \
+    ARG("-t", ARG_INT, T, "256", "sequence length") \
+    ARG("-d", ARG_I64, total_batch, "-1", "total batch in tokens per optimizer step, all ranks (-1: B*T*ranks)") \
+    ARG("-l", ARG_FLOAT, lr, "0.001", "peak learning rate") \
+    ARG("-u", ARG_INT, warmup, "20", "learning-rate warmup steps") \
+    ARG("-q", ARG_FLOAT, final_lr_frac, "0.1", "final learning rate as a fraction of -l") \
+    ARG_NAMES("-k", LrSchedule, schedule, LR_SCHEDULE_NAMES, "cosine", "learning-rate schedule: cosine | linear | constant") \
+    ARG("-c", ARG_FLOAT, weight_decay, "0.1", "AdamW weight decay (2-D weights only)") \
+    ARG("--clip", ARG_FLOAT, grad_clip, "1", "gradient clipping: max global L2 norm (0: off)") \
+    ARG("-x", ARG_INT, steps, "-1", "optimizer steps (-1: one epoch of the train data)") \
+    ARG("-v", ARG_INT, val_every, "25", "validation loss every N steps (0: only at the end)") \
+    ARG("-m", ARG_INT, val_batches, "20", "validation batches (of -d tokens) per evaluation (-1: all)") \
+    ARG("-h", ARG_INT, hellaswag, "0", "1: HellaSwag accuracy at every evaluation (as llm.c; -h or --help alone: this help)") \
+    ARG("--hellaswag", ARG_STR, hellaswag_path, "dev/data/hellaswag/hellaswag_val.bin", \
+        "HellaSwag file for -h 1 (llm.c's eval format: dev/data/hellaswag.py)") \
+    ARG("--eval-lambada", ARG_STR, eval_lambada, NULL, "LAMBADA file (dev/data/lambada.py): last-word accuracy and perplexity") \
+    ARG("--eval-wikitext", ARG_STR, eval_wikitext, NULL, "WikiText file (dev/data/wikitext.py): word/byte perplexity, bits per byte") \
+    ARG("--eval-every", ARG_INT, eval_every, "-1", "downstream evaluations every N steps (0: only at the end; -1: as -v)") \
+    ARG("--eval-limit", ARG_INT, eval_limit, "-1", "evaluate the first N examples (documents) of each set (-1: all)") \
+    ARG("--eval-dump", ARG_STR, eval_dump, NULL, "write the evaluations' scored logits under DIR (tests' independent scorer)") \
+    ARG_NAMES("--eval-compat", EvalCompat, eval_compat, EVAL_COMPAT_NAMES, "harness", \
+              "rules of the eval files and scores: harness (lm-evaluation-harness's for an HF Llama-2: no BOS, its WikiText " \
+              "detokenizer, acc_norm per character) | llm8 (BOS first, llm8's detokenizer, acc_norm per byte); each file " \
+              "records its mode (dev/data/*.py --eval-compat)") \
+    ARG("-s", ARG_INT, sample_every, "0", "print a sample every N steps (0: never)") \
+    ARG("-g", ARG_INT, sample_tokens, "64", "tokens per sample") \
+    ARG("-n", ARG_INT, ckpt_every, "0", "checkpoint every N steps (0: only at the end; needs -o; -1: never, e.g. benchmarks)") \
+    ARG("-y", ARG_INT, resume, "0", "1: resume from the latest checkpoint in -o") \
+    ARG("-z", ARG_INT, zero_stage, "0", "ZeRO stage: 0 all-reduce, 1 optimizer state sharded, 2 gradients sharded too") \
+    ARG_NAMES("--grad-reduce", CommWire, grad_reduce, COMM_WIRE_NAMES, "fp32", \
+              "gradients on the wire: fp32 (4 B/element, exact rank-order sums) | bf16 (2 B, each contribution rounded to BF16) " \
+              "| fp8 (1 B + 4 B per 4096-element chunk: E4M3 with a scale per chunk, ~2^-4 relative rounding per contribution, " \
+              "summed in FP32); bf16 and fp8 change the sums") \
+    ARG_NAMES("--optim-state", OptimState, optim_state, OPTIM_STATE_NAMES, "fp32", \
+              "AdamW moments stored as fp32 (8 B/param) | bf16 (4 B) | fp8 (E4M3 m + FP16 v, a scale per 4096: 3 B; MS-AMP O2)") \
+    ARG_NAMES("--grad-buffer", GradFormat, grad_buffer, GRAD_FORMAT_NAMES, "fp32", \
+              "gradients accumulated over micro-steps stored as fp32 (4 B/param) | bf16 (2 B, ~2^-8 relative rounding per " \
+              "micro-step) | fp8 (E4M3, a scale per 4096: 1 B, ~2^-4 per micro-step); -z 1, or -z 0 on one rank; adds FP32 " \
+              "bucket buffers") \
+    ARG_NAMES("--master-weights", MasterFormat, master_weights, MASTER_FORMAT_NAMES, "fp32", \
+              "master weights stored as fp32 (4 B/param of the shard) | fp16 (2 B, a scale per 4096; MS-AMP O3: updates below " \
+              "~2^-12 of a weight are lost)") \
+    ARG("--comm-timeout", ARG_FLOAT, comm_timeout, "900", "seconds without progress before a rank aborts the job (0: off)") \
+    ARG("-r", ARG_INT, recompute, "0", "recompute in backward: 0 none, 1 norm and SwiGLU outputs, 2 whole blocks") \
+    ARG_NAMES("-p", Precision, precision, PRECISION_NAMES, "fp8", "precision recipe: fp8 | bf16 | fp32") \
+    ARG("-a", ARG_INT, overfit, "0", "1: overfit the first batch (debugging)") \
+    ARG("--shuffle", ARG_INT, shuffle, "1", "1: shuffle shards and samples each epoch") \
+    ARG("--seed", ARG_I64, seed, "1337", "seed for init, shuffling and sampling") \
+    ARG("--fp8-stats", ARG_INT, fp8_stats_every, "0", "log FP8 amax/scale/saturation/underflow every N steps (0: off)") \
+    ARG("--pow2-scales", ARG_INT, pow2_scales, "0", "1: round FP8 scales down to powers of two") \
+    ARG_NAMES("--fp8-accum", Fp8Accum, fp8_accum, FP8_ACCUM_NAMES, "exact", \
+              "fp8 GEMM accumulation: exact (FP32) | hopper (model of H100 tensor cores; CPU build only)") \
+    ARG("--fp8-fast-accum", ARG_INT, fp8_fast_accum, "1", "fp8: 1 fprop GEMMs with fast accumulation (as TE), 0 without") \
+    ARG_NAMES("--fp8-recipe", Fp8Recipe, fp8_recipe, FP8_RECIPE_NAMES, "current", \
+              "fp8 scaling of X and dY: current (each tensor's own amax) | delayed (TE DelayedScaling: amax history)") \
+    ARG("--amax-history", ARG_INT, amax_history, "1024", "delayed: amax history length, entries per operand, one per applied step (TE: 1024)") \
+    ARG_NAMES("--amax-algo", Fp8AmaxAlgo, amax_algo, FP8_AMAX_ALGO_NAMES, "max", \
+              "delayed: amax of the history: max (of every entry) | most_recent (the last step's)") \
+    ARG("--fp8-margin", ARG_INT, fp8_margin, "0", "delayed: scale = (fp8 max / amax) / 2^margin, margin >= 0") \
+    ARG("--max-skips", ARG_INT, max_skips, "5", "stop after this many consecutive non-finite steps") \
+    ARG("--n-layers", ARG_INT, n_layers, "0", "override the preset's layer count (benchmarks)") \
+    ARG("--profile", ARG_INT, profile_every, "0", "print forward/backward/optimizer/FP8-cast ms of every N-th step (0: off)") \
+    ARG("--warmup-pass", ARG_INT, warmup_pass, "1", "GPU: 1 runs every kernel, GEMM shape and collective of a step once before step 1, 0 not") \
+    ARG("--dry-run", ARG_INT, dry_run, "0", "1: print the per-rank memory plan of these settings and exit (allocates and reads nothing)") \
+    ARG("--ranks", ARG_INT, plan_ranks, "0", "with --dry-run: the rank count to plan for (0: 1)") \
+    ARG("--gpu-mem", ARG_FLOAT, gpu_mem_gib, "0", "with --dry-run: device memory in GiB to plan against (0: the device's, or host RAM)") \
+    ARG("--bf16-layers", ARG_STR, bf16_layers, "none", "fp8: blocks kept in BF16: none | first,last | indices and ranges (0,2-5)") \
+    ARG("--shadow-every", ARG_INT, shadow_every, "0", "fp8: every K steps also run the first micro-batch in BF16 and compare (0: off)") \
+    ARG("--shadow-grad", ARG_INT, shadow_grad, "0", "1: the shadow check compares gradients too (-z 0/1)") \
+    ARG_NAMES("--shadow-policy", ShadowPolicyKind, shadow_policy, SHADOW_POLICY_NAMES, "warn", \
+              "on shadow checks over --shadow-tol: warn | fallback (train in BF16)") \
+    ARG("--shadow-tol", ARG_FLOAT, shadow_tol, "0.01", "shadow check: largest relative FP8-vs-BF16 loss difference") \
+    ARG("--shadow-patience", ARG_INT, shadow_patience, "3", "fallback after this many checks over --shadow-tol in a row") \
+    ARG("--shadow-recover", ARG_INT, shadow_recover, "100", "fallback: BF16 steps before returning to FP8 (0: never)") \
+    ARG("--alert-saturated", ARG_FLOAT, alert_saturated, "0.01", "--fp8-stats steps: alert above this saturated share (0: off)") \
+    ARG("--alert-underflow", ARG_FLOAT, alert_underflow, "0.01", "--fp8-stats steps: alert above this underflow share (0: off)") \
+    ARG("--alert-amax-growth", ARG_FLOAT, alert_amax_growth, "8", "--fp8-stats steps: alert when a W or X amax grows by this factor (0: off)")
 
 /* -n -1: a run with -o writes logs but no checkpoint, not even the last one (benchmarks). */
 #define NO_CHECKPOINTS (-1)
 
-typedef enum { ARG_STR, ARG_INT, ARG_I64, ARG_FLOAT, ARG_PRECISION } ArgType;
+typedef enum { ARG_STR, ARG_INT, ARG_I64, ARG_FLOAT, ARG_ENUM } ArgType;
+
+/* The C type of each ArgType's field. */
+#define ARG_C_TYPE_ARG_STR const char*
+#define ARG_C_TYPE_ARG_INT int
+#define ARG_C_TYPE_ARG_I64 long long
+#define ARG_C_TYPE_ARG_FLOAT float
+#define TRAIN_ARG_FIELD(flag, type, field, def, help) ARG_C_TYPE_##type field;
+#define TRAIN_ARG_ENUM_FIELD(flag, type, field, names, def, help) type field;
+
+/* The parsed command line: one field per row of TRAIN_ARGS, named and typed there. */
+typedef struct {
+    TRAIN_ARGS(TRAIN_ARG_FIELD, TRAIN_ARG_ENUM_FIELD)
+} TrainArgs;
 
 typedef struct {
     const char* flag;
     ArgType type;
-    size_t offset;
+    size_t offset, size; /* the TrainArgs field */
+    const char* def;     /* the default, as it would be given (ARG_STR: NULL for none) */
     const char* help;
+    const char* const* names; /* ARG_ENUM: the values, indexed by the enum */
+    int num_names;
 } ArgSpec;
 
-#define ARG(flag, type, field, help) {flag, type, offsetof(TrainArgs, field), help}
-
-static const ArgSpec TRAIN_ARG_SPECS[] = {
-    ARG("-i", ARG_STR, train_pattern, "train shard glob"),
-    ARG("-j", ARG_STR, val_pattern, "validation shard glob"),
-    ARG("-o", ARG_STR, output_dir, "output dir for main.log, metrics, checkpoints"),
-    ARG("-e", ARG_STR, model, "model: a preset name (see below) or a model checkpoint .bin"),
-    ARG("--tokenizer", ARG_STR, tokenizer_path, "tokenizer.bin for samples (none: beside the train shards)"),
-    ARG("-b", ARG_INT, B, "micro-batch size, sequences per rank"),
-    ARG("-t", ARG_INT, T, "sequence length"),
-    ARG("-d", ARG_I64, total_batch, "total batch in tokens per optimizer step, all ranks (-1: B*T*ranks)"),
-    ARG("-l", ARG_FLOAT, lr, "peak learning rate"),
-    ARG("-u", ARG_INT, warmup, "learning-rate warmup steps"),
-    ARG("-q", ARG_FLOAT, final_lr_frac, "final learning rate as a fraction of -l"),
-    ARG("-k", ARG_STR, schedule, "learning-rate schedule: cosine | linear | constant"),
-    ARG("-c", ARG_FLOAT, weight_decay, "AdamW weight decay (2-D weights only)"),
-    ARG("--clip", ARG_FLOAT, grad_clip, "gradient clipping: max global L2 norm (0: off)"),
-    ARG("-x", ARG_INT, steps, "optimizer steps (-1: one epoch of the train data)"),
-    ARG("-v", ARG_INT, val_every, "validation loss every N steps (0: only at the end)"),
-    ARG("-m", ARG_INT, val_batches, "validation batches (of -d tokens) per evaluation (-1: all)"),
-    ARG("-h", ARG_INT, hellaswag, "1: HellaSwag accuracy at every evaluation (as llm.c; -h or --help alone: this help)"),
-    ARG("--hellaswag", ARG_STR, hellaswag_path, "HellaSwag file for -h 1 (llm.c's eval format: dev/data/hellaswag.py)"),
-    ARG("--eval-lambada", ARG_STR, eval_lambada, "LAMBADA file (dev/data/lambada.py): last-word accuracy and perplexity"),
-    ARG("--eval-wikitext", ARG_STR, eval_wikitext, "WikiText file (dev/data/wikitext.py): word/byte perplexity, bits per byte"),
-    ARG("--eval-every", ARG_INT, eval_every, "downstream evaluations every N steps (0: only at the end; -1: as -v)"),
-    ARG("--eval-limit", ARG_INT, eval_limit, "evaluate the first N examples (documents) of each set (-1: all)"),
-    ARG("--eval-dump", ARG_STR, eval_dump, "write the evaluations' scored logits under DIR (tests' independent scorer)"),
-    ARG("--eval-compat", ARG_STR, eval_compat,
-        "rules of the eval files and scores: harness (lm-evaluation-harness's for an HF Llama-2: no BOS, its WikiText "
-        "detokenizer, acc_norm per character) | llm8 (BOS first, llm8's detokenizer, acc_norm per byte); each file "
-        "records its mode (dev/data/*.py --eval-compat)"),
-    ARG("-s", ARG_INT, sample_every, "print a sample every N steps (0: never)"),
-    ARG("-g", ARG_INT, sample_tokens, "tokens per sample"),
-    ARG("-n", ARG_INT, ckpt_every, "checkpoint every N steps (0: only at the end; needs -o; -1: never, e.g. benchmarks)"),
-    ARG("-y", ARG_INT, resume, "1: resume from the latest checkpoint in -o"),
-    ARG("-z", ARG_INT, zero_stage, "ZeRO stage: 0 all-reduce, 1 optimizer state sharded, 2 gradients sharded too"),
-    ARG("--grad-reduce", ARG_STR, grad_reduce,
-        "gradients on the wire: fp32 (4 B/element, exact rank-order sums) | bf16 (2 B, each contribution rounded to BF16) "
-        "| fp8 (1 B + 4 B per 4096-element chunk: E4M3 with a scale per chunk, ~2^-4 relative rounding per contribution, "
-        "summed in FP32); bf16 and fp8 change the sums"),
-    ARG("--optim-state", ARG_STR, optim_state, "AdamW moments stored as fp32 (8 B/param) | bf16 (4 B) | fp8 (E4M3 m + FP16 v, a scale per 4096: 3 B; MS-AMP O2)"),
-    ARG("--grad-buffer", ARG_STR, grad_buffer,
-        "gradients accumulated over micro-steps stored as fp32 (4 B/param) | bf16 (2 B, ~2^-8 relative rounding per "
-        "micro-step) | fp8 (E4M3, a scale per 4096: 1 B, ~2^-4 per micro-step); -z 1, or -z 0 on one rank; adds FP32 "
-        "bucket buffers"),
-    ARG("--master-weights", ARG_STR, master_weights,
-        "master weights stored as fp32 (4 B/param of the shard) | fp16 (2 B, a scale per 4096; MS-AMP O3: updates below "
-        "~2^-12 of a weight are lost)"),
-    ARG("--comm-timeout", ARG_FLOAT, comm_timeout, "seconds without progress before a rank aborts the job (0: off)"),
-    ARG("-r", ARG_INT, recompute, "recompute in backward: 0 none, 1 norm and SwiGLU outputs, 2 whole blocks"),
-    ARG("-p", ARG_PRECISION, precision, "precision recipe: fp8 | bf16 | fp32"),
-    ARG("-a", ARG_INT, overfit, "1: overfit the first batch (debugging)"),
-    ARG("--shuffle", ARG_INT, shuffle, "1: shuffle shards and samples each epoch"),
-    ARG("--seed", ARG_I64, seed, "seed for init, shuffling and sampling"),
-    ARG("--fp8-stats", ARG_INT, fp8_stats_every, "log FP8 amax/scale/saturation/underflow every N steps (0: off)"),
-    ARG("--pow2-scales", ARG_INT, pow2_scales, "1: round FP8 scales down to powers of two"),
-    ARG("--fp8-accum", ARG_STR, fp8_accum, "fp8 GEMM accumulation: exact (FP32) | hopper (model of H100 tensor cores; CPU build only)"),
-    ARG("--fp8-fast-accum", ARG_INT, fp8_fast_accum, "fp8: 1 fprop GEMMs with fast accumulation (as TE), 0 without"),
-    ARG("--fp8-recipe", ARG_STR, fp8_recipe, "fp8 scaling of X and dY: current (each tensor's own amax) | delayed (TE DelayedScaling: amax history)"),
-    ARG("--amax-history", ARG_INT, amax_history, "delayed: amax history length, entries per operand, one per applied step (TE: 1024)"),
-    ARG("--amax-algo", ARG_STR, amax_algo, "delayed: amax of the history: max (of every entry) | most_recent (the last step's)"),
-    ARG("--fp8-margin", ARG_INT, fp8_margin, "delayed: scale = (fp8 max / amax) / 2^margin, margin >= 0"),
-    ARG("--max-skips", ARG_INT, max_skips, "stop after this many consecutive non-finite steps"),
-    ARG("--n-layers", ARG_INT, n_layers, "override the preset's layer count (benchmarks)"),
-    ARG("--profile", ARG_INT, profile_every, "print forward/backward/optimizer/FP8-cast ms of every N-th step (0: off)"),
-    ARG("--warmup-pass", ARG_INT, warmup_pass, "GPU: 1 runs every kernel, GEMM shape and collective of a step once before step 1, 0 not"),
-    ARG("--dry-run", ARG_INT, dry_run, "1: print the per-rank memory plan of these settings and exit (allocates and reads nothing)"),
-    ARG("--ranks", ARG_INT, plan_ranks, "with --dry-run: the rank count to plan for (0: 1)"),
-    ARG("--gpu-mem", ARG_FLOAT, gpu_mem_gib, "with --dry-run: device memory in GiB to plan against (0: the device's, or host RAM)"),
-    ARG("--bf16-layers", ARG_STR, bf16_layers, "fp8: blocks kept in BF16: none | first,last | indices and ranges (0,2-5)"),
-    ARG("--shadow-every", ARG_INT, shadow_every, "fp8: every K steps also run the first micro-batch in BF16 and compare (0: off)"),
-    ARG("--shadow-grad", ARG_INT, shadow_grad, "1: the shadow check compares gradients too (-z 0/1)"),
-    ARG("--shadow-policy", ARG_STR, shadow_policy, "on shadow checks over --shadow-tol: warn | fallback (train in BF16)"),
-    ARG("--shadow-tol", ARG_FLOAT, shadow_tol, "shadow check: largest relative FP8-vs-BF16 loss difference"),
-    ARG("--shadow-patience", ARG_INT, shadow_patience, "fallback after this many checks over --shadow-tol in a row"),
-    ARG("--shadow-recover", ARG_INT, shadow_recover, "fallback: BF16 steps before returning to FP8 (0: never)"),
-    ARG("--alert-saturated", ARG_FLOAT, alert_saturated, "--fp8-stats steps: alert above this saturated share (0: off)"),
-    ARG("--alert-underflow", ARG_FLOAT, alert_underflow, "--fp8-stats steps: alert above this underflow share (0: off)"),
-    ARG("--alert-amax-growth", ARG_FLOAT, alert_amax_growth, "--fp8-stats steps: alert when a W or X amax grows by this factor (0: off)"),
-};
+#define ARG_FIELD(field) offsetof(TrainArgs, field), sizeof(((TrainArgs*)0)->field)
+#define TRAIN_ARG_SPEC(flag, type, field, def, help) {flag, type, ARG_FIELD(field), def, help, NULL, 0},
+#define TRAIN_ARG_ENUM_SPEC(flag, type, field, names, def, help) \
+    {flag, ARG_ENUM, ARG_FIELD(field), def, help, names, (int)(sizeof(names) / sizeof(names[0]))},
+static const ArgSpec TRAIN_ARG_SPECS[] = {TRAIN_ARGS(TRAIN_ARG_SPEC, TRAIN_ARG_ENUM_SPEC)};
 #define NUM_TRAIN_ARGS (sizeof(TRAIN_ARG_SPECS) / sizeof(TRAIN_ARG_SPECS[0]))
-
-/* The defaults: a small model on tiny-shakespeare (what `make train` runs). */
-static inline TrainArgs train_args_default(void) {
-    TrainArgs a;
-    memset(&a, 0, sizeof(a));
-    a.train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train.bin";
-    a.val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val.bin";
-    a.output_dir = NULL;
-    a.model = "tiny";
-    a.tokenizer_path = NULL;
-    a.B = 8;
-    a.T = 256;
-    a.total_batch = -1;
-    a.lr = 1e-3f;
-    a.warmup = 20;
-    a.final_lr_frac = 0.1f;
-    a.schedule = "cosine";
-    a.weight_decay = 0.1f;
-    a.grad_clip = 1.0f;
-    a.steps = -1;
-    a.val_every = 25;
-    a.val_batches = 20;
-    a.sample_every = 0;
-    a.sample_tokens = 64;
-    a.hellaswag = 0;
-    a.hellaswag_path = "dev/data/hellaswag/hellaswag_val.bin";
-    a.eval_lambada = NULL;
-    a.eval_wikitext = NULL;
-    a.eval_every = -1;
-    a.eval_limit = -1;
-    a.eval_dump = NULL;
-    a.eval_compat = EVAL_COMPAT_NAMES[EVAL_COMPAT_HARNESS];
-    a.ckpt_every = 0;
-    a.resume = 0;
-    a.zero_stage = 0;
-    a.grad_reduce = "fp32";
-    a.optim_state = optim_state_name(OPTIM_STATE_FP32);
-    a.grad_buffer = grad_format_name(GRAD_FORMAT_FP32);
-    a.master_weights = master_format_name(MASTER_FP32);
-    a.comm_timeout = 900.0f;
-    a.recompute = 0;
-    a.precision = PRECISION_FP8;
-    a.overfit = 0;
-    a.shuffle = 1;
-    a.seed = 1337;
-    a.fp8_stats_every = 0;
-    a.pow2_scales = 0;
-    a.fp8_accum = "exact";
-    a.fp8_fast_accum = 1;
-    a.fp8_recipe = fp8_recipe_name(FP8_RECIPE_CURRENT);
-    a.amax_history = AMAX_HISTORY_DEFAULT;
-    a.amax_algo = fp8_amax_algo_name(FP8_AMAX_MAX);
-    a.fp8_margin = 0;
-    a.max_skips = 5;
-    a.n_layers = 0;
-    a.profile_every = 0;
-    a.warmup_pass = 1;
-    a.dry_run = 0;
-    a.plan_ranks = 0;
-    a.gpu_mem_gib = 0.0f;
-    a.bf16_layers = "none";
-    a.shadow_every = 0;
-    a.shadow_grad = 0;
-    a.shadow_policy = "warn";
-    a.shadow_tol = 0.01f;
-    a.shadow_patience = 3;
-    a.shadow_recover = 100;
-    a.alert_saturated = 0.01f;
-    a.alert_underflow = 0.01f;
-    a.alert_amax_growth = 8.0f;
-    return a;
-}
-
-static inline void train_args_usage(const char* prog, const TrainArgs* defaults) {
-    printf("usage: %s [flags]   (every flag takes one value)\n\n", prog);
-    for (size_t i = 0; i < NUM_TRAIN_ARGS; i++) {
-        const ArgSpec* s = &TRAIN_ARG_SPECS[i];
-        const char* field = (const char*)defaults + s->offset;
-        char def[128];
-        switch (s->type) {
-            case ARG_STR: snprintf(def, sizeof(def), "%s", *(const char* const*)field ? *(const char* const*)field : "none"); break;
-            case ARG_INT: snprintf(def, sizeof(def), "%d", *(const int*)field); break;
-            case ARG_I64: snprintf(def, sizeof(def), "%lld", *(const long long*)field); break;
-            case ARG_FLOAT: snprintf(def, sizeof(def), "%g", *(const float*)field); break;
-            case ARG_PRECISION: snprintf(def, sizeof(def), "%s", precision_name((Precision)*(const int*)field)); break;
-        }
-        printf("  %-19s %s (default %s)\n", s->flag, s->help, def);
-    }
-    printf("\nmodel presets for -e:\n");
-    for (size_t i = 0; i < NUM_LLAMA_PRESETS; i++) {
-        const LlamaConfig* c = &LLAMA_PRESETS[i].cfg;
-        printf("  %-12s dim %d, layers %d, heads %d/%d kv, ffn %d, max seq %d  (%s)\n", LLAMA_PRESETS[i].name, c->dim,
-               c->n_layers, c->n_heads, c->n_kv_heads, c->ffn_dim, c->max_seq_len, LLAMA_PRESETS[i].note);
-    }
-}
 
 static inline long long parse_integer(const char* flag, const char* value, long long lo, long long hi) {
     char* end;
@@ -282,6 +155,66 @@ static inline long long parse_integer(const char* flag, const char* value, long 
     if (errno != 0 || end == value || *end != '\0') die("flag %s: '%s' is not an integer", flag, value);
     if (v < lo || v > hi) die("flag %s: %lld is out of range [%lld, %lld]", flag, v, lo, hi);
     return v;
+}
+
+/* Sets the field of `spec` in *a from `value` as given on the command line; stops naming the flag. */
+static inline void train_arg_set(TrainArgs* a, const ArgSpec* spec, const char* value) {
+    char* field = (char*)a + spec->offset;
+    const char* flag = spec->flag;
+    switch (spec->type) {
+        case ARG_STR: memcpy(field, &value, sizeof(value)); break;
+        case ARG_INT:
+        case ARG_ENUM: {
+            int v = 0;
+            if (spec->type == ARG_INT) {
+                v = (int)parse_integer(flag, value, INT_MIN, INT_MAX);
+            } else if ((v = name_index(spec->names, spec->num_names, value)) < 0) {
+                char list[256] = "";
+                for (int i = 0; i < spec->num_names; i++)
+                    snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s", i == 0 ? "" : i == spec->num_names - 1 ? " or " : ", ",
+                             spec->names[i]);
+                die("flag %s: '%s' is not %s", flag, value, list);
+            }
+            if (spec->size != sizeof(int)) die("flag %s: its field is not an int (TRAIN_ARG_SPECS)", flag);
+            memcpy(field, &v, sizeof(v));
+            break;
+        }
+        case ARG_I64: {
+            long long v = parse_integer(flag, value, LLONG_MIN, LLONG_MAX);
+            memcpy(field, &v, sizeof(v));
+            break;
+        }
+        case ARG_FLOAT: {
+            char* end;
+            errno = 0;
+            float v = strtof(value, &end);
+            if (errno != 0 || end == value || *end != '\0' || !isfinite(v)) die("flag %s: '%s' is not a finite number", flag, value);
+            memcpy(field, &v, sizeof(v));
+            break;
+        }
+    }
+}
+
+/* The defaults: every row's default, parsed as if given (a small model on tiny-shakespeare: `make train`). */
+static inline TrainArgs train_args_default(void) {
+    TrainArgs a;
+    memset(&a, 0, sizeof(a));
+    for (size_t k = 0; k < NUM_TRAIN_ARGS; k++) train_arg_set(&a, &TRAIN_ARG_SPECS[k], TRAIN_ARG_SPECS[k].def);
+    return a;
+}
+
+static inline void train_args_usage(const char* prog) {
+    printf("usage: %s [flags]   (every flag takes one value)\n\n", prog);
+    for (size_t i = 0; i < NUM_TRAIN_ARGS; i++) {
+        const ArgSpec* s = &TRAIN_ARG_SPECS[i];
+        printf("  %-19s %s (default %s)\n", s->flag, s->help, s->def ? s->def : "none");
+    }
+    printf("\nmodel presets for -e:\n");
+    for (size_t i = 0; i < NUM_LLAMA_PRESETS; i++) {
+        const LlamaConfig* c = &LLAMA_PRESETS[i].cfg;
+        printf("  %-12s dim %d, layers %d, heads %d/%d kv, ffn %d, max seq %d  (%s)\n", LLAMA_PRESETS[i].name, c->dim,
+               c->n_layers, c->n_heads, c->n_kv_heads, c->ffn_dim, c->max_seq_len, LLAMA_PRESETS[i].note);
+    }
 }
 
 /*
@@ -299,27 +232,7 @@ static inline int train_args_parse(TrainArgs* a, int argc, char** argv) {
         }
         if (spec == NULL) die("unknown flag '%s' (see --help)", flag);
         if (i + 1 >= argc) die("flag %s needs a value (see --help)", flag);
-        const char* value = argv[++i];
-        char* field = (char*)a + spec->offset;
-        switch (spec->type) {
-            case ARG_STR: *(const char**)field = value; break;
-            case ARG_INT: *(int*)field = (int)parse_integer(flag, value, INT_MIN, INT_MAX); break;
-            case ARG_I64: *(long long*)field = parse_integer(flag, value, LLONG_MIN, LLONG_MAX); break;
-            case ARG_FLOAT: {
-                char* end;
-                errno = 0;
-                float v = strtof(value, &end);
-                if (errno != 0 || end == value || *end != '\0' || !isfinite(v)) die("flag %s: '%s' is not a finite number", flag, value);
-                *(float*)field = v;
-                break;
-            }
-            case ARG_PRECISION: {
-                int p = precision_parse(value);
-                if (p < 0) die("flag %s: '%s' is not a precision (fp8 | bf16 | fp32)", flag, value);
-                *(int*)field = p;
-                break;
-            }
-        }
+        train_arg_set(a, spec, argv[++i]);
     }
     return 0;
 }
@@ -341,7 +254,7 @@ static inline int train_args_model(const TrainArgs* a, LlamaConfig* cfg) {
         if (from_checkpoint) die("flag --n-layers: only applies to presets, not to the checkpoint %s", a->model);
         cfg->n_layers = a->n_layers;
     }
-    llama_config_validate(cfg, a->B, a->T, (Precision)a->precision);
+    llama_config_validate(cfg, a->B, a->T, a->precision);
     return from_checkpoint;
 }
 
@@ -357,17 +270,16 @@ static inline int train_args_grad_accum(const TrainArgs* a, int world) {
 
 /* The storage formats of the flags (--optim-state, --grad-buffer, --master-weights). */
 static inline StateFormats train_args_state_formats(const TrainArgs* a) {
-    StateFormats f = {(OptimState)optim_state_parse(a->optim_state), (GradFormat)grad_format_parse(a->grad_buffer),
-                      (MasterFormat)master_format_parse(a->master_weights)};
+    StateFormats f = {a->optim_state, a->grad_buffer, a->master_weights};
     return f;
 }
 
 /* --grad-buffer bf16/fp8 under -z 0 needs one rank: with several, every rank would keep the whole reduced
    gradient, which -z 1 shards for the same traffic. Every rank takes this decision from the same flags. */
 static inline void train_args_check_grad_buffer(const TrainArgs* a, int world) {
-    if (grad_format_parse(a->grad_buffer) != GRAD_FORMAT_FP32 && a->zero_stage == 0 && world > 1)
+    if (a->grad_buffer != GRAD_FORMAT_FP32 && a->zero_stage == 0 && world > 1)
         die("flag --grad-buffer %s: -z 0 on %d ranks would keep the reduced gradient whole on every rank; use -z 1 "
-            "(same traffic, the result sharded), or one rank", a->grad_buffer, world);
+            "(same traffic, the result sharded), or one rank", grad_format_name(a->grad_buffer), world);
 }
 
 /* Range checks that need no model; stops naming the flag. */
@@ -380,8 +292,6 @@ static inline void train_args_check(const TrainArgs* a) {
     if (!(a->lr >= 0.0f)) die("flag -l: learning rate must be >= 0");
     if (a->warmup < 0) die("flag -u: warmup steps must be >= 0");
     if (a->final_lr_frac < 0.0f || a->final_lr_frac > 1.0f) die("flag -q: final LR fraction must be in [0, 1]");
-    if (strcmp(a->schedule, "cosine") != 0 && strcmp(a->schedule, "linear") != 0 && strcmp(a->schedule, "constant") != 0)
-        die("flag -k: unknown schedule '%s' (cosine | linear | constant)", a->schedule);
     if (a->weight_decay < 0.0f) die("flag -c: weight decay must be >= 0");
     if (a->grad_clip < 0.0f) die("flag --clip: must be >= 0");
     if (a->steps < -1) die("flag -x: steps must be positive, 0 (evaluate only) or -1 (one epoch)");
@@ -399,18 +309,14 @@ static inline void train_args_check(const TrainArgs* a) {
     const char* eval_flag = a->eval_every != defaults.eval_every ? "--eval-every"
                             : a->eval_limit != defaults.eval_limit ? "--eval-limit"
                             : a->eval_dump != NULL ? "--eval-dump"
-                            : strcmp(a->eval_compat, defaults.eval_compat) != 0 ? "--eval-compat" : NULL;
-    if (eval_compat_parse(a->eval_compat) < 0) die("flag --eval-compat: '%s' is not harness or llm8", a->eval_compat);
+                            : a->eval_compat != defaults.eval_compat ? "--eval-compat" : NULL;
     if (eval_flag != NULL && !evals) die("flag %s: needs an evaluation (-h 1, --eval-lambada or --eval-wikitext)", eval_flag);
     if (a->resume != 0 && a->resume != 1) die("flag -y: must be 0 or 1");
     if (a->resume && a->output_dir == NULL) die("flag -y 1 needs -o (the directory to resume from)");
     if (a->zero_stage < 0 || a->zero_stage > 2) die("flag -z: ZeRO stage must be 0, 1 or 2, got %d", a->zero_stage);
-    if (comm_wire_parse(a->grad_reduce) < 0) die("flag --grad-reduce: '%s' is not fp32, bf16 or fp8", a->grad_reduce);
-    if (optim_state_parse(a->optim_state) < 0) die("flag --optim-state: '%s' is not fp32, bf16 or fp8", a->optim_state);
-    if (grad_format_parse(a->grad_buffer) < 0) die("flag --grad-buffer: '%s' is not fp32, bf16 or fp8", a->grad_buffer);
-    if (master_format_parse(a->master_weights) < 0) die("flag --master-weights: '%s' is not fp32 or fp16", a->master_weights);
-    if (grad_format_parse(a->grad_buffer) != GRAD_FORMAT_FP32 && a->zero_stage == 2)
-        die("flag --grad-buffer %s: -z 2 keeps no full gradient buffer (it accumulates in the FP32 shard); use -z 1", a->grad_buffer);
+    if (a->grad_buffer != GRAD_FORMAT_FP32 && a->zero_stage == 2)
+        die("flag --grad-buffer %s: -z 2 keeps no full gradient buffer (it accumulates in the FP32 shard); use -z 1",
+            grad_format_name(a->grad_buffer));
     if (a->comm_timeout < 0.0f) die("flag --comm-timeout: must be >= 0 seconds");
     if (a->recompute < 0 || a->recompute >= RECOMPUTE_LEVELS)
         die("flag -r: recompute level must be 0 (none), 1 (norm and SwiGLU outputs) or 2 (whole blocks), got %d", a->recompute);
@@ -418,12 +324,9 @@ static inline void train_args_check(const TrainArgs* a) {
     if (a->overfit != 0 && a->overfit != 1) die("flag -a: must be 0 or 1");
     if (a->shuffle != 0 && a->shuffle != 1) die("flag --shuffle: must be 0 or 1");
     if (a->pow2_scales != 0 && a->pow2_scales != 1) die("flag --pow2-scales: must be 0 or 1");
-    if (fp8_accum_parse(a->fp8_accum) < 0) die("flag --fp8-accum: '%s' is not exact or hopper", a->fp8_accum);
     if (a->fp8_fast_accum != 0 && a->fp8_fast_accum != 1) die("flag --fp8-fast-accum: must be 0 or 1");
-    if (fp8_recipe_parse(a->fp8_recipe) < 0) die("flag --fp8-recipe: '%s' is not current or delayed", a->fp8_recipe);
     if (a->amax_history < 1 || a->amax_history > AMAX_HISTORY_MAX)
         die("flag --amax-history: must be in [1, %d], got %d", AMAX_HISTORY_MAX, a->amax_history);
-    if (fp8_amax_algo_parse(a->amax_algo) < 0) die("flag --amax-algo: '%s' is not max or most_recent", a->amax_algo);
     if (a->fp8_margin < 0 || a->fp8_margin > FP8_MARGIN_MAX) die("flag --fp8-margin: must be in [0, %d], got %d", FP8_MARGIN_MAX, a->fp8_margin);
     if (a->max_skips < 1) die("flag --max-skips: must be >= 1");
     if (a->n_layers < 0) die("flag --n-layers: must be >= 0");
@@ -433,39 +336,36 @@ static inline void train_args_check(const TrainArgs* a) {
     if (a->gpu_mem_gib < 0.0f) die("flag --gpu-mem: must be >= 0 GiB");
     if (a->gpu_mem_gib > 0.0f && !a->dry_run) die("flag --gpu-mem: only --dry-run 1 plans against a memory size");
     int fp8 = a->precision == PRECISION_FP8;
-    if ((strcmp(a->fp8_accum, defaults.fp8_accum) != 0 || a->fp8_fast_accum != defaults.fp8_fast_accum) && !fp8)
-        die("flag %s: needs -p fp8 (it sets the FP8 GEMMs)",
-            strcmp(a->fp8_accum, defaults.fp8_accum) != 0 ? "--fp8-accum" : "--fp8-fast-accum");
+    if ((a->fp8_accum != defaults.fp8_accum || a->fp8_fast_accum != defaults.fp8_fast_accum) && !fp8)
+        die("flag %s: needs -p fp8 (it sets the FP8 GEMMs)", a->fp8_accum != defaults.fp8_accum ? "--fp8-accum" : "--fp8-fast-accum");
     if (!fp8) {
-        const char* set = strcmp(a->fp8_recipe, defaults.fp8_recipe) != 0 ? "--fp8-recipe"
-                        : a->amax_history != defaults.amax_history         ? "--amax-history"
-                        : strcmp(a->amax_algo, defaults.amax_algo) != 0     ? "--amax-algo"
-                        : a->fp8_margin != defaults.fp8_margin             ? "--fp8-margin"
-                                                                           : NULL;
+        const char* set = a->fp8_recipe != defaults.fp8_recipe     ? "--fp8-recipe"
+                        : a->amax_history != defaults.amax_history ? "--amax-history"
+                        : a->amax_algo != defaults.amax_algo       ? "--amax-algo"
+                        : a->fp8_margin != defaults.fp8_margin     ? "--fp8-margin"
+                                                                   : NULL;
         if (set) die("flag %s: needs -p fp8 (it sets the FP8 scaling recipe)", set);
     }
     if (strcmp(a->bf16_layers, defaults.bf16_layers) != 0 && !fp8)
-        die("flag --bf16-layers: needs -p fp8 (every block runs %s already)", precision_name((Precision)a->precision));
+        die("flag --bf16-layers: needs -p fp8 (every block runs %s already)", precision_name(a->precision));
     if (a->shadow_every < 0) die("flag --shadow-every: must be >= 0");
     if (a->shadow_every > 0 && !fp8) die("flag --shadow-every: needs -p fp8 (the check compares FP8 with BF16)");
-    if (strcmp(a->shadow_policy, "warn") != 0 && strcmp(a->shadow_policy, "fallback") != 0)
-        die("flag --shadow-policy: '%s' is not warn or fallback", a->shadow_policy);
     if (a->shadow_grad != 0 && a->shadow_grad != 1) die("flag --shadow-grad: must be 0 or 1");
     if (!(a->shadow_tol >= 0.0f)) die("flag --shadow-tol: must be >= 0");
     if (a->shadow_patience < 1) die("flag --shadow-patience: must be >= 1");
     if (a->shadow_recover < 0) die("flag --shadow-recover: must be >= 0");
     /* the shadow flags only act through the check: without it they would be accepted and ignored */
     const char* unused = a->shadow_grad != defaults.shadow_grad ? "--shadow-grad"
-                         : strcmp(a->shadow_policy, defaults.shadow_policy) != 0 ? "--shadow-policy"
+                         : a->shadow_policy != defaults.shadow_policy ? "--shadow-policy"
                          : a->shadow_tol != defaults.shadow_tol ? "--shadow-tol"
                          : a->shadow_patience != defaults.shadow_patience ? "--shadow-patience"
                          : a->shadow_recover != defaults.shadow_recover ? "--shadow-recover" : NULL;
     if (unused != NULL && a->shadow_every == 0) die("flag %s: needs --shadow-every K (the shadow check)", unused);
     if (a->shadow_grad && a->zero_stage == 2)
         die("flag --shadow-grad 1: needs full gradients, which -z 2 does not keep; use -z 0 or 1, or --shadow-grad 0");
-    if (a->shadow_grad && grad_format_parse(a->grad_buffer) != GRAD_FORMAT_FP32)
+    if (a->shadow_grad && a->grad_buffer != GRAD_FORMAT_FP32)
         die("flag --shadow-grad 1: needs FP32 full gradients; --grad-buffer %s stores them rounded (use --grad-buffer fp32)",
-            a->grad_buffer);
+            grad_format_name(a->grad_buffer));
     if (!(a->alert_saturated >= 0.0f) || !(a->alert_underflow >= 0.0f) || !(a->alert_amax_growth >= 0.0f))
         die("flags --alert-saturated, --alert-underflow, --alert-amax-growth: must be >= 0 (0: off)");
     if (a->alert_amax_growth > 0.0f && a->alert_amax_growth <= 1.0f)
@@ -509,4 +409,21 @@ static inline void bf16_layers_parse(const char* spec, int L, char* blocks) {
         if (end == NULL) break;
         p = end + 1;
     }
+}
+
+/*
+ * The options the model is built with, from the flags (model/options.h): this rank's sharding and the
+ * blocks --bf16-layers names (blocks, L, bf16_layers_parse's); a block linear may run BF16 when the shadow
+ * check or --bf16-layers can make it.
+ */
+static inline ModelOptions train_args_model_options(const TrainArgs* a, Sharding sharding, const char* blocks) {
+    ModelOptions o = model_options(a->precision, a->B, a->T);
+    o.recompute = a->recompute;
+    o.sharding = sharding;
+    o.formats = train_args_state_formats(a);
+    Fp8Settings f = {a->pow2_scales, a->fp8_recipe, a->amax_history, a->amax_algo, a->fp8_margin, a->fp8_fast_accum, a->fp8_accum};
+    o.fp8 = f;
+    o.bf16_blocks = blocks;
+    o.bf16_linears = a->precision == PRECISION_FP8 && a->shadow_every > 0;
+    return o;
 }

@@ -1,5 +1,5 @@
 /*
- * Data-parallel training with ZeRO (DESIGN.md section 6): the driver of model/model.h's bucket hooks.
+ * Data-parallel training with ZeRO (docs/cluster.md): the driver of model/model.h's bucket hooks.
  *
  *   -z 0  every rank holds everything; on the step's last micro-step each bucket's gradients are
  *         all-reduced as soon as the backward has written them; every rank runs AdamW on all of it.
@@ -7,8 +7,8 @@
  *         rank's gradient shard; AdamW updates the rank's shard of the master weights and moments; the
  *         new weights are all-gathered bucket by bucket, in the order the next forward needs them: BF16
  *         working copies, and the E4M3 bytes of the FP8 linear layers, cast by every rank from its pieces
- *         with scales whose amax is MAX-all-reduced first, one collective for all of them (model/model.h
- *         "FP8 weights"), so they are bit-identical to one rank's.
+ *         with scales whose amax is MAX-all-reduced first, one collective for all of them (model/fp8_state.h),
+ *         so they are bit-identical to one rank's; once a layer's gather has arrived, its W^T is made.
  *   -z 2  gradients sharded too: every micro-step reduce-scatters each bucket, added into the shard
  *         (the model's gradients for a bucket live in one of three reused buffers), then as -z 1.
  * --grad-buffer bf16|fp8 (ZeRO-1, or ZeRO-0 on one rank) stores the gradients the micro-steps accumulate
@@ -59,6 +59,7 @@ static void dp_weights_needed(void* ctx, int bucket) {
     if (!dp->gather_pending[bucket]) return;
     comm_wait(SLOT_GATHER(bucket));
     dp->gather_pending[bucket] = 0;
+    llama_fp8_weights_gathered(dp->m, bucket);
 }
 
 static void dp_all_gather(void* ctx, void* buf, size_t bytes) {
@@ -86,15 +87,15 @@ static void dp_grads_needed(void* ctx, int bucket) {
  */
 static int dp_stage_grads(DataParallel* dp, int bucket) {
     Llama* m = dp->m;
-    int reduce = m->sharding.zero_stage == 1 && dp->last_micro;
-    StoreCodec c = grad_codec(m->grad_format);
+    int reduce = m->opt.sharding.zero_stage == 1 && dp->last_micro;
+    StoreCodec c = grad_codec(m->opt.formats.grad_buffer);
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* s = &m->segs[i];
         if (s->bucket != bucket) continue;
-        void* stored = llama_stored_grad(m, s);
-        float* sinv = llama_stored_grad_scale_inv(m, s);
-        if (reduce) op_store_load(c, llama_bucket_grad(m, s), stored, sinv, s->param.count, 1);
-        else op_store_add(c, stored, sinv, llama_bucket_grad(m, s), s->param.count, 1);
+        void* stored = llama_grad_stored(m, s);
+        float* sinv = llama_grad_stored_scale_inv(m, s);
+        if (reduce) op_store_load(c, llama_grad_bucket(m, s), stored, sinv, s->param.count, 1);
+        else op_store_add(c, stored, sinv, llama_grad_bucket(m, s), s->param.count, 1);
     }
     return reduce;
 }
@@ -102,19 +103,19 @@ static int dp_stage_grads(DataParallel* dp, int bucket) {
 static void dp_grads_ready(void* ctx, int bucket) {
     DataParallel* dp = (DataParallel*)ctx;
     Llama* m = dp->m;
-    int z = m->sharding.zero_stage, staged = m->grad_format != GRAD_FORMAT_FP32;
+    int z = m->opt.sharding.zero_stage, staged = m->opt.formats.grad_buffer != GRAD_FORMAT_FP32;
     if (staged && !dp_stage_grads(dp, bucket)) return;
     if (dp->local || (z < 2 && !dp->last_micro)) return;
-    if (z == 0 && m->sharding.world == 1) return;
+    if (z == 0 && m->opt.sharding.world == 1) return;
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* s = &m->segs[i];
         if (s->bucket != bucket) continue;
         if (z == 0) {
-            comm_all_reduce((float*)m->grads + s->shard.offset, s->param.count, dp->wire);
+            comm_all_reduce((float*)llama_grad_stored(m, s), s->param.count, dp->wire);
         } else {
             int bucketed = llama_grads_bucketed(m);
-            const float* send = bucketed ? llama_bucket_grad(m, s) : (const float*)m->grads + s->shard.offset;
-            comm_reduce_scatter(send, m->grad_shard + s->shard.shard_offset, s->shard.piece, z == 2, dp->wire);
+            const float* send = bucketed ? llama_grad_bucket(m, s) : (const float*)llama_grad_stored(m, s);
+            comm_reduce_scatter(send, llama_grad_shard(m, s), s->shard.piece, z == 2, dp->wire);
         }
     }
     comm_mark(SLOT_REDUCE(bucket));
@@ -128,23 +129,20 @@ static inline void dp_init(DataParallel* dp, Llama* m, CommWire wire) {
     dp->wire = wire;
     dp->gather_pending = (char*)callocCheck((size_t)llama_num_buckets(m), 1);
     for (int b = 0; b < GRAD_BUFFERS; b++) dp->buffer_user[b] = -1;
-    m->hooks.ctx = dp;
-    m->hooks.weights_needed = dp_weights_needed;
-    m->hooks.grads_needed = dp_grads_needed;
-    m->hooks.grads_ready = dp_grads_ready;
-    m->hooks.all_gather = dp_all_gather;
+    ModelHooks hooks = {dp, dp_weights_needed, dp_grads_needed, dp_grads_ready, dp_all_gather};
+    llama_set_hooks(m, &hooks);
 }
 
 static inline void dp_free(DataParallel* dp) {
     free(dp->gather_pending);
-    memset(&dp->m->hooks, 0, sizeof(dp->m->hooks));
+    llama_set_hooks(dp->m, NULL);
 }
 
 /* Starts a step: the gradients the micro-steps accumulate into are zeroed. */
 static inline void dp_begin_step(DataParallel* dp) {
     Llama* m = dp->m;
     llama_zero_grads(m);
-    if (m->sharding.zero_stage == 2) dev_zero(m->grad_shard, m->layout.shard * sizeof(float));
+    if (m->opt.sharding.zero_stage == 2) dev_zero(m->grad_shard, m->layout.shard * sizeof(float));
 }
 
 /*
@@ -171,7 +169,7 @@ static inline float dp_grad_norm(DataParallel* dp, int* bad) {
 static inline void dp_publish_weights(DataParallel* dp) {
     Llama* m = dp->m;
     if (m->layout.shards == 1) return;
-    if (m->precision == PRECISION_FP8) {
+    if (m->opt.precision == PRECISION_FP8) {
         comm_all_reduce_max((float*)llama_fp8_weight_scales(m), llama_fp8_slots(m) * sizeof(Fp8Scale) / sizeof(float));
         comm_wait_all();
         llama_fp8_cast_weights(m);
@@ -209,7 +207,7 @@ static inline void dp_refresh_weights(DataParallel* dp) {
  */
 static inline void dp_fp8_reduce_step_amax(DataParallel* dp) {
     float* step_amax = llama_fp8_step_amaxes(dp->m);
-    if (step_amax == NULL || dp->m->sharding.world == 1) return;
+    if (step_amax == NULL || dp->m->opt.sharding.world == 1) return;
     comm_all_reduce_max(step_amax, FP8_DELAYED_OPS * llama_fp8_slots(dp->m));
     comm_wait_all(); /* the step's decisions read them next */
 }
@@ -220,7 +218,7 @@ static inline void dp_fp8_reduce_step_amax(DataParallel* dp) {
  */
 static inline void dp_fp8_stats_end(DataParallel* dp, Fp8StatsEmit emit, void* ctx) {
     Llama* m = dp->m;
-    if (m->precision == PRECISION_FP8 && m->fp8_stats_due && m->layout.shards > 1) {
+    if (llama_fp8_stats_due(m) && m->layout.shards > 1) {
         size_t slots = llama_fp8_slots(m), fields = sizeof(Fp8Counts) / sizeof(unsigned long long);
         Fp8Counts* counts = (Fp8Counts*)mallocCheck(slots * sizeof(Fp8Counts));
         double* sums = (double*)mallocCheck(slots * fields * sizeof(double));
@@ -246,13 +244,13 @@ static inline void dp_fp8_stats_end(DataParallel* dp, Fp8StatsEmit emit, void* c
  */
 static inline void dp_warmup(DataParallel* dp) {
     Llama* m = dp->m;
-    int z = m->sharding.zero_stage;
+    int z = m->opt.sharding.zero_stage;
     ModelSegment* s = &m->segs[0];
     for (int i = 1; i < m->num_segs; i++) s = m->segs[i].param.count < s->param.count ? &m->segs[i] : s;
-    if (z == 0 && m->sharding.world > 1) comm_all_reduce((float*)m->grads + s->shard.offset, s->param.count, dp->wire);
+    if (z == 0 && m->opt.sharding.world > 1) comm_all_reduce((float*)llama_grad_stored(m, s), s->param.count, dp->wire);
     if (z > 0) {
-        const float* send = llama_grads_bucketed(m) ? llama_bucket_grad(m, s) : (const float*)m->grads + s->shard.offset;
-        comm_reduce_scatter(send, m->grad_shard + s->shard.shard_offset, s->shard.piece, z == 2, dp->wire);
+        const float* send = llama_grads_bucketed(m) ? llama_grad_bucket(m, s) : (const float*)llama_grad_stored(m, s);
+        comm_reduce_scatter(send, llama_grad_shard(m, s), s->shard.piece, z == 2, dp->wire);
     }
     if (m->layout.shards > 1) comm_all_reduce_f64(m->norm_partials, m->layout.chunks);
     dp_fp8_reduce_step_amax(dp);

@@ -37,7 +37,7 @@ static inline FILE* eval_dump_open(const char* dir, const EvalSet* s, int step, 
  * scores, the same on every rank and for every rank count (see the banner). dump_dir: --eval-dump, or NULL.
  */
 static inline EvalScores eval_run(Llama* m, const EvalSet* s, int rank, int world, int step, const char* dump_dir) {
-    int B = m->B, T = m->T, V = m->cfg.vocab_size;
+    int B = m->opt.B, T = m->opt.T, V = m->cfg.vocab_size;
     size_t N = (size_t)B * T;
     int batches = (s->n_rows + B - 1) / B, rounds = (batches + world - 1) / world;
     double* ll = (double*)callocCheck((size_t)s->n_rows, sizeof(double));

@@ -39,32 +39,19 @@ typedef struct {
     int num_workspaces;
 } MemoryPlan;
 
-/* The settings a plan is for. */
+/* The settings a plan is for: the model's options and how gradients travel. */
 typedef struct {
     const LlamaConfig* cfg;
-    Precision precision;
-    int B, T, recompute;
-    Sharding sharding;
+    ModelOptions opt;
     CommWire wire;
-    int bf16_linears; /* fp8: the flags can run a block linear in BF16 (--bf16-layers, --shadow-every) */
-    int fp8_accum;    /* fp8: the GEMMs' Fp8Accum (--fp8-accum) */
-    Fp8Settings fp8;  /* fp8: the scaling recipe (the delayed one's history is state) */
-    StateFormats formats;   /* --optim-state, --grad-buffer, --master-weights */
-    int checkpoints;  /* the run writes checkpoints (-o, and -n not -1): model_save's device staging */
+    int checkpoints; /* the run writes checkpoints (-o, and -n not -1): model_save's device staging */
 } PlanSettings;
 
-/* The FP8 recipe the flags set (model/model.h Fp8Settings). */
-static inline Fp8Settings train_args_fp8(const TrainArgs* a) {
-    Fp8Settings f = {a->pow2_scales, fp8_recipe_parse(a->fp8_recipe), a->amax_history, fp8_amax_algo_parse(a->amax_algo),
-                     a->fp8_margin};
-    return f;
-}
-
-/* The settings of a run with flags a and model cfg on `sharding` (the job's, or --ranks N for a dry run). */
-static inline PlanSettings plan_settings(const TrainArgs* a, const LlamaConfig* cfg, Sharding sharding) {
-    PlanSettings s = {cfg, (Precision)a->precision, a->B, a->T, a->recompute, sharding, (CommWire)comm_wire_parse(a->grad_reduce),
-                      strcmp(a->bf16_layers, "none") != 0 || a->shadow_every > 0, fp8_accum_parse(a->fp8_accum), train_args_fp8(a),
-                      train_args_state_formats(a), a->output_dir != NULL && a->ckpt_every != NO_CHECKPOINTS};
+/* The settings of a run with flags a and model cfg on `sharding` (the job's, or --ranks N for a dry run),
+   the blocks --bf16-layers names (bf16_layers_parse). */
+static inline PlanSettings plan_settings(const TrainArgs* a, const LlamaConfig* cfg, Sharding sharding, const char* bf16_blocks) {
+    PlanSettings s = {cfg, train_args_model_options(a, sharding, bf16_blocks), a->grad_reduce,
+                      a->output_dir != NULL && a->ckpt_every != NO_CHECKPOINTS};
     return s;
 }
 
@@ -75,15 +62,16 @@ static inline PlanSettings plan_settings(const TrainArgs* a, const LlamaConfig* 
  * at start-up (backend_reserve_workspaces), so that the plan is what the run allocates.
  */
 static inline int plan_workspaces(const Llama* m, const PlanSettings* s, MemoryEstimate* out) {
+    const ModelOptions* o = &s->opt;
     size_t piece = 0, segment = 0;
     for (int i = 0; i < m->num_segs; i++) {
         if (m->segs[i].shard.piece > piece) piece = m->segs[i].shard.piece;
         if (m->segs[i].param.count > segment) segment = m->segs[i].param.count;
     }
-    WorkspaceQuery q = {s->cfg, s->B, s->T, s->precision, m->layout.chunks, s->fp8_accum};
+    WorkspaceQuery q = {s->cfg, o->B, o->T, o->precision, m->layout.chunks, o->fp8.accum};
     int n = backend_workspaces(&q, out);
-    n += comm_workspaces(s->sharding.world, s->sharding.zero_stage, s->wire, piece, segment, out + n);
-    if (s->precision == PRECISION_FP8 && s->bf16_linears)
+    n += comm_workspaces(o->sharding.world, o->sharding.zero_stage, s->wire, piece, segment, out + n);
+    if (llama_has_bf16_linears(m))
         out[n++] = (MemoryEstimate){"bf16_scratch", m->bf16_scratch_elems * sizeof(act_t), 0,
                                     "BF16 weight of a block linear running BF16 (llama_bf16_weight)", NULL};
     if (s->checkpoints && checkpoint_staging_bytes(m) > 0)
@@ -106,7 +94,7 @@ static inline void plan_add_table(MemoryPlan* p, const BufferSpec* specs, int n)
 /* The plan of settings `s`; prints the tables and workspaces as a run prints its tables when `print`. */
 static inline MemoryPlan memory_plan(const PlanSettings* s, int print) {
     Llama m;
-    llama_configure(&m, s->cfg, s->precision, s->B, s->T, &s->fp8, s->recompute, s->sharding, s->formats);
+    llama_configure(&m, s->cfg, &s->opt);
     BufferSpec state[NUM_STATE_BUFFERS], acts[NUM_ACT_BUFFERS], small[NUM_SMALL_BUFFERS];
     int nstate = llama_state_table(&m, state), nacts = llama_acts_table(&m, acts), nsmall = llama_small_table(&m, small);
     MemoryPlan p;
@@ -186,10 +174,10 @@ static inline int plan_b_step(Precision p, int T) {
 
 /* The largest micro-batch (a multiple of plan_b_step) with which settings `s` fit `memory`; 0 if none. */
 static inline int plan_largest_b(PlanSettings s, size_t memory) {
-    int step = plan_b_step(s.precision, s.T), lo = 0, hi = step;
+    int step = plan_b_step(s.opt.precision, s.opt.T), lo = 0, hi = step;
     /* doubling, then bisection: memory grows with B */
     for (;;) {
-        s.B = hi;
+        s.opt.B = hi;
         if (!plan_fits(&s, memory)) break;
         lo = hi;
         if (hi > PLAN_MAX_B / 2) return lo;
@@ -197,7 +185,7 @@ static inline int plan_largest_b(PlanSettings s, size_t memory) {
     }
     while (hi - lo > step) {
         int mid = lo + (hi - lo) / (2 * step) * step;
-        s.B = mid;
+        s.opt.B = mid;
         if (plan_fits(&s, memory)) lo = mid;
         else hi = mid;
     }
@@ -218,15 +206,18 @@ static inline int memory_plan_main(const TrainArgs* a) {
     int accum = train_args_grad_accum(a, ranks);
     Sharding sh = {ranks, 0, a->zero_stage};
     train_args_check_grad_buffer(a, ranks);
-    PlanSettings s = plan_settings(a, &cfg, sh);
+    char* blocks = (char*)mallocCheck((size_t)cfg.n_layers);
+    bf16_layers_parse(a->bf16_layers, cfg.n_layers, blocks);
+    PlanSettings s = plan_settings(a, &cfg, sh, blocks);
     const char* memory_what = "--gpu-mem";
     size_t memory = a->gpu_mem_gib > 0.0f ? (size_t)((double)a->gpu_mem_gib * (double)(1ull << 30)) : backend_memory_total(&memory_what);
 
     printf("+-----------------------------------------------------------------------\n");
     printf("| memory plan (--dry-run) of one rank, %s build: %s, -p %s, micro-batch %d x %d, %d rank(s), ZeRO-%d, -r %d, "
            "gradients reduced in %s, AdamW moments in %s, gradient buffer in %s, master weights in %s, %d micro-step(s) per step\n",
-           backend_name(), a->model, precision_name(s.precision), a->B, a->T, ranks, a->zero_stage, a->recompute, a->grad_reduce,
-           a->optim_state, a->grad_buffer, a->master_weights, accum);
+           backend_name(), a->model, precision_name(a->precision), a->B, a->T, ranks, a->zero_stage, a->recompute,
+           COMM_WIRE_NAMES[a->grad_reduce], optim_state_name(a->optim_state), grad_format_name(a->grad_buffer),
+           master_format_name(a->master_weights), accum);
     llama_config_print(&cfg);
     MemoryPlan p = memory_plan(&s, 1);
     printf("| by category (GiB):");
@@ -244,28 +235,30 @@ static inline int memory_plan_main(const TrainArgs* a) {
                gib(fits ? usable - p.total : p.total - usable));
         for (int r = 0; r < RECOMPUTE_LEVELS && cheapest < 0; r++) {
             PlanSettings t = s;
-            t.recompute = r;
+            t.opt.recompute = r;
             if (plan_fits(&t, memory)) cheapest = r;
         }
         if (cheapest >= 0) printf("| cheapest recompute that fits micro-batch %d: -r %d\n", a->B, cheapest);
         else printf("| no recompute level fits micro-batch %d: use more ranks, a higher ZeRO stage or a smaller -b / -t\n", a->B);
         largest = plan_largest_b(s, memory);
         PlanSettings leanest = s;
-        leanest.recompute = RECOMPUTE_LEVELS - 1;
+        leanest.opt.recompute = RECOMPUTE_LEVELS - 1;
         largest_leanest = plan_largest_b(leanest, memory);
         printf("| largest micro-batch that fits at T %d: B %d with -r %d, B %d with -r %d\n", a->T, largest, a->recompute,
-               largest_leanest, leanest.recompute);
+               largest_leanest, leanest.opt.recompute);
     }
     printf("plan: {\"model\": \"%s\", \"backend\": \"%s\", \"precision\": \"%s\", \"B\": %d, \"T\": %d, \"ranks\": %d, "
            "\"zero\": %d, \"recompute\": %d, \"grad_accum\": %d, \"grad_reduce\": \"%s\", \"optim_state\": \"%s\", \"grad_buffer\": \"%s\", \"master_weights\": \"%s\", \"total_bytes\": %zu, \"total_gib\": %.4f, \"memory_gib\": %.4f, "
            "\"usable_bytes\": %zu, "
            "\"fits\": %d, \"cheapest_recompute\": %d, \"largest_B\": %d, \"largest_B_max_recompute\": %d, \"bytes\": {",
-           a->model, backend_name(), precision_name(s.precision), a->B, a->T, ranks, a->zero_stage, a->recompute, accum, a->grad_reduce,
-           a->optim_state, a->grad_buffer, a->master_weights, p.total,
+           a->model, backend_name(), precision_name(a->precision), a->B, a->T, ranks, a->zero_stage, a->recompute, accum,
+           COMM_WIRE_NAMES[a->grad_reduce], optim_state_name(a->optim_state), grad_format_name(a->grad_buffer),
+           master_format_name(a->master_weights), p.total,
            gib(p.total), gib(memory), memory ? plan_usable(memory) : 0, fits, cheapest, largest, largest_leanest);
     for (size_t c = 0; c < NUM_PLAN_CATEGORIES; c++) printf("%s\"%s\": %zu", c ? ", " : "", PLAN_CATEGORIES[c], p.by_category[c]);
     printf("}, \"workspaces\": {");
     for (int i = 0; i < p.num_workspaces; i++) printf("%s\"%s\": %zu", i ? ", " : "", p.workspaces[i].name, p.workspaces[i].bytes);
     printf("}}\n");
+    free(blocks);
     return EXIT_SUCCESS;
 }

@@ -2,7 +2,7 @@
  * The shadow check (--shadow-every K; docs/safety-net.md): a BF16 baseline measured inside an FP8
  * run, after the practice 01.AI describes for FP8 pretraining on Megatron-LM + Transformer Engine. On a
  * step where a check is due (train/shadow_policy.h), the step's first micro-batch is run once more with
- * every block linear in BF16 (Llama.linears_bf16), at the same weights, before the step's own
+ * every block linear in BF16 (llama_set_linear_precision), at the same weights, before the step's own
  * micro-steps; its loss is compared with the FP8 loss the step computes for the same micro-batch.
  *
  * With --shadow-grad 1 the gradients of that micro-batch are compared too: cosine similarity and the
@@ -70,7 +70,7 @@ static inline void shadow_grad_sums(Shadow* sh, int kind) {
     Llama* m = sh->m;
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* s = &m->segs[i];
-        op_sum_squares_chunks(m->norm_partials + s->shard.chunk_offset, (const float*)m->grads + s->shard.offset, s->param.count, ZERO_CHUNK);
+        op_sum_squares_chunks(m->norm_partials + s->shard.chunk_offset, (const float*)llama_grad_stored(m, s), s->param.count, ZERO_CHUNK);
     }
     dev_download(sh->partials, m->norm_partials, m->layout.chunks * sizeof(double));
     for (int i = 0; i < m->num_segs; i++) {
@@ -97,25 +97,27 @@ static inline void shadow_run(Shadow* sh, const int* inputs, const int* targets,
     backend_synchronize();
     double t0 = wall_seconds();
     float dloss = 1.0f / ((float)B * (float)T);
-    int mode = m->linears_bf16;
-    m->linears_bf16 = 1;
+    ModelModes saved = llama_modes(m);
+    llama_set_linear_precision(m, PRECISION_BF16);
     sh->loss_bf16 = llama_forward(m, inputs, targets, B, T, dloss);
     if (sh->grad) {
-        ModelHooks hooks = m->hooks;
-        m->hooks.grads_needed = NULL; /* local FP32 gradients (the shadow is refused where they are bucketed): nothing is reduced */
-        m->hooks.grads_ready = NULL;
+        /* local FP32 gradients (the shadow is refused where they are bucketed): nothing is reduced */
+        ModelModes local = llama_modes(m);
+        local.hooks.grads_needed = NULL;
+        local.hooks.grads_ready = NULL;
+        llama_set_modes(m, &local);
         llama_backward(m);
         shadow_grad_sums(sh, SQ_BF16);
-        m->linears_bf16 = mode;
+        local.linears_bf16 = saved.linears_bf16;
+        llama_set_modes(m, &local);
         shadow_pass(m, inputs, targets, B, T, -dloss); /* adds exactly -g8 */
         shadow_grad_sums(sh, SQ_DIFF);
         llama_zero_grads(m);
         shadow_pass(m, inputs, targets, B, T, dloss);
         shadow_grad_sums(sh, SQ_FP8);
         llama_zero_grads(m);
-        m->hooks = hooks;
     }
-    m->linears_bf16 = mode;
+    llama_set_modes(m, &saved);
     backend_synchronize();
     sh->ms = (wall_seconds() - t0) * 1e3;
 }

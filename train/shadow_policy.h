@@ -17,6 +17,10 @@
 
 #include <stdint.h>
 
+/* --shadow-policy: report only, or fall back to BF16. */
+typedef enum { SHADOW_WARN = 0, SHADOW_FALLBACK = 1 } ShadowPolicyKind;
+static const char* const SHADOW_POLICY_NAMES[] = {"warn", "fallback"};
+
 /* The settings (from the command line). */
 typedef struct {
     int every;    /* a check every `every` steps (step % every == 0); 0: none */

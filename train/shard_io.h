@@ -1,5 +1,5 @@
 /*
- * Checkpoints of a sharded model (DESIGN.md section 6 "Checkpoints"), for any rank count and ZeRO stage:
+ * Checkpoints of a sharded model (docs/checkpoints.md), for any rank count and ZeRO stage:
  *   - the model file (llama/model_file.h) holds every parameter in checkpoint order; rank 0 writes it,
  *     the other ranks' pieces of the master weights reaching it by all-gather, a bounded chunk at a time;
  *   - every rank that holds a shard of the ZeRO layout writes its state file (train/checkpoint.h): the
@@ -104,8 +104,7 @@ static inline void master_fill(Llama* m, ParamSource source, void* ctx) {
     float* host = (float*)mallocCheck(STREAM_CHUNK_FLOATS * sizeof(float));
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* s = &m->segs[i];
-        size_t b, n;
-        llama_own_piece(m, s, &b, &n);
+        size_t b = s->own_begin, n = s->own_count;
         float* piece = llama_master_piece(m, s, 0);
         for (size_t k = 0; k < n; k += STREAM_CHUNK_FLOATS) {
             size_t len = n - k < STREAM_CHUNK_FLOATS ? n - k : STREAM_CHUNK_FLOATS;
@@ -170,8 +169,8 @@ static inline void checkpoint_save(const char* dir, Llama* m, TrainState* s) {
         s->shard = m->shard_index;
         s->shards = m->layout.shards;
         s->chunk = (int32_t)ZERO_CHUNK;
-        s->world = m->sharding.world;
-        s->zero_stage = m->sharding.zero_stage;
+        s->world = m->opt.sharding.world;
+        s->zero_stage = m->opt.sharding.zero_stage;
         s->shard_elems = m->layout.shard;
         state_path(path, sizeof(path), dir, s->step, m->shard_index);
         FILE* f = state_write_begin(path, tmp, sizeof(tmp), s);
@@ -219,9 +218,8 @@ static inline void checkpoint_load(const char* dir, int step, Llama* m, const Ru
         void* fp8 = mallocCheck(fp8_bytes);
         fseekCheck(first, state_array_offset(&s->id, s->shard_elems, STATE_ARRAYS, 0), SEEK_SET, path);
         freadCheck(fp8, 1, fp8_bytes, first, path);
-        llama_fp8_state_upload(m, fp8);
+        llama_fp8_state_upload(m, fp8, s->fp8_history_steps);
         free(fp8);
-        m->fp8_history_steps = s->fp8_history_steps;
     }
     fcloseCheck(first, path);
     if (s->step != step) die("%s: holds step %d, expected %d", path, s->step, step);
@@ -238,8 +236,7 @@ static inline void checkpoint_load(const char* dir, int step, Llama* m, const Ru
     StateFormats f = llama_state_formats(m);
     for (int i = 0; i < m->num_segs; i++) {
         ModelSegment* seg = &m->segs[i];
-        size_t b, n;
-        llama_own_piece(m, seg, &b, &n);
+        size_t b = seg->own_begin, n = seg->own_count;
         for (size_t x = b; x < b + n;) {
             /* the run of this piece that saved shard r holds, at most a buffer's worth */
             int r = zero_owner(&saved[i], x);

@@ -8,7 +8,7 @@
  * Step k (0-based) of -x K: validation when k % -v == 0 or k == K; at k == K also the final checkpoint;
  * then, for k < K, grad_accum_steps micro-steps of forward + backward on every rank, the global
  * gradient norm, and the update. A step whose loss, gradient norm or FP8 amax is not finite on any rank
- * is skipped on every rank (DESIGN.md 7). On -p fp8 runs the FP8 safety net acts around the steps: the
+ * is skipped on every rank (docs/safety-net.md). On -p fp8 runs the FP8 safety net acts around the steps: the
  * shadow check and its fallback policy (shadow.h, shadow_policy.h) and the FP8 health alerts
  * (fp8_alerts.h). Rank 0 prints and logs; every rank takes every decision from values reduced over all
  * ranks, so all ranks decide the same.
@@ -98,24 +98,24 @@ static inline RunIdentity trainer_identity(const Trainer* tr) {
     id.cfg = tr->cfg;
     id.B = tr->args.B;
     id.T = tr->args.T;
-    id.precision = tr->args.precision;
-    id.shuffle = tr->args.shuffle;
-    id.pow2_scales = tr->args.pow2_scales;
-    id.recompute = tr->args.recompute;
-    id.fp8_accum = (int16_t)fp8_accum_parse(tr->args.fp8_accum);
-    id.fp8_fprop_slow_accum = (int16_t)!tr->args.fp8_fast_accum;
-    id.total_batch = (int64_t)tr->grad_accum_steps * tr->args.B * tr->args.T * tr->world;
-    id.seed = tr->args.seed;
+    const TrainArgs* a = &tr->args;
+    id.precision = a->precision;
+    id.shuffle = a->shuffle;
+    id.pow2_scales = a->pow2_scales;
+    id.recompute = a->recompute;
+    id.fp8_accum = (int16_t)a->fp8_accum;
+    id.fp8_fprop_slow_accum = (int16_t)!a->fp8_fast_accum;
+    id.total_batch = (int64_t)tr->grad_accum_steps * a->B * a->T * tr->world;
+    id.seed = a->seed;
     run_identity_set_bf16_blocks(&id, tr->bf16_blocks, tr->cfg.n_layers);
-    Fp8Settings f = train_args_fp8(&tr->args);
-    id.fp8_recipe = f.recipe;
-    id.amax_history = f.amax_history;
-    id.amax_algo = f.amax_algo;
-    id.fp8_margin = f.margin;
-    id.optim_state = optim_state_parse(tr->args.optim_state);
-    id.grad_reduce = comm_wire_parse(tr->args.grad_reduce);
-    id.grad_buffer = grad_format_parse(tr->args.grad_buffer);
-    id.master_weights = master_format_parse(tr->args.master_weights);
+    id.fp8_recipe = a->fp8_recipe;
+    id.amax_history = a->amax_history;
+    id.amax_algo = a->amax_algo;
+    id.fp8_margin = a->fp8_margin;
+    id.optim_state = a->optim_state;
+    id.grad_reduce = a->grad_reduce;
+    id.grad_buffer = a->grad_buffer;
+    id.master_weights = a->master_weights;
     return id;
 }
 
@@ -130,7 +130,7 @@ static inline TrainState trainer_state(const Trainer* tr) {
     s.data = dataloader_position(&tr->train);
     s.sample_rng = tr->sample_rng;
     s.id = trainer_identity(tr);
-    s.fp8_history_steps = tr->model.fp8_history_steps;
+    s.fp8_history_steps = llama_fp8_history_steps(&tr->model);
     return s;
 }
 
@@ -215,7 +215,7 @@ static inline float trainer_val_loss(Trainer* tr) {
  */
 static inline void trainer_sample(Trainer* tr) {
     Llama* m = &tr->model;
-    int T = m->T, V = tr->cfg.vocab_size;
+    int T = tr->args.T, V = tr->cfg.vocab_size;
     int* tokens = (int*)mallocCheck((size_t)T * sizeof(int));
     float* logits = (float*)mallocCheck((size_t)V * sizeof(float));
     for (int t = 0; t < T; t++) tokens[t] = LLAMA_EOS;
@@ -327,7 +327,7 @@ static inline RankSettings trainer_rank_settings(const Trainer* tr) {
     r.eval_hellaswag = eval_set_hash(&tr->evals[EVAL_HELLASWAG]);
     r.eval_lambada = eval_set_hash(&tr->evals[EVAL_LAMBADA]);
     r.eval_wikitext = eval_set_hash(&tr->evals[EVAL_WIKITEXT]);
-    r.schedule_hash = (int32_t)fnv1a(FNV_OFFSET, a->schedule, strlen(a->schedule));
+    r.schedule = a->schedule;
     r.lr = a->lr;
     r.final_lr_frac = a->final_lr_frac;
     r.weight_decay = a->weight_decay;
@@ -348,7 +348,7 @@ static inline RankSettings trainer_rank_settings(const Trainer* tr) {
 static inline int trainer_check_args(const TrainArgs* a, LlamaConfig* cfg) {
     train_args_check(a);
     /* the GPU's accumulation is its tensor cores': only a backend that emulates them can model Hopper's */
-    if (fp8_accum_parse(a->fp8_accum) == FP8_ACCUM_HOPPER && !BACKEND_MODELS_FP8_ACCUM)
+    if (a->fp8_accum == FP8_ACCUM_HOPPER && !BACKEND_MODELS_FP8_ACCUM)
         die("flag --fp8-accum hopper: the %s build accumulates on the tensor cores themselves; the Hopper model runs in train_llama_cpu only",
             backend_name());
     int from_checkpoint = train_args_model(a, cfg);
@@ -366,7 +366,7 @@ static inline int trainer_check_args(const TrainArgs* a, LlamaConfig* cfg) {
 /* This run's memory plan settings (train/memory_plan.h) on the job's ranks. */
 static inline PlanSettings trainer_plan_settings(const Trainer* tr) {
     Sharding sharding = {tr->world, tr->rank, tr->args.zero_stage};
-    return plan_settings(&tr->args, &tr->cfg, sharding);
+    return plan_settings(&tr->args, &tr->cfg, sharding, tr->bf16_blocks);
 }
 
 /*
@@ -378,7 +378,8 @@ static inline void trainer_reserve(Trainer* tr) {
     PlanSettings s = trainer_plan_settings(tr);
     MemoryEstimate ws[MAX_PLAN_WORKSPACES];
     int n = plan_workspaces(&tr->model, &s, ws);
-    if (s.precision == PRECISION_FP8 && (s.bf16_linears || tr->shadow_state.bf16)) llama_reserve_bf16_weight(&tr->model);
+    /* the options' BF16 weight scratch, also for a run resumed in the shadow policy's fallback without the check */
+    if (tr->shadow_state.bf16) llama_reserve_bf16_weight(&tr->model);
     if (s.checkpoints) checkpoint_reserve_staging(&tr->model);
     backend_reserve_workspaces(ws, n, (size_t)tr->args.B * tr->args.T);
 }
@@ -406,14 +407,15 @@ static inline void trainer_warmup(Trainer* tr) {
     for (size_t i = 0; i < N; i++) tokens[i] = (int)(i % (size_t)tr->cfg.vocab_size);
     if (tr->shadow_policy.every > 0) shadow_run(&tr->shadow, tokens, tokens, B, T);
     /* the linears as the run has them; a run resumed in the BF16 fallback returns to FP8 later */
-    int mode = m->linears_bf16;
+    ModelModes saved = llama_modes(m);
+    Precision now = llama_linear_precision(m), recipe = tr->args.precision;
     tr->dp.local = 1;
-    for (int pass = 0; pass < (mode ? 2 : 1); pass++) {
-        m->linears_bf16 = pass == 0 ? mode : 0;
+    for (int pass = 0; pass < (now != recipe ? 2 : 1); pass++) {
+        llama_set_linear_precision(m, pass == 0 ? now : recipe);
         llama_forward_deferred(m, tokens, tokens, B, T, 1.0f / (float)N, tr->loss_sums);
         llama_backward(m);
     }
-    m->linears_bf16 = mode;
+    llama_set_modes(m, &saved);
     tr->dp.local = 0;
     int bad;
     llama_grad_norm_partials(m);
@@ -435,8 +437,7 @@ static inline void trainer_load_evals(Trainer* tr) {
         if (access(paths[k], R_OK) != 0)
             die("%s: cannot read the %s eval file (%s); write it with dev/data/%s.py", paths[k], EVAL_NAMES[k], strerror(errno),
                 EVAL_NAMES[k]);
-        eval_load(&tr->evals[k], (EvalKind)k, (EvalCompat)eval_compat_parse(a->eval_compat), paths[k], a->eval_limit, a->T,
-                  tr->cfg.vocab_size, &tr->tokenizer);
+        eval_load(&tr->evals[k], (EvalKind)k, a->eval_compat, paths[k], a->eval_limit, a->T, tr->cfg.vocab_size, &tr->tokenizer);
         tr->eval_on[k] = 1;
     }
 }
@@ -468,14 +469,14 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaC
     setvbuf(stdout, NULL, _IOLBF, 0); /* progress reaches a log file line by line, also when the run is killed */
     watchdog_start(a->comm_timeout);
     if (a->output_dir != NULL && tr->rank == 0) make_dir(a->output_dir);
-    backend_init((Precision)a->precision);
+    backend_init(a->precision);
 
     tr->cfg = *cfg;
     tr->from_checkpoint = from_checkpoint;
     tr->bf16_blocks = (char*)mallocCheck((size_t)tr->cfg.n_layers);
     bf16_layers_parse(a->bf16_layers, tr->cfg.n_layers, tr->bf16_blocks);
-    tr->shadow_policy = (ShadowPolicy){a->shadow_every, strcmp(a->shadow_policy, "fallback") == 0, a->shadow_tol,
-                                       a->shadow_patience, a->shadow_recover};
+    tr->shadow_policy = (ShadowPolicy){a->shadow_every, a->shadow_policy == SHADOW_FALLBACK, a->shadow_tol, a->shadow_patience,
+                                       a->shadow_recover};
 
     tr->grad_accum_steps = train_args_grad_accum(a, tr->world);
     train_args_check_grad_buffer(a, tr->world);
@@ -500,52 +501,49 @@ static inline void trainer_init(Trainer* tr, const TrainArgs* args, const LlamaC
     agreement_check(&mine);
 
     printf("+-----------------------------------------------------------------------\n");
-    printf("| llm8 train_llama (%s build %s), precision %s\n", backend_name(), LLM8_BUILD_ID, precision_name((Precision)a->precision));
+    printf("| llm8 train_llama (%s build %s), precision %s\n", backend_name(), LLM8_BUILD_ID, precision_name(a->precision));
     printf("| math: %s\n", mine.math);
     llama_config_print(&tr->cfg);
     printf("| model from: %s\n", a->model);
     printf("| train: %s (%d shard(s), %zu tokens); val: %s (%zu tokens)\n", a->train_pattern, tr->train.num_shards,
            dataloader_total_tokens(&tr->train), a->val_pattern, dataloader_total_tokens(&tr->val));
     printf("| ranks: %d on %s (%d on this host), ZeRO-%d, gradients reduced in %s\n", tr->world, g_dist.host,
-           g_dist.local_world, a->zero_stage, a->grad_reduce);
+           g_dist.local_world, a->zero_stage, COMM_WIRE_NAMES[a->grad_reduce]);
     printf("| micro-batch %d x %d, %d rank(s), grad accumulation %d -> %lld tokens per step, %d steps\n", a->B, a->T,
            tr->world, tr->grad_accum_steps, total, tr->steps);
     printf("| lr %g (%s, warmup %d, final x%g), weight decay %g, clip %g, seed %lld, AdamW moments in %s, "
-           "gradient buffer in %s, master weights in %s\n", a->lr, a->schedule, a->warmup, a->final_lr_frac, a->weight_decay,
-           a->grad_clip, a->seed, a->optim_state, a->grad_buffer, a->master_weights);
+           "gradient buffer in %s, master weights in %s\n", a->lr, LR_SCHEDULE_NAMES[a->schedule], a->warmup, a->final_lr_frac,
+           a->weight_decay, a->grad_clip, a->seed, optim_state_name(a->optim_state), grad_format_name(a->grad_buffer),
+           master_format_name(a->master_weights));
     if (a->output_dir == NULL) printf("| warning: no -o: no logs, checkpoints or final model will be saved\n");
     if (a->precision == PRECISION_FP8) {
-        printf("| FP8 GEMMs: accumulation %s%s, fprop fast accumulation %s\n", a->fp8_accum,
-               fp8_accum_parse(a->fp8_accum) == FP8_ACCUM_HOPPER ? " (model of Hopper's tensor cores, unsplit)" : "",
+        printf("| FP8 GEMMs: accumulation %s%s, fprop fast accumulation %s\n", fp8_accum_name(a->fp8_accum),
+               a->fp8_accum == FP8_ACCUM_HOPPER ? " (model of Hopper's tensor cores, unsplit)" : "",
                a->fp8_fast_accum ? "on" : "off");
         trainer_print_safety_net(tr);
     }
 
     trainer_print_evals(tr);
     Sharding sharding = {tr->world, tr->rank, a->zero_stage};
-    Fp8Settings fp8 = train_args_fp8(a);
-    llama_build(&tr->model, &tr->cfg, (Precision)a->precision, a->B, a->T, &fp8, a->recompute, sharding,
-                train_args_state_formats(a));
-    llama_set_bf16_blocks(&tr->model, tr->bf16_blocks);
+    ModelOptions opt = train_args_model_options(a, sharding, tr->bf16_blocks);
+    llama_build(&tr->model, &tr->cfg, &opt);
     /* every attention shape of the run before step 1: training (B, T), whose forward validation and the
        evaluations share, and the samples' one sequence (1, T) */
     AttentionShape shapes[2] = {{a->B, a->T, 1}, {1, a->T, 0}};
     op_attention_prepare(shapes, a->sample_every > 0 ? 2 : 1, tr->cfg.n_heads, tr->cfg.n_kv_heads, llama_head_dim(&tr->cfg));
-    tr->model.fp8_fprop_fast_accum = a->fp8_fast_accum;
-    tr->model.fp8_accum = fp8_accum_parse(a->fp8_accum);
     tr->loss_sums = (double*)dev_alloc((size_t)tr->grad_accum_steps * sizeof(double));
     shadow_init(&tr->shadow, &tr->model, a->shadow_grad);
     Fp8AlertThresholds th = {a->alert_saturated, a->alert_underflow, a->alert_amax_growth};
     fp8_alerts_init(&tr->alerts, th, tr->cfg.n_layers);
-    dp_init(&tr->dp, &tr->model, (CommWire)comm_wire_parse(a->grad_reduce));
+    dp_init(&tr->dp, &tr->model, a->grad_reduce);
     watchdog_phase("loading weights", 0);
     trainer_load_weights(tr);
     printf("+-----------------------------------------------------------------------\n");
 
     rng_seed(&tr->sample_rng, (uint64_t)a->seed ^ SAMPLE_SEED_SALT);
     if (a->resume) trainer_resume(tr);
-    tr->model.linears_bf16 = tr->shadow_state.bf16;
     trainer_reserve(tr);
+    llama_set_linear_precision(&tr->model, tr->shadow_state.bf16 ? PRECISION_BF16 : a->precision);
     trainer_warmup(tr);
     /* -x 0 only evaluates: it appends to the logs of -o and drops nothing */
     if (tr->rank == 0)
@@ -615,140 +613,238 @@ static inline void trainer_print_profile(const Trainer* tr, const double* phase_
     printf(" other %.1f ms | %s %.1f ms (inside the others)\n", other, PROF_PHASE_NAMES[PROF_FP8_CAST], phase_ms[PROF_FP8_CAST]);
 }
 
-/*
- * One optimizer step on every rank: grad_accum_steps micro-steps, the data-parallel reduction, the
- * global norm and the update; rank 0 prints and logs it. The loss of micro-batch (micro, rank) goes to
- * slot micro * world + rank, so the step's loss is the same sum for any rank count.
- */
-static inline void trainer_step(Trainer* tr) {
-    TrainArgs* a = &tr->args;
+/* What one step carries from phase to phase (trainer_step). */
+typedef struct {
+    int stats_due, shadow_due, profiled;
+    double t0;           /* wall_seconds at its start */
+    double* slots;       /* (A W + 1) the micro-batches' losses, slot micro * world + rank */
+    float first_loss;    /* this rank's FP8 loss of its first micro-batch: the shadow check's other side */
+    double loss;         /* the step's mean loss over every micro-batch of every rank */
+    float norm, lr;
+    int bad;             /* the first segment with a non-finite gradient, or -1 */
+    int fp8_nonfinite;   /* on this rank: fp8_bad names its first non-finite FP8 operand */
+    double fp8_flag;     /* on any rank */
+    char fp8_bad[128];
+    int skip;
+    ShadowResult shadow;
+} StepState;
+
+static inline StepState trainer_step_begin(Trainer* tr) {
+    const TrainArgs* a = &tr->args;
+    StepState st;
+    memset(&st, 0, sizeof(st));
+    st.stats_due = a->fp8_stats_every > 0 && tr->step % a->fp8_stats_every == 0;
+    st.shadow_due = shadow_check_due(&tr->shadow_policy, &tr->shadow_state, tr->step);
+    st.profiled = a->profile_every > 0 && (tr->step + 1) % a->profile_every == 0;
+    if (st.profiled) backend_profile_begin();
+    st.t0 = wall_seconds();
+    st.slots = (double*)callocCheck((size_t)tr->grad_accum_steps * tr->world + 1, sizeof(double));
+    return st;
+}
+
+/* The next micro-batch of the train data into tr->train (-a 1: the first one, always). */
+static inline void trainer_next_batch(Trainer* tr) {
+    int overfit = tr->args.overfit;
+    if (overfit && tr->overfit_loaded) return;
+    if (overfit) dataloader_reset(&tr->train);
+    dataloader_next_batch(&tr->train);
+    /* -a 1 keeps this batch; the loader stays at the start, where a checkpoint finds it */
+    if (overfit) dataloader_reset(&tr->train);
+    tr->overfit_loaded = overfit;
+}
+
+/* A due shadow check, on the step's first micro-batch: the BF16 side, before the FP8 step's casts. */
+static inline void trainer_shadow_check(Trainer* tr) {
+    watchdog_phase("shadow check", tr->step);
+    shadow_run(&tr->shadow, tr->train.inputs, tr->train.targets, tr->args.B, tr->args.T);
+}
+
+/* Forward and backward of micro-batch `micro` into the gradients; its loss sum stays in loss_sums. */
+static inline void trainer_forward_backward(Trainer* tr, int micro, float dloss) {
     Llama* m = &tr->model;
-    int A = tr->grad_accum_steps, W = tr->world;
-    int stats_due = a->fp8_stats_every > 0 && tr->step % a->fp8_stats_every == 0;
-    int shadow_due = shadow_check_due(&tr->shadow_policy, &tr->shadow_state, tr->step);
-    int profiled = a->profile_every > 0 && (tr->step + 1) % a->profile_every == 0;
-    if (profiled) backend_profile_begin();
-    double t0 = wall_seconds();
+    tr->dp.last_micro = micro == tr->grad_accum_steps - 1;
+    watchdog_phase("forward", tr->step);
+    backend_timer_start(PROF_FORWARD);
+    llama_forward_deferred(m, tr->train.inputs, tr->train.targets, tr->args.B, tr->args.T, dloss, tr->loss_sums + micro);
+    backend_timer_stop(PROF_FORWARD);
+    watchdog_phase("backward", tr->step);
+    backend_timer_start(PROF_BACKWARD);
+    llama_backward(m);
+    backend_timer_stop(PROF_BACKWARD);
+}
+
+/*
+ * The step's micro-steps: for each of grad_accum_steps micro-batches, its data, then forward and backward,
+ * reading nothing back. A due shadow check runs first, on the first micro-batch; the step's own casts
+ * then gather the statistics and the non-finite flags.
+ */
+static inline void trainer_micro_steps(Trainer* tr, const StepState* st) {
+    const TrainArgs* a = &tr->args;
+    Llama* m = &tr->model;
+    float dloss = 1.0f / ((float)a->B * a->T * tr->grad_accum_steps * tr->world);
     dp_begin_step(&tr->dp);
-    float dloss = 1.0f / ((float)a->B * a->T * A * W);
-    double* slots = (double*)callocCheck((size_t)A * W + 1, sizeof(double)); /* the losses, then the FP8 flag */
-    float first_loss = 0.0f; /* this rank's loss of its first micro-batch, for the shadow check */
-    for (int micro = 0; micro < A; micro++) {
-        if (!a->overfit || !tr->overfit_loaded) {
-            if (a->overfit) dataloader_reset(&tr->train);
-            dataloader_next_batch(&tr->train);
-            /* -a 1 keeps this batch; the loader stays at the start, where a checkpoint finds it */
-            if (a->overfit) dataloader_reset(&tr->train);
-            tr->overfit_loaded = a->overfit;
-        }
-        if (micro == 0 && shadow_due) {
-            watchdog_phase("shadow check", tr->step);
-            shadow_run(&tr->shadow, tr->train.inputs, tr->train.targets, a->B, a->T);
-        }
-        /* after the shadow passes, which must not count: the step's own casts gather the statistics and
-           set the non-finite flags */
+    for (int micro = 0; micro < tr->grad_accum_steps; micro++) {
+        trainer_next_batch(tr);
+        if (micro == 0 && st->shadow_due) trainer_shadow_check(tr);
         if (micro == 0) llama_fp8_begin_step(m);
-        if (micro == 0 && stats_due) llama_fp8_stats_begin(m);
-        tr->dp.last_micro = micro == A - 1;
-        watchdog_phase("forward", tr->step);
-        backend_timer_start(PROF_FORWARD);
-        llama_forward_deferred(m, tr->train.inputs, tr->train.targets, a->B, a->T, dloss, tr->loss_sums + micro);
-        backend_timer_stop(PROF_FORWARD);
-        watchdog_phase("backward", tr->step);
-        backend_timer_start(PROF_BACKWARD);
-        llama_backward(m);
-        backend_timer_stop(PROF_BACKWARD);
+        if (micro == 0 && st->stats_due) llama_fp8_stats_begin(m);
+        trainer_forward_backward(tr, micro, dloss);
     }
-    /* the micro-steps read nothing back: the losses and the FP8 flags (sticky, set by every micro-step's
-       casts) are read once for the whole step, once the device (and the last reductions) are done */
+}
+
+/* The micro-batches' losses, read back once for the whole step (waiting for the backward and its
+   reductions) into this rank's slots. */
+static inline void trainer_read_losses(Trainer* tr, StepState* st) {
+    int A = tr->grad_accum_steps;
     watchdog_phase("gradient reduction", tr->step);
     double* loss_sums = (double*)mallocCheck((size_t)A * sizeof(double));
     dev_download(loss_sums, tr->loss_sums, (size_t)A * sizeof(double));
     for (int micro = 0; micro < A; micro++) {
-        float micro_loss = (float)(loss_sums[micro] / ((double)a->B * a->T)); /* llama_forward's mean, bit for bit */
-        slots[(size_t)micro * W + tr->rank] = micro_loss;
-        if (micro == 0) first_loss = micro_loss;
+        float micro_loss = (float)(loss_sums[micro] / ((double)tr->args.B * tr->args.T)); /* llama_forward's mean, bit for bit */
+        st->slots[(size_t)micro * tr->world + tr->rank] = micro_loss;
+        if (micro == 0) st->first_loss = micro_loss;
     }
     free(loss_sums);
-    /* the delayed recipe's step amaxes, the same on every rank from here on */
+}
+
+/*
+ * After the losses, what every rank must see the same: the delayed recipe's step amaxes, the gradient
+ * norm, the FP8 non-finite flags and the stop signal (one MAX reduction). Opens the optimizer's profile
+ * phase, which trainer_update closes.
+ */
+static inline void trainer_reduce(Trainer* tr, StepState* st) {
+    Llama* m = &tr->model;
     dp_fp8_reduce_step_amax(&tr->dp);
-    char fp8_bad[128];
-    int fp8_nonfinite = llama_fp8_nonfinite(m, fp8_bad, sizeof(fp8_bad));
-    int bad;
+    st->fp8_nonfinite = llama_fp8_nonfinite(m, st->fp8_bad, sizeof(st->fp8_bad));
     backend_timer_start(PROF_OPTIMIZER);
-    float norm = dp_grad_norm(&tr->dp, &bad);
+    st->norm = dp_grad_norm(&tr->dp, &st->bad);
     /* rank 0's skip line names its own operand; another rank names the one it saw */
-    if (fp8_nonfinite && tr->rank != 0) fprintf(stderr, "rank %d: step %d: first non-finite FP8 operand: %s\n", tr->rank, tr->step + 1, fp8_bad);
-    /* one reduction for the decisions every rank must share: a non-finite FP8 operand, a stop signal */
-    double flags[2] = {(double)fp8_nonfinite, (double)g_stop_signal};
+    if (st->fp8_nonfinite && tr->rank != 0)
+        fprintf(stderr, "rank %d: step %d: first non-finite FP8 operand: %s\n", tr->rank, tr->step + 1, st->fp8_bad);
+    double flags[2] = {(double)st->fp8_nonfinite, (double)g_stop_signal};
     comm_host_max(flags, 2);
-    double fp8_flag = flags[0];
+    st->fp8_flag = flags[0];
     tr->stop_signal = (int)flags[1];
-    double loss = trainer_sum_slots(slots, (size_t)A * W) / (double)((size_t)A * W);
-    free(slots);
-    ShadowResult shadow;
-    if (shadow_due) {
+}
+
+/* From the reduced values, the same on every rank: the step's loss, the shadow check's result, the
+   learning rate, and whether the step is skipped (a non-finite loss, gradient norm or FP8 amax). */
+static inline void trainer_decide(Trainer* tr, StepState* st) {
+    const TrainArgs* a = &tr->args;
+    size_t n = (size_t)tr->grad_accum_steps * tr->world;
+    st->loss = trainer_sum_slots(st->slots, n) / (double)n;
+    if (st->shadow_due) {
         watchdog_phase("shadow check reduction", tr->step);
-        shadow_finish(&tr->shadow, first_loss, &shadow);
+        shadow_finish(&tr->shadow, st->first_loss, &st->shadow);
     }
-    float lr = lr_at_step(a->schedule, a->lr, a->warmup, a->final_lr_frac, tr->step, tr->steps);
-    int skip = !isfinite(loss) || !isfinite(norm) || fp8_flag != 0.0;
-    /* before the update casts the next step's FP8 weights: the W rows are the copies this step used */
-    if (stats_due) {
-        dp_fp8_stats_end(&tr->dp, trainer_emit_fp8, tr);
-        logger_flush(&tr->logger);
-    }
+    st->lr = lr_at_step(a->schedule, a->lr, a->warmup, a->final_lr_frac, tr->step, tr->steps);
+    st->skip = !isfinite(st->loss) || !isfinite(st->norm) || st->fp8_flag != 0.0;
+}
+
+/* A statistics step's FP8 rows and alerts, before the update casts the next step's weights (the W rows
+   are the copies this step used). */
+static inline void trainer_fp8_stats(Trainer* tr) {
+    dp_fp8_stats_end(&tr->dp, trainer_emit_fp8, tr);
+    logger_flush(&tr->logger);
+}
+
+/* AdamW and the delayed recipe's update, or the skip of a non-finite step (stopping after --max-skips in
+   a row); closes the optimizer's profile phase. */
+static inline void trainer_update(Trainer* tr, const StepState* st) {
+    const TrainArgs* a = &tr->args;
+    Llama* m = &tr->model;
     watchdog_phase("optimizer", tr->step);
-    if (!skip) {
-        dp_update(&tr->dp, lr, a->weight_decay, tr->step - tr->total_skips, clip_factor(norm, a->grad_clip));
+    if (!st->skip) {
+        dp_update(&tr->dp, st->lr, a->weight_decay, tr->step - tr->total_skips, clip_factor(st->norm, a->grad_clip));
         llama_fp8_delayed_push(m);
         tr->consecutive_skips = 0;
     } else {
         tr->consecutive_skips++;
         tr->total_skips++;
         char name[128] = "none";
-        if (bad >= 0) llama_segment_name(m, bad, name, sizeof(name));
+        if (st->bad >= 0) llama_segment_name(m, st->bad, name, sizeof(name));
         printf("step %d skipped: loss %f, grad norm %f, first non-finite gradient: %s, first non-finite FP8 operand: %s (%d in a row)\n",
-               tr->step + 1, (float)loss, norm, name, fp8_flag != 0.0 ? (fp8_nonfinite ? fp8_bad : "on another rank") : "none",
-               tr->consecutive_skips);
+               tr->step + 1, (float)st->loss, st->norm, name,
+               st->fp8_flag != 0.0 ? (st->fp8_nonfinite ? st->fp8_bad : "on another rank") : "none", tr->consecutive_skips);
         if (tr->consecutive_skips >= a->max_skips)
-            die("%d consecutive steps with a non-finite loss, gradient or FP8 amax (--max-skips %d): stopping", tr->consecutive_skips, a->max_skips);
+            die("%d consecutive steps with a non-finite loss, gradient or FP8 amax (--max-skips %d): stopping", tr->consecutive_skips,
+                a->max_skips);
     }
     backend_timer_stop(PROF_OPTIMIZER);
-    backend_synchronize();
-    double comm_ms = comm_exposed_ms();
-    double ms = (wall_seconds() - t0) * 1e3;
-    double phase_ms[PROF_PHASES];
-    backend_profile_end(phase_ms);
-    double tokens = (double)A * a->B * a->T * W;
-    double tok_s = tokens / (ms / 1e3);
-    double peak = backend_peak_flops((Precision)a->precision);
-    double mfu = peak > 0.0 ? flops_per_token(&tr->cfg, a->T) * tok_s / (peak * W) : 0.0;
-    printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s", tr->step + 1, tr->steps, (float)loss, lr,
-           norm, ms, tok_s);
+}
+
+/* After the first step of this process: how long it took to get there, and the memory plan against what
+   the run holds (train/memory_plan.h memory_report, on a backend that measures it). */
+static inline void trainer_first_step_report(Trainer* tr, const StepState* st, double ms) {
+    printf("| time to the first step: %.1f s from main to the end of step %d: start-up %.1f s (warm-up %.1f s), "
+           "what ran before the step %.1f s, the step %.1f s\n", wall_seconds() - tr->main_time, tr->step + 1,
+           tr->start_time - tr->main_time, tr->warmup_seconds, st->t0 - tr->start_time, ms / 1e3);
+    PlanSettings plan = trainer_plan_settings(tr);
+    if (tr->rank == 0) memory_report(&tr->model, &plan);
+}
+
+/* The step's line: loss, learning rate, gradient norm, time, tokens/s, MFU, exposed communication, the
+   time elapsed and the ETA. */
+static inline void trainer_print_step(Trainer* tr, const StepState* st, double ms, double tok_s, double mfu, double comm_ms) {
+    printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s", tr->step + 1, tr->steps, (float)st->loss, st->lr,
+           st->norm, ms, tok_s);
     if (mfu > 0.0) printf(" | MFU %.1f%%", 100.0 * mfu);
-    if (W > 1) printf(" | comm %.1f ms", comm_ms);
+    if (tr->world > 1) printf(" | comm %.1f ms", comm_ms);
     tr->step_seconds += ms / 1e3;
     tr->steps_run++;
     char elapsed[32], eta[32];
     format_duration(elapsed, sizeof(elapsed), wall_seconds() - tr->start_time);
     format_duration(eta, sizeof(eta), tr->step_seconds / tr->steps_run * (tr->steps - tr->step - 1));
     printf(" | %s elapsed, ETA %s\n", elapsed, eta);
-    if (profiled) trainer_print_profile(tr, phase_ms, ms);
-    if (tr->steps_run == 1) {
-        printf("| time to the first step: %.1f s from main to the end of step %d: start-up %.1f s (warm-up %.1f s), "
-               "what ran before the step %.1f s, the step %.1f s\n", wall_seconds() - tr->main_time, tr->step + 1,
-               tr->start_time - tr->main_time, tr->warmup_seconds, t0 - tr->start_time, ms / 1e3);
-        PlanSettings plan = trainer_plan_settings(tr);
-        if (tr->rank == 0) memory_report(m, &plan);
-    }
-    const char* linears = m->linears_bf16 ? "bf16" : precision_name((Precision)a->precision);
-    logger_train(&tr->logger, tr->step, (float)loss, lr, norm, ms, tok_s, mfu, backend_memory_mib(), comm_ms, skip, linears);
+}
+
+/* After the step's work has finished: its line, its profile, its metrics row and the shadow check's report. */
+static inline void trainer_log_step(Trainer* tr, const StepState* st) {
+    const TrainArgs* a = &tr->args;
+    backend_synchronize();
+    double comm_ms = comm_exposed_ms();
+    double ms = (wall_seconds() - st->t0) * 1e3;
+    double phase_ms[PROF_PHASES];
+    backend_profile_end(phase_ms);
+    double tok_s = (double)tr->grad_accum_steps * a->B * a->T * tr->world / (ms / 1e3);
+    double peak = backend_peak_flops(a->precision);
+    double mfu = peak > 0.0 ? flops_per_token(&tr->cfg, a->T) * tok_s / (peak * tr->world) : 0.0;
+    trainer_print_step(tr, st, ms, tok_s, mfu, comm_ms);
+    if (st->profiled) trainer_print_profile(tr, phase_ms, ms);
+    if (tr->steps_run == 1) trainer_first_step_report(tr, st, ms);
+    const char* linears = precision_name(llama_linear_precision(&tr->model));
+    logger_train(&tr->logger, tr->step, (float)st->loss, st->lr, st->norm, ms, tok_s, mfu, backend_memory_mib(), comm_ms, st->skip,
+                 linears);
     tr->step_ms += ms;
-    if (shadow_due) trainer_shadow_report(tr, &shadow);
-    else if (tr->shadow_state.bf16) trainer_shadow_bf16_step(tr);
-    if (m->linears_bf16 && !tr->shadow_state.bf16) fp8_alerts_restart(&tr->alerts, tr->cfg.n_layers);
-    m->linears_bf16 = tr->shadow_state.bf16; /* validation, samples and the next step run in the policy's recipe */
+    if (st->shadow_due) trainer_shadow_report(tr, &st->shadow);
+}
+
+/* The shadow policy's decision for the next step: its linears in BF16 or FP8 (validation and samples too). */
+static inline void trainer_next_recipe(Trainer* tr, const StepState* st) {
+    Llama* m = &tr->model;
+    if (!st->shadow_due && tr->shadow_state.bf16) trainer_shadow_bf16_step(tr);
+    int bf16 = llama_linear_precision(m) != tr->args.precision;
+    if (bf16 && !tr->shadow_state.bf16) fp8_alerts_restart(&tr->alerts, tr->cfg.n_layers);
+    llama_set_linear_precision(m, tr->shadow_state.bf16 ? PRECISION_BF16 : tr->args.precision);
+}
+
+/*
+ * One optimizer step on every rank: the micro-steps (data, shadow check, forward and backward), the
+ * losses read back, the reductions, the decisions every rank shares (the skip), the update, the log.
+ * The loss of micro-batch (micro, rank) goes to slot micro * world + rank, so the step's loss is the
+ * same sum for any rank count.
+ */
+static inline void trainer_step(Trainer* tr) {
+    StepState st = trainer_step_begin(tr);
+    trainer_micro_steps(tr, &st);
+    trainer_read_losses(tr, &st);
+    trainer_reduce(tr, &st);
+    trainer_decide(tr, &st);
+    if (st.stats_due) trainer_fp8_stats(tr);
+    trainer_update(tr, &st);
+    trainer_log_step(tr, &st);
+    trainer_next_recipe(tr, &st);
+    free(st.slots);
     tr->step++;
 }
 
@@ -779,12 +875,12 @@ static inline void trainer_free(Trainer* tr) {
 /* The whole run on this rank. Returns the process exit status: 0, or EXIT_PREEMPTED after a stop signal. */
 static inline int train_main(int argc, char** argv) {
     double main_time = wall_seconds();
-    TrainArgs defaults = train_args_default(), args = defaults;
+    TrainArgs args = train_args_default();
     int help = train_args_parse(&args, argc, argv);
     /* --help, every flag check and a dry run come before the communicator and the device: a cluster's
        login node has no GPU, and a bad flag should not wait for NCCL */
     if (help) {
-        if (launcher_rank() == 0) train_args_usage(argv[0], &defaults);
+        if (launcher_rank() == 0) train_args_usage(argv[0]);
         return EXIT_SUCCESS;
     }
     if (args.dry_run) {

@@ -136,7 +136,7 @@ static void seed_cli(const char* dir) {
     size_t len = 0;
     for (size_t i = 0; i < NUM_TRAIN_ARGS; i++) {
         const ArgSpec* s = &TRAIN_ARG_SPECS[i];
-        const char* value = s->type == ARG_STR ? "x" : s->type == ARG_FLOAT ? "0.5" : s->type == ARG_PRECISION ? "bf16" : "1";
+        const char* value = s->type == ARG_STR ? "x" : s->type == ARG_FLOAT ? "0.5" : s->type == ARG_ENUM ? s->names[s->num_names - 1] : "1";
         append_arg(buf, sizeof(buf), &len, s->flag, value);
     }
     seed_path(path, sizeof(path), dir, "cli", "every_flag");

@@ -62,21 +62,24 @@ static inline RefTolerance gpu_ref_tolerance(RefTolerance cpu_vs_ref, RefToleran
     return t;
 }
 
-/* Loads the reference model into a fresh model of precision p sized for the batch of r, its state stored
-   as `formats` (--optim-state, --grad-buffer, --master-weights). */
-static inline void reference_model_with(Llama* m, Precision p, const LlamaConfig* cfg, const RefState* r, int B, int recompute,
-                                        StateFormats formats) {
-    backend_init(p);
-    llama_build(m, cfg, p, B, r->T, NULL, recompute, SINGLE_PROCESS, formats);
+/* Loads the reference model into a fresh model built as `opt` says (precision, micro-batch, recompute,
+   state formats, ...). */
+static inline void reference_model_opt(Llama* m, const LlamaConfig* cfg, const ModelOptions* opt) {
+    backend_init(opt->precision);
+    llama_build(m, cfg, opt);
     float* params = (float*)mallocCheck(m->num_params * sizeof(float));
     checkpoint_read_params(REF_MODEL_PATH, cfg, params);
     llama_set_params(m, params);
     free(params);
 }
 
-/* reference_model_with FP32 moments, the default. */
+/* The reference model in precision p for micro-batches of B rows of the reference's T, at recompute
+   level `recompute`; a -p fp8 model can switch its linears to BF16. */
 static inline void reference_model(Llama* m, Precision p, const LlamaConfig* cfg, const RefState* r, int B, int recompute) {
-    reference_model_with(m, p, cfg, r, B, recompute, STATE_FORMATS_FP32);
+    ModelOptions o = model_options(p, B, r->T);
+    o.recompute = recompute;
+    o.bf16_linears = p == PRECISION_FP8;
+    reference_model_opt(m, cfg, &o);
 }
 
 /*
@@ -204,15 +207,16 @@ static inline float* reference_gradient(Precision p, int micro, int recompute, B
     ref_state_read(&r, REF_STATE_PATH, &cfg);
     Llama m;
     int Bm = r.B / micro;
-    reference_model(&m, p, &cfg, &r, Bm, recompute);
-    m.linears_bf16 = bf16 == BF16_LINEARS_SWITCH;
-    if (bf16 == BF16_LINEARS_EVERY_BLOCK || bf16 == BF16_LINEARS_LAST_BLOCK) {
-        char* blocks = (char*)callocCheck((size_t)cfg.n_layers, 1);
-        if (bf16 == BF16_LINEARS_EVERY_BLOCK) memset(blocks, 1, (size_t)cfg.n_layers);
-        else blocks[cfg.n_layers - 1] = 1;
-        llama_set_bf16_blocks(&m, blocks);
-        free(blocks);
-    }
+    ModelOptions o = model_options(p, Bm, r.T);
+    o.recompute = recompute;
+    o.bf16_linears = bf16 == BF16_LINEARS_SWITCH;
+    char* blocks = (char*)callocCheck((size_t)cfg.n_layers, 1);
+    if (bf16 == BF16_LINEARS_EVERY_BLOCK) memset(blocks, 1, (size_t)cfg.n_layers);
+    if (bf16 == BF16_LINEARS_LAST_BLOCK) blocks[cfg.n_layers - 1] = 1;
+    o.bf16_blocks = blocks;
+    reference_model_opt(&m, &cfg, &o);
+    free(blocks);
+    if (bf16 == BF16_LINEARS_SWITCH) llama_set_linear_precision(&m, PRECISION_BF16);
     llama_zero_grads(&m);
     for (int k = 0; k < micro; k++) {
         size_t off = (size_t)k * Bm * r.T;
@@ -261,12 +265,11 @@ static inline int check_fp8_weights_in(void) {
         for (int lin = 0; lin < LIN_PER_LAYER + 1; lin++) {
             int layer = lin == LIN_OUTPUT ? NO_LAYER : l;
             if (lin == LIN_OUTPUT && l > 0) continue;
-            const ModelSegment* seg = llama_segment(&m, llama_linear_tensor((LinearId)lin), layer);
-            const float* w = params + seg->param.param_offset;
-            size_t OC, C, n = seg->param.count;
-            llama_linear_dims(&cfg, (LinearId)lin, &OC, &C);
+            const Linear* x = llama_linear(&m, layer, (LinearId)lin);
+            const float* w = params + x->seg->param.param_offset;
+            size_t OC = x->out_dim, C = x->in_dim, n = x->seg->param.count;
             float* bf16 = (float*)mallocCheck(n * sizeof(float));
-            act_to_float_host(bf16, llama_bf16_weight(&m, layer, (LinearId)lin), n);
+            act_to_float_host(bf16, llama_bf16_weight(&m, x), n);
             size_t wrong = 0;
             for (size_t i = 0; i < n; i++) wrong += float_bits(bf16[i]) != float_bits(bf16_round(w[i]));
             if (wrong) failures += fail("%s[layer %d]: llama_bf16_weight differs from bf16(master) in %zu of %zu", LINEAR_NAMES[lin], layer, wrong, n);
@@ -276,9 +279,8 @@ static inline int check_fp8_weights_in(void) {
             for (size_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(bf16_round(w[i])));
             float scale = fp8_compute_scale(amax, FP8_E4M3, 0);
             uint8_t* codes = (uint8_t*)mallocCheck(2 * n);
-            const Fp8Linear* f = &m.fp8_linear[llama_slot(l, lin)];
-            dev_download(codes, f->w, n);
-            dev_download(codes + n, f->wt, n);
+            dev_download(codes, x->w8, n);
+            dev_download(codes + n, x->wt8, n);
             size_t bad = 0, bad_t = 0;
             for (size_t o = 0; o < OC; o++) {
                 for (size_t c = 0; c < C; c++) {
@@ -338,7 +340,7 @@ static inline RecomputeRun recompute_run(Precision p, int level, int unfused) {
     int Bm = r.B / MICRO;
     Llama m;
     reference_model(&m, p, &cfg, &r, Bm, level);
-    m.unfused_amax = unfused;
+    llama_set_fused_amax(&m, !unfused);
     RecomputeRun out;
     memset(&out, 0, sizeof(out));
     out.grads = (float*)mallocCheck(m.num_params * sizeof(float));
@@ -356,7 +358,7 @@ static inline RecomputeRun recompute_run(Precision p, int level, int unfused) {
             llama_get_grads(&m, out.grads);
             out.num_counts = p == PRECISION_FP8 ? llama_fp8_slots(&m) * FP8_OPS : 0;
             out.counts = (Fp8Counts*)mallocCheck(out.num_counts * sizeof(Fp8Counts) + 1);
-            if (out.num_counts) dev_download(out.counts, m.fp8_counts, out.num_counts * sizeof(Fp8Counts));
+            if (out.num_counts) dev_download(out.counts, m.fp8.counts, out.num_counts * sizeof(Fp8Counts));
             llama_fp8_stats_end(&m, collect_stats_row, &out.stats);
         }
         int bad;
@@ -542,7 +544,9 @@ static inline int check_resume_with(Precision p, StateFormats formats) {
     float* final_weights[2];
     for (int run = 0; run < 2; run++) {
         Llama m;
-        reference_model_with(&m, p, &cfg, &r, r.B, 0, formats);
+        ModelOptions o = model_options(p, r.B, r.T);
+        o.formats = formats;
+        reference_model_opt(&m, &cfg, &o);
         int start = 0;
         if (run == 0) { /* a checkpoint before any update (fresh moments) is a valid state too: it loads */
             TrainState s;
@@ -628,8 +632,9 @@ static inline int check_zero_stages_in(Precision p) {
     for (int z = 0; z < 3; z++) {
         Llama m;
         backend_init(p);
-        Sharding sh = {1, 0, z};
-        llama_build(&m, &cfg, p, Bm, r.T, NULL, 0, sh, STATE_FORMATS_FP32);
+        ModelOptions o = model_options(p, Bm, r.T);
+        o.sharding.zero_stage = z;
+        llama_build(&m, &cfg, &o);
         float* params = (float*)mallocCheck(P * sizeof(float));
         checkpoint_read_params(REF_MODEL_PATH, &cfg, params);
         llama_set_params(&m, params);

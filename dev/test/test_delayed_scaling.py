@@ -7,7 +7,7 @@ scale = (fp8_max / amax) / 2^margin, kept when the amax is 0 or not finite, FP32
 overflows. The C side is reached twice: through test_llama_cpu --fp8-delayed on random amax sequences
 with edge values, and through the amaxes and scales a training run records (fp8_stats.csv, every
 step), which must follow the reference bit for bit from the second step on; the first step is
-current-scaled (model/model.h "Delayed scaling").
+current-scaled (docs/precision.md "Delayed scaling").
 """
 import csv
 

@@ -409,7 +409,7 @@ def test_bad_input_one_line_error(trainer, eval_files, harness_files, tmp_path, 
         needle = f"{eval_files['hellaswag']}: written for --eval-compat llm8, this run scores --eval-compat harness"
     elif case == "bad_compat":
         compat = "lm-eval"
-        needle = "flag --eval-compat: 'lm-eval' is not harness or llm8"
+        needle = "flag --eval-compat: 'lm-eval' is not llm8 or harness"
     elif case == "truncated_harness_mc":
         # one character count short: the examples' stream ends a word early
         files = dict(harness_files, hellaswag=truncate(harness_files["hellaswag"], tmp_path / "hs_harness.bin", 2))

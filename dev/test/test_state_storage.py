@@ -1,7 +1,7 @@
 """
 The stored FP32 arrays of --grad-buffer and --master-weights (llama/optim.h StoreCodec; the gradient
 buffer's accumulation in train/data_parallel.h dp_stage_grads, the master's decode and store in
-model/model.h llama_master_piece / llama_master_store).
+model/llama.h llama_master_piece / llama_master_store).
 
 The codecs against a numpy / ml_dtypes transcription of their description (not read from the C): after
 each row, stored = round(decoded stored + new), the addition in FP32; bf16 rounds to nearest even; e4m3
