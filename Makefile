@@ -92,6 +92,8 @@ TRAIN_DATA = $(DATA_DIR)/tiny_shakespeare_train.bin
 HEADERS = $(wildcard core/*.h fp8/*.h llama/*.h cpu/*.h comm/*.h model/*.h train/*.h dataloader/*.h)
 CUDA_HEADERS = $(wildcard core/*.cuh fp8/*.cuh cuda/*.cuh cuda/*.h comm/*.cuh)
 TEST_HEADERS = $(wildcard dev/test/*.h)
+# the kernel cases: the index and one file per op family
+KERNEL_CASES = dev/cuda/kernel_cases.cuh $(wildcard dev/cuda/cases/*.cuh)
 
 # SANITIZE=1 (`make SANITIZE=1 cpu`): the CPU binaries built with AddressSanitizer + UndefinedBehavior-
 # Sanitizer into build/sanitize/, beside the normal ones rather than over them; `make test` builds them
@@ -178,7 +180,7 @@ train_llama: train_llama.cu $(HEADERS) $(CUDA_HEADERS) $(CUDNN_OBJ) | $(SETUP_ST
 
 # test_llama links the CPU reference object (the kernel checks compare each GPU op with its CPU op), so
 # it also needs the CPU build's BLAS and OpenMP.
-test_llama: test_llama.cu train_llama.cu dev/cuda/kernel_cases.cuh build/cpu_reference.o $(HEADERS) $(CUDA_HEADERS) $(TEST_HEADERS) $(CUDNN_OBJ) | $(SETUP_STAMP)
+test_llama: test_llama.cu train_llama.cu $(KERNEL_CASES) build/cpu_reference.o $(HEADERS) $(CUDA_HEADERS) $(TEST_HEADERS) $(CUDNN_OBJ) | $(SETUP_STAMP)
 	@mkdir -p $(PTXAS_LOG)
 	$(NVCC) $(NVCC_FLAGS) $< build/cpu_reference.o $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(CPU_LIBS) $(PTXAS_V)
 
@@ -218,7 +220,7 @@ $(EMU_DIR)/train_llama: train_llama.cu $(EMU_OBJS) $(CUDNN_OBJ) $(HEADERS) $(CUD
 	@mkdir -p $(@D)
 	$(CXX) $(EMU_CXXFLAGS) $(EMU_CUDNN_FLAGS) $< -x none $(EMU_OBJS) $(CUDNN_OBJ) -o $@ $(EMU_LIBS)
 
-$(EMU_DIR)/test_llama: test_llama.cu train_llama.cu dev/cuda/kernel_cases.cuh build/cpu_reference.o $(EMU_OBJS) $(CUDNN_OBJ) $(HEADERS) $(CUDA_HEADERS) $(TEST_HEADERS) $(EMU_HEADERS) | $(SETUP_STAMP)
+$(EMU_DIR)/test_llama: test_llama.cu train_llama.cu $(KERNEL_CASES) build/cpu_reference.o $(EMU_OBJS) $(CUDNN_OBJ) $(HEADERS) $(CUDA_HEADERS) $(TEST_HEADERS) $(EMU_HEADERS) | $(SETUP_STAMP)
 	@mkdir -p $(@D)
 	$(CXX) $(EMU_CXXFLAGS) $(EMU_CUDNN_FLAGS) $< -x none build/cpu_reference.o $(EMU_OBJS) $(CUDNN_OBJ) -o $@ $(EMU_LIBS) $(CPU_LIBS)
 
@@ -237,7 +239,7 @@ $(EMU_DIR)/test_intrinsics: emu/tests/test_intrinsics.cpp $(EMU_DIR)/runtime.o $
 build/time_cpu_reference: dev/cuda/time_cpu_reference.c build/cpu_reference.o $(HEADERS) | $(SETUP_STAMP)
 	$(CC) $(CFLAGS) $(CPU_INCLUDES) $< build/cpu_reference.o -o $@ $(CPU_LIBS)
 
-dev/cuda/bench_kernels: dev/cuda/bench_kernels.cu dev/cuda/kernel_cases.cuh build/cpu_reference.o $(HEADERS) $(CUDA_HEADERS) $(CUDNN_OBJ) | $(SETUP_STAMP)
+dev/cuda/bench_kernels: dev/cuda/bench_kernels.cu $(KERNEL_CASES) build/cpu_reference.o $(HEADERS) $(CUDA_HEADERS) $(CUDNN_OBJ) | $(SETUP_STAMP)
 	@mkdir -p $(PTXAS_LOG)
 	$(NVCC) $(NVCC_FLAGS) $< build/cpu_reference.o $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(CPU_LIBS) $(PTXAS_V)
 
