@@ -48,18 +48,24 @@ static inline Rng kc_chunk_rng(uint64_t seed, size_t chunk) {
     return r;
 }
 
-/* x (n) = mean + std * N(0, 1), rounded to BF16 values when bf16 (what a BF16 tensor can hold). */
-static inline void kc_fill_normal(float* x, size_t n, uint64_t seed, float mean, float std, int bf16) {
+/* x (n) = draw(&r) value by value, with r seeded per KC_FILL_CHUNK values (chunks run in parallel). */
+template <typename Draw>
+static inline void kc_fill_chunked(float* x, size_t n, uint64_t seed, Draw draw) {
     size_t chunks = ceil_div(n, KC_FILL_CHUNK);
 #pragma omp parallel for schedule(static)
     for (size_t k = 0; k < chunks; k++) {
         Rng r = kc_chunk_rng(seed, k);
         size_t end = (k + 1) * KC_FILL_CHUNK < n ? (k + 1) * KC_FILL_CHUNK : n;
-        for (size_t i = k * KC_FILL_CHUNK; i < end; i++) {
-            float v = mean + std * rng_normal(&r);
-            x[i] = bf16 ? bf16_round(v) : v;
-        }
+        for (size_t i = k * KC_FILL_CHUNK; i < end; i++) x[i] = draw(&r);
     }
+}
+
+/* x (n) = mean + std * N(0, 1), rounded to BF16 values when bf16 (what a BF16 tensor can hold). */
+static inline void kc_fill_normal(float* x, size_t n, uint64_t seed, float mean, float std, int bf16) {
+    kc_fill_chunked(x, n, seed, [&](Rng* r) {
+        float v = mean + std * rng_normal(r);
+        return bf16 ? bf16_round(v) : v;
+    });
 }
 
 /*
@@ -78,16 +84,10 @@ static inline void kc_fill_chunk_scaled(float* x, size_t n, uint64_t seed) {
 
 /* BF16 values of random sign and magnitudes log-uniform in [2^-20, 2^2): exercises FP8 underflow. */
 static inline void kc_fill_log_uniform(float* x, size_t n, uint64_t seed) {
-    size_t chunks = ceil_div(n, KC_FILL_CHUNK);
-#pragma omp parallel for schedule(static)
-    for (size_t k = 0; k < chunks; k++) {
-        Rng r = kc_chunk_rng(seed, k);
-        size_t end = (k + 1) * KC_FILL_CHUNK < n ? (k + 1) * KC_FILL_CHUNK : n;
-        for (size_t i = k * KC_FILL_CHUNK; i < end; i++) {
-            float v = exp2f(-20.0f + 22.0f * rng_uniform(&r));
-            x[i] = bf16_round(rng_uniform(&r) < 0.5f ? -v : v);
-        }
-    }
+    kc_fill_chunked(x, n, seed, [](Rng* r) {
+        float v = exp2f(-20.0f + 22.0f * rng_uniform(r));
+        return bf16_round(rng_uniform(r) < 0.5f ? -v : v);
+    });
 }
 
 /* ------------------------------------------------------------ device transfers */
