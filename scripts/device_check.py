@@ -3,7 +3,7 @@
 network, under 8 minutes), and all the evidence the project gets from it. PHASES is its table, in run order
 (the order of value per second, so that when the budget runs out only the least valuable rows say "no time
 left"): each row names a phase, the timeout of each of its processes in seconds, and the function that runs
-it. docs/device-check.md gives each budget's reason (dev/test/test_docs.py keeps the two tables equal).
+it. docs/device-check.md gives each budget's reason (dev/test/test_device_check_emu.py keeps the two tables equal).
 Every process runs under its own timeout, so a crash, a die() or a hang costs only its own row; the table
 is printed (and appended to OUT_DIR/summary.txt) row by row, so even a killed run leaves it, and again at
 the end. OUT_DIR (default $OUT when set, else build/device_check) receives summary.txt and logs.tar.gz
@@ -206,13 +206,14 @@ def why_failed(rc, seconds, log):
     return f"exit {rc}: {last}"
 
 
+def first_group(log, pattern):
+    """Group 1 of the first line of LOG that PATTERN matches (re.match); '' when none does."""
+    return next((m[1] for m in map(re.compile(pattern).match, lines_of(log)) if m), "")
+
+
 def attention_of(log):
     """The attention path a binary runs, from its start-up line "| device: ...; attention: <path>"."""
-    for line in lines_of(log):
-        m = re.match(r"\| device: .*; attention: (.*)", line)
-        if m:
-            return m[1]
-    return ""
+    return first_group(log, r"\| device: .*; attention: (.*)")
 
 
 def is_cudnn(path):
@@ -351,19 +352,14 @@ def phase_environment(seconds):
     lib_links = os.path.join(os.getcwd(), "build/device_libs")
     shutil.rmtree(lib_links, ignore_errors=True)
     notes = []
-    where = use_lib("libcudnn.so", "libcudnn.so.9", lib_links)
-    if where:
-        notes.append(f"cuDNN {where}")
-    else:
-        R.make_vars.append("USE_CUDNN=0")
-        notes.append("cuDNN missing (USE_CUDNN=0)")
     # the cuDNN frontend (>= 1.3x) references NVRTC even when only SDPA runs
-    where = use_lib("libnvrtc.so", "libnvrtc.so.13", lib_links)
-    if where:
-        notes.append(f"nvrtc {where}")
-    else:
-        R.make_vars.append("USE_CUDNN=0")
-        notes.append("nvrtc missing (USE_CUDNN=0)")
+    for what, name, soname in (("cuDNN", "libcudnn.so", "libcudnn.so.9"), ("nvrtc", "libnvrtc.so", "libnvrtc.so.13")):
+        where = use_lib(name, soname, lib_links)
+        if where:
+            notes.append(f"{what} {where}")
+        else:
+            R.make_vars.append("USE_CUDNN=0")
+            notes.append(f"{what} missing (USE_CUDNN=0)")
     # NCCL (train_llama links it): the headers and library of the system, else of the nvidia-nccl wheel
     nccl = "NCCL headers system"
     if not have_header("nccl.h"):
@@ -448,7 +444,7 @@ def phase_device_info(seconds):
     else:
         log = f"{R.logs}/device_info.log"
         rc = limited(seconds, log, [S.test_bin, "--device-info"])
-        info = next((line[len("| device: "):] for line in lines_of(log) if line.startswith("| device: ")), "")
+        info = first_group(log, r"\| device: (.*)")
         attention = attention_of(log)
         if rc == 0 and info:
             row("device and library versions", "info", info.split("; attention: ")[0])
@@ -676,11 +672,7 @@ def memory_report_rows(log, label, per_category):
 
 def plan_value(log, key, digits):
     """The number KEY holds in the "plan: {...}" line of a --dry-run log; '' when none."""
-    for line in lines_of(log):
-        m = re.match(rf'plan: .*"{key}": ({digits}*)', line)
-        if m:
-            return m[1]
-    return ""
+    return first_group(log, rf'plan: .*"{key}": ({digits}*)')
 
 
 def mem_in_use(run_dir):
@@ -712,6 +704,17 @@ def throughput_stats(log):
     return "%.0f" % (total_t / n), "%.1f" % (total_m / n), WARMUP_STEPS + 1, last, len(skipped)
 
 
+def training_budget(label, seconds):
+    """budget(SECONDS) for a run on the random shard; 0 after a FAIL (no trainer or shard) or skip (no time) row."""
+    if not executable(S.train_bin) or not os.path.isfile(R.shard):
+        row(label, "FAIL", "train_llama or the random shard is missing")
+        return 0
+    s = budget(seconds)
+    if s == 0:
+        row(label, "skip", no_time())
+    return s
+
+
 def phase_throughput(seconds):
     """Tokens/s and MFU of the 7B-shaped model in bf16, fp8 and fp8 with delayed scaling, its memory against
     the plan; on the emulated GPU the memory plan only."""
@@ -722,12 +725,8 @@ def phase_throughput(seconds):
         name = precision_label(p)
         label = f"train 7b-shape L{S.layers} T4096 -d {TOKENS_PER_STEP} {name}"
         log = f"{R.logs}/train_{p}.log"
-        s = budget(seconds)
-        if not executable(S.train_bin) or not os.path.isfile(R.shard):
-            row(label, "FAIL", "train_llama or the random shard is missing")
-            continue
-        if s == 0:
-            row(label, "skip", no_time())
+        s = training_budget(label, seconds)
+        if not s:
             continue
         args = ["-e", "llama2-7b", "--n-layers", S.layers, "-b", 1, "-t", 4096, "-d", TOKENS_PER_STEP] + precision_flags(p)
         # -o for metrics.jsonl (mem_mib: device memory in use), -n -1: no checkpoint
@@ -748,8 +747,7 @@ def phase_throughput(seconds):
                 row(f"  {name} time to the first step", "info", f"{m[1]} (warm-up {m[2]}, step 1 {m[3]}) from main to the end of step 1")
                 break
         # cuDNN's attention workspace against the plan's figure (cuda/cudnn_att.cpp prints both at start-up)
-        att = next((m[1] for m in (re.match(r"\| attention backward [^:]*: (workspace [0-9.]* MiB, planned [0-9.]* MiB)", line)
-                                   for line in lines_of(log)) if m), "")
+        att = first_group(log, r"\| attention backward [^:]*: (workspace [0-9.]* MiB, planned [0-9.]* MiB)")
         if att:
             if grep(r"^\| attention backward .*more than the memory plan counts", log):
                 row(f"  {name} attention workspace", "FAIL", f"{att}: the plan undercounts it")
@@ -787,12 +785,8 @@ def phase_throughput_emulated(seconds):
     for p in ("bf16", "fp8", "fp8-delayed"):
         flags = precision_flags(p)
         label = f"  {precision_label(p)} memory plan ({' '.join(EMU_TRAIN_ARGS)})"
-        s = budget(seconds)
-        if not executable(S.train_bin) or not os.path.isfile(R.shard):
-            row(label, "FAIL", "train_llama or the random shard is missing")
-            continue
-        if s == 0:
-            row(label, "skip", no_time())
+        s = training_budget(label, seconds)
+        if not s:
             continue
         log = f"{R.logs}/train_{p}.log"
         rc = limited(s, log, [S.train_bin] + EMU_TRAIN_ARGS + flags + S.train_warmup + ["-x", EMU_STEPS, "-v", 0, "-m", 1,
@@ -840,14 +834,9 @@ def phase_shadow(seconds):
     say(f"== shadow check cost: llama2-7b shape, {S.layers} layers, T 4096, checks with gradients after steps 1 and 3")
     label = f"shadow check 7b-shape L{S.layers} T4096 --shadow-grad 1"
     log = f"{R.logs}/train_shadow.log"
-    s = budget(seconds)
     if S.emulated:
         row(label, "skip", f"{NOT_MEASURED} (speed)")
-    elif not executable(S.train_bin) or not os.path.isfile(R.shard):
-        row(label, "FAIL", "train_llama or the random shard is missing")
-    elif s == 0:
-        row(label, "skip", no_time())
-    else:
+    elif s := training_budget(label, seconds):
         # no -o: a checkpoint of this shape takes minutes; the console has what is needed
         rc = limited(s, log, [S.train_bin, "-e", "llama2-7b", "--n-layers", S.layers, "-b", 1, "-t", 4096, "-x", 4, "-v", 0, "-m", 1,
                               "-u", 2, "-i", R.shard, "-j", R.shard, "-p", "fp8", "--shadow-every", 2, "--shadow-grad", 1])
@@ -954,12 +943,8 @@ def phase_resume(seconds):
     full, resumed = f"{R.work}/resume_full", f"{R.work}/resume_resumed"
     os.makedirs(resumed, exist_ok=True)
     args = ["-e", "tiny", "-b", b, "-t", t, "-x", steps, "-n", at, "-v", 0, "-m", 1, "-i", R.shard, "-j", R.shard]
-    s = budget(seconds)
-    if not executable(S.train_bin) or not os.path.isfile(R.shard):
-        row(label, "FAIL", "train_llama or the random shard is missing")
-    elif s == 0:
-        row(label, "skip", no_time())
-    else:
+    s = training_budget(label, seconds)
+    if s:
         # cuDNN's default attention backward is not bit-reproducible; both runs take the deterministic one
         env = {**os.environ, "LLM8_DETERMINISTIC": "1"}
         rc = limited(s, f"{R.logs}/resume_full.log", [S.train_bin] + args + S.train_warmup + ["-o", full], env)
@@ -1065,7 +1050,8 @@ def run_phases(phases):
 def env_int(name, default):
     value = os.environ.get(name) or str(default)
     if not re.fullmatch(r"[0-9]+", value):
-        sys.exit(f"device_check.py: {name}={value!r} is not a whole number of {'seconds' if name.endswith('_S') else 'units'}")
+        print(f"device_check.py: {name}={value!r} is not a whole number", file=sys.stderr)
+        sys.exit(2)
     return int(value)
 
 
