@@ -1,7 +1,7 @@
 """
 scripts/device_check.sh on a machine without a GPU (CI's): it must still run to the end and print its
 table, with one row per test_llama check (each FAIL or skip, with the reason), in the order of value per
-second the script's header budgets (build, smoke check, production shapes, throughput, ..., kernel
+second of docs/device-check.md#budget (build, smoke check, production shapes, throughput, ..., kernel
 families, memcheck), and leave in its output folder no more than the device machine gives back: at most 8
 files of at most 16 MiB.
 """

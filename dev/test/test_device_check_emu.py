@@ -1,11 +1,14 @@
 """
 The device check rehearsed on the emulated GPU (scripts/device_check.sh --emulated): the same
-script on build/emu/test_llama and build/emu/train_llama at scaled-down shapes, within its default 95 s
+driver on build/emu/test_llama and build/emu/train_llama at scaled-down shapes, within its default 95 s
 budget. Rows whose only need is an execution model must give a real answer (ok): the kernel checks, the
 memory plan against what the emulated run allocated, the real-text curves (emulated fp8 against emulated
 bf16 and against train_llama_cpu's fp8 curve at the same flags), resume, the trainer's memory report after
 step 1 by category. Rows that need the hardware must say "emulated: not measured", and no row may FAIL.
+The budget table of docs/device-check.md holds the driver's phases and budgets.
 """
+import importlib.util
+import itertools
 import os
 import re
 import subprocess
@@ -78,3 +81,51 @@ def test_device_check_rehearsal(tmp_path, shakespeare):
     for name in hardware + [n for n in rows if n.startswith("memcheck ")]:
         status, detail = rows[name]
         assert status == "skip" and NOT_MEASURED in detail, (name, status, detail)
+
+
+def load_driver():
+    spec = importlib.util.spec_from_file_location("device_check", REPO / "scripts/device_check.py")
+    driver = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(driver)
+    return driver
+
+
+def docs_budgets(text):
+    """(phase, budget) of each row of docs/device-check.md's budget table, in order."""
+    section = text.split("\n## Budget\n", 1)[1].split("\n## ", 1)[0]
+    return [(m[1], int(m[2])) for m in re.finditer(r"^\| ([^|]+?) \| (\d+) \|", section, re.M)]
+
+
+def budget_mismatches(docs, phases):
+    """Where the docs' table and the driver's PHASES differ, row by row (names, order, budgets)."""
+    table = [(p.name, p.budget_s) for p in phases]
+    return [(d, t) for d, t in itertools.zip_longest(docs, table) if d != t]
+
+
+def test_docs_budget_table_is_the_drivers():
+    driver = load_driver()
+    text = (REPO / "docs/device-check.md").read_text()
+    docs = docs_budgets(text)
+    assert len(docs) == len(driver.PHASES) >= 15, docs
+    assert not budget_mismatches(docs, driver.PHASES)
+    # planted: one budget changed in a copy of the docs, then in a copy of the driver's table; a phase dropped
+    planted = text.replace("| build | 180 |", "| build | 190 |")
+    assert planted != text and budget_mismatches(docs_budgets(planted), driver.PHASES)
+    phases = [p._replace(budget_s=p.budget_s + 1) if p.name == "memcheck" else p for p in driver.PHASES]
+    assert budget_mismatches(docs, phases) == [(("memcheck", 90), ("memcheck", 91))]
+    assert budget_mismatches(docs, driver.PHASES[:-1])
+
+
+def test_a_failing_phase_costs_its_row(tmp_path):
+    """An error of the driver in one phase gives that phase a FAIL row, and the phases after it still run."""
+    driver = load_driver()
+    driver.R.summary, driver.R.rows, driver.R.failed = str(tmp_path / "summary.txt"), [], 0
+    ran = []
+
+    def broken(seconds):
+        raise KeyError("planted")
+
+    driver.run_phases([driver.Phase("first", 1, ran.append), driver.Phase("broken", 2, broken), driver.Phase("last", 3, ran.append)])
+    assert ran == [1, 3]
+    assert driver.R.failed == 1 and "phase broken" in driver.R.rows[0] and "KeyError: 'planted'" in driver.R.rows[0]
+    assert (tmp_path / "summary.txt").read_text() == driver.R.rows[0] + "\n"
