@@ -157,6 +157,14 @@ test_llama_cpu $(SANITIZE_DIR)/test_llama_cpu: test_llama.c train_llama.c $(HEAD
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(CPU_INCLUDES) $< -o $@ $(CPU_LIBS)
 
+# dev/tools/ (docs/layout.md): programs apart from the tests. numerics exposes the CPU build's numeric code
+# to the Python tests.
+TOOLS_DIR = build/tools
+CPU_TOOLS = $(TOOLS_DIR)/numerics
+$(CPU_TOOLS): $(TOOLS_DIR)/%: dev/tools/%.c $(HEADERS) | $(SETUP_STAMP)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(CPU_INCLUDES) $< -o $@ $(CPU_LIBS)
+
 # The CPU backend as its own object with prefixed names (cpu_ref_*): what test_llama and the kernel
 # playground compare every GPU op with.
 build/cpu_reference.o: dev/cuda/cpu_reference.c dev/cuda/cpu_reference.h $(HEADERS) | $(SETUP_STAMP)
@@ -274,7 +282,7 @@ train: $(TRAIN_DATA) $(if $(and $(HAS_GPU),$(NVCC)),train_llama,train_llama_cpu)
 	./$(if $(and $(HAS_GPU),$(NVCC)),train_llama,train_llama_cpu) $(TRAIN_FLAGS)
 
 # Everything the tests run, for one parallel build (.ci/run: make -j2 test-build ...; then make test).
-test-build: all train_llama_cpu test_llama_cpu $(SANITIZED_CPU_TARGETS) fuzz-build
+test-build: all train_llama_cpu test_llama_cpu $(SANITIZED_CPU_TARGETS) $(CPU_TOOLS) fuzz-build
 # Without the shared data (and no network) the tests that need tiny-shakespeare are skipped, saying why.
 test: test-build
 	@$(MAKE) --no-print-directory data || echo "warning: tiny-shakespeare not prepared; the tests that need it will be skipped"
