@@ -9,7 +9,7 @@
 #      PyTorch's nvidia-* wheels), MPI, OpenBLAS, compute-sanitizer (on PATH or in the toolkit);
 #   2. the files `make device-prepare` made on a machine without a GPU (build/device: the cuDNN glue
 #      object, the tiny-shakespeare shards, the CPU build's fp8 loss curve);
-#   3. the build of train_llama, test_llama and test_llama_cpu on the device;
+#   3. the build of train_llama, test_llama, test_llama_cpu and two dev/tools/ programs on the device;
 #   4. test_llama --device-info: GPU, CUDA / cuBLASLt / cuDNN versions and the attention path (must be
 #      cuDNN SDPA: the fallback kernels would make every number below measure the wrong thing);
 #   5. test_llama checks, each in a process of its own (--only NAME), in four groups placed among the
@@ -54,7 +54,8 @@
 #   environment, prepared files                     5 s     60 s  tool calls
 #   build (cudnn_att.o carried)                    30 s    180 s  measured: test_llama.cu 19 s, train_llama.cu 17 s,
 #                                                                 test_llama_cpu + cpu_reference.o 9 s of CPU, one
-#                                                                 translation unit each, in parallel (-j JOBS)
+#                                                                 translation unit each, in parallel (-j JOBS);
+#                                                                 bench_gemm.cu not measured yet
 #   --device-info                                   5 s     60 s  estimate: CUDA context, cuBLASLt, cuDNN handle
 #   smoke: kernel_gemm                             10 s     60 s  estimate
 #   prod_fp8_linear_7b                             20 s    120 s  measured: CPU side 119 s on 1 thread (fills 61,
@@ -110,6 +111,8 @@ PROFILE_EVERY=5            # throughput: --profile
 PREP=build/device          # what `make device-prepare` made (scripts/device_prepare.sh)
 LIB_LINKS=$PWD/build/device_libs
 TEST_BIN=./test_llama
+BENCH_BIN=build/tools/bench_gemm    # dev/tools/bench_gemm.cu
+SHARD_BIN=build/tools/write_shard   # dev/tools/write_shard.c (a CPU program: the emulated run uses it too)
 TRAIN_BIN=./train_llama
 TRAIN_WARMUP=()            # the trainer's warm-up before step 1 (docs/performance.md): on, its default
 NOT_MEASURED="emulated: not measured"
@@ -353,12 +356,12 @@ if [ "$s" -eq 0 ]; then
     row "build" skip "$NO_TIME"
 else
     t0=$(date +%s)
-    limited "$s" "$LOGS/build.log" make -k -j"$JOBS" "${MAKE_VARS[@]}" train_llama test_llama test_llama_cpu
+    limited "$s" "$LOGS/build.log" make -k -j"$JOBS" "${MAKE_VARS[@]}" train_llama test_llama test_llama_cpu "$BENCH_BIN" "$SHARD_BIN"
     rc=$?
     if [ "$rc" -eq 0 ]; then
         row "build train_llama test_llama test_llama_cpu" ok "$(( $(date +%s) - t0 ))s"
     else
-        missing=$(for b in train_llama test_llama test_llama_cpu; do [ -x "$b" ] || echo -n "$b "; done)
+        missing=$(for b in train_llama test_llama test_llama_cpu "$BENCH_BIN" "$SHARD_BIN"; do [ -x "$b" ] || echo -n "$b "; done)
         row "build train_llama test_llama test_llama_cpu" FAIL \
             "not built: ${missing:-none}; $(grep -m1 -E '(error|fatal error):|undefined reference|cannot find -l|\*\*\*' "$LOGS/build.log" ||
                 why_failed "$rc" "$s" "$LOGS/build.log")"
@@ -470,7 +473,7 @@ remaining_checks() {
 SHARD=$WORK/random_tokens.bin
 declare -A TOKS=() # tokens/s of the throughput runs, by precision
 make_shard() {
-    if [ -x "$TEST_BIN" ]; then limited "$TOOL_S" "$LOGS/random_shard.log" "$TEST_BIN" --write-shard "$SHARD" "$SHARD_TOKENS" 1; fi
+    if [ -x "$SHARD_BIN" ]; then limited "$TOOL_S" "$LOGS/random_shard.log" "$SHARD_BIN" "$SHARD" "$SHARD_TOKENS" 1; fi
 }
 
 # ---------------------------------------------------------------- 6. GEMM benchmark
@@ -480,10 +483,10 @@ phase_gemm_bench() {
     echo "== GEMM FP8 vs BF16"
     s=$(budget "$BENCH_S")
     if [ "$EMULATED" -eq 1 ]; then row "GEMM benchmark" skip "$NOT_MEASURED (speed)"
-    elif [ ! -x "$TEST_BIN" ]; then row "GEMM benchmark" FAIL "test_llama not built"
+    elif [ ! -x "$BENCH_BIN" ]; then row "GEMM benchmark" FAIL "$BENCH_BIN not built"
     elif [ "$s" -eq 0 ]; then row "GEMM benchmark" skip "$NO_TIME"
     else
-        limited "$s" "$LOGS/gemm.log" "$TEST_BIN" --bench-gemm
+        limited "$s" "$LOGS/gemm.log" "$BENCH_BIN"
         rc=$?
         while read -r line; do
             row "$(echo "$line" | cut -d: -f1)" bench "$(echo "$line" | cut -d: -f2- | sed 's/^ *//')"
