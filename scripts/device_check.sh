@@ -55,7 +55,7 @@
 #   build (cudnn_att.o carried)                    30 s    180 s  measured: test_llama.cu 19 s, train_llama.cu 17 s,
 #                                                                 test_llama_cpu + cpu_reference.o 9 s of CPU, one
 #                                                                 translation unit each, in parallel (-j JOBS);
-#                                                                 bench_gemm.cu not measured yet
+#                                                                 dev/tools/bench_gemm.cu 12 s of CPU
 #   --device-info                                   5 s     60 s  estimate: CUDA context, cuBLASLt, cuDNN handle
 #   smoke: kernel_gemm                             10 s     60 s  estimate
 #   prod_fp8_linear_7b                             20 s    120 s  measured: CPU side 119 s on 1 thread (fills 61,
