@@ -138,6 +138,7 @@ help:
 	@echo "make setup        install the Debian and PyPI packages llm8 needs"
 	@echo "make clean        remove build outputs"
 	@echo "make dev/cuda/bench_kernels  kernel playground: every GPU op vs its CPU op, timed at Llama-2 7B/13B shapes"
+	@echo "make build/tools/bench_gemm  FP8 vs BF16 GEMM TFLOP/s of a Llama-2 7B/13B block (dev/tools/, docs/layout.md)"
 	@echo "make device-prepare  prepare build/device for scripts/device_check.sh on a GPU machine (prints what to carry)"
 	@echo "make build/time_cpu_reference [BLAS=none]  time the CPU side of test_llama's production checks (no GPU)"
 
@@ -156,6 +157,18 @@ train_llama_cpu $(SANITIZE_DIR)/train_llama_cpu: train_llama.c $(HEADERS) | $(SE
 test_llama_cpu $(SANITIZE_DIR)/test_llama_cpu: test_llama.c train_llama.c $(HEADERS) $(TEST_HEADERS) | $(SETUP_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(CPU_INCLUDES) $< -o $@ $(CPU_LIBS)
+
+# dev/tools/ (docs/layout.md): programs apart from the tests. numerics exposes the CPU build's numeric code
+# to the Python tests; write_shard writes the device check's random shard; bench_gemm times the GPU's GEMMs.
+TOOLS_DIR = build/tools
+CPU_TOOLS = $(TOOLS_DIR)/numerics $(TOOLS_DIR)/write_shard
+$(CPU_TOOLS): $(TOOLS_DIR)/%: dev/tools/%.c $(HEADERS) | $(SETUP_STAMP)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(CPU_INCLUDES) $< -o $@ $(CPU_LIBS)
+
+$(TOOLS_DIR)/bench_gemm: dev/tools/bench_gemm.cu $(HEADERS) $(CUDA_HEADERS) $(CUDNN_OBJ) | $(SETUP_STAMP)
+	@mkdir -p $(@D) $(PTXAS_LOG)
+	$(NVCC) $(NVCC_FLAGS) $< $(CUDNN_OBJ) -o $@ $(CUDA_LIBS) $(PTXAS_V)
 
 # The CPU backend as its own object with prefixed names (cpu_ref_*): what test_llama and the kernel
 # playground compare every GPU op with.
@@ -274,7 +287,7 @@ train: $(TRAIN_DATA) $(if $(and $(HAS_GPU),$(NVCC)),train_llama,train_llama_cpu)
 	./$(if $(and $(HAS_GPU),$(NVCC)),train_llama,train_llama_cpu) $(TRAIN_FLAGS)
 
 # Everything the tests run, for one parallel build (.ci/run: make -j2 test-build ...; then make test).
-test-build: all train_llama_cpu test_llama_cpu $(SANITIZED_CPU_TARGETS) fuzz-build
+test-build: all train_llama_cpu test_llama_cpu $(SANITIZED_CPU_TARGETS) $(CPU_TOOLS) fuzz-build
 # Without the shared data (and no network) the tests that need tiny-shakespeare are skipped, saying why.
 test: test-build
 	@$(MAKE) --no-print-directory data || echo "warning: tiny-shakespeare not prepared; the tests that need it will be skipped"

@@ -17,8 +17,8 @@
 #include "mpi_bootstrap.h"
 #include "../fp8/fp8.h"
 
-/* Elements per MPI call: MPI counts are ints. (test_llama_cpu defines a small one, so that its tool modes
-   under mpirun cross the split with small inputs.) */
+/* Elements per MPI call: MPI counts are ints. (dev/tools/numerics.c defines a small one, so that its
+   collectives under mpirun cross the split with small inputs.) */
 #ifndef MPI_MAX_COUNT
 #define MPI_MAX_COUNT ((size_t)1 << 28)
 #endif

@@ -1,7 +1,7 @@
 """
 Per-GEMM output error of the FP8 accumulation models at Llama-2 7B / 13B reduction lengths
 (docs/precision.md's "FP8 accumulation" table; a measurement, not a test). For each K, an FP8 GEMM of a
-small M x N slice is computed by test_llama_cpu --fp8-gemm three ways: `exact` (FP32 accumulation,
+small M x N slice is computed by build/tools/numerics --fp8-gemm three ways: `exact` (FP32 accumulation,
 today's CPU emulation), `hopper` with fast accumulation (fprop's setting) and `hopper` without (dgrad's
 and wgrad's), and rounded to BF16 as the GPU stores it. Each is compared with the float64 product of the
 same FP8 operands: relative RMS error, and the fraction of BF16 outputs that differ from `exact`'s.
@@ -9,7 +9,7 @@ same FP8 operands: relative RMS error, and the fraction of BF16 outputs that dif
 Operands, cast with the current-scaling policy (amax -> fp8 max): fprop X (M, K) E4M3 ~ N(0, 1) with one
 outlier channel in 256 scaled by 30 (as LLM activations have them) times W (N, K) E4M3 ~ N(0, 0.02);
 dgrad dY (M, K) E5M2 ~ N(0, 1) times W^T (N, K) E4M3. Fresh inputs per seed; the figures are means over
---seeds seeds. Needs numpy and ml_dtypes (scripts/setup.sh) and a built test_llama_cpu.
+--seeds seeds. Needs numpy and ml_dtypes (scripts/setup.sh) and a built build/tools/numerics.
 
     nice -n 10 python3 dev/fp8_accum_error.py --m 64 --n 256 --seeds 3
 """
@@ -40,7 +40,7 @@ def gemm(tmp, accum, x8, fx, w8, fw, sx, sw, fast):
     xf, wf, yf = tmp / "x.u8", tmp / "w.u8", tmp / "y.f32"
     x8.view(np.uint8).tofile(xf)
     w8.view(np.uint8).tofile(wf)
-    cmd = [REPO / "test_llama_cpu", "--fp8-gemm", accum, fx, fw, M, N, K, int(fast), 1, repr(float(sx)), repr(float(sw)), xf, wf, yf]
+    cmd = [REPO / "build/tools/numerics", "--fp8-gemm", accum, fx, fw, M, N, K, int(fast), 1, repr(float(sx)), repr(float(sw)), xf, wf, yf]
     subprocess.run([str(c) for c in cmd], check=True)
     return np.fromfile(yf, dtype=np.float32).reshape(M, N)
 

@@ -82,6 +82,7 @@ class Settings:
     min_phase_s = 10    # a phase that would get less than this is skipped
     shard_tokens = 2000000  # the random shard of the throughput and resume runs (uint16 tokens: 4 MB)
     test_bin, train_bin = "./test_llama", "./train_llama"
+    bench_bin, shard_bin = "build/tools/bench_gemm", "build/tools/write_shard"  # dev/tools/ programs
     train_warmup = []   # the trainer's warm-up before step 1 (docs/performance.md): on, its default
     emu_data = "dev/data/tinyshakespeare"
 
@@ -424,11 +425,12 @@ def phase_build(seconds):
         t0 = int(time.time())
         log = f"{R.logs}/build.log"
         label = "build train_llama test_llama test_llama_cpu"
-        rc = limited(s, log, ["make", "-k", f"-j{S.jobs}"] + R.make_vars + ["train_llama", "test_llama", "test_llama_cpu"])
+        targets = ["train_llama", "test_llama", "test_llama_cpu", S.bench_bin, S.shard_bin]
+        rc = limited(s, log, ["make", "-k", f"-j{S.jobs}"] + R.make_vars + targets)
         if rc == 0:
             row(label, "ok", f"{int(time.time()) - t0}s")
         else:
-            missing = "".join(f"{b} " for b in ("train_llama", "test_llama", "test_llama_cpu") if not executable(b))
+            missing = "".join(f"{b} " for b in targets if not executable(b))
             first = grep(r"(error|fatal error):|undefined reference|cannot find -l|\*\*\*", log, first=True)
             row(label, "FAIL", f"not built: {missing or 'none'}; {first or why_failed(rc, s, log)}")
     pack_logs(LOG_CAP)
@@ -575,8 +577,8 @@ def phase_kernels(seconds):
 
 def phase_shard(seconds):
     """The random shard of the throughput, shadow and resume runs."""
-    if executable(S.test_bin):
-        limited(seconds, f"{R.logs}/random_shard.log", [S.test_bin, "--write-shard", R.shard, S.shard_tokens, 1])
+    if executable(S.shard_bin):
+        limited(seconds, f"{R.logs}/random_shard.log", [S.shard_bin, R.shard, S.shard_tokens, 1])
 
 # ---------------------------------------------------------------- GEMM benchmark
 
@@ -588,12 +590,12 @@ def phase_gemm_bench(seconds):
     log = f"{R.logs}/gemm.log"
     if S.emulated:
         row("GEMM benchmark", "skip", f"{NOT_MEASURED} (speed)")
-    elif not executable(S.test_bin):
-        row("GEMM benchmark", "FAIL", "test_llama not built")
+    elif not executable(S.bench_bin):
+        row("GEMM benchmark", "FAIL", f"{S.bench_bin} not built")
     elif s == 0:
         row("GEMM benchmark", "skip", no_time())
     else:
-        rc = limited(s, log, [S.test_bin, "--bench-gemm"])
+        rc = limited(s, log, [S.bench_bin])
         results = [line for line in lines_of(log) if line.startswith("gemm ")]
         for line in results:
             name, _, detail = line.partition(":")

@@ -25,7 +25,7 @@ and tested on the CPU build but has not run on GPUs (README "Status"), so its ro
 written (docs/design.md#the-distributed-design), not measurements.
 
 Calibration (--calibrate PATH ...: files or directories, read recursively, and the logs inside .tar.gz
-archives such as the device check's logs.tar.gz) takes what the device check writes and replaces the datasheet-derived rates with measured ones: `test_llama --bench-gemm` lines
+archives such as the device check's logs.tar.gz) takes what the device check writes and replaces the datasheet-derived rates with measured ones: `build/tools/bench_gemm` lines
 (TFLOP/s per GEMM shape and precision), `dev/cuda/bench_kernels` timing lines (GB/s of each memory-bound
 op, TFLOP/s of attention and of its GEMM case), and trainer logs (`step k/N | ... | X ms | Y tok/s`),
 which are not fitted but predicted at their own shape and compared. Measured rates are carried to
@@ -1180,7 +1180,7 @@ def parse_calibration(paths, measured_on):
     c = Calibration()
     devices = set()
     for path, lines in calibration_texts(paths):
-        counts = {"bench-gemm lines": 0, "bench_kernels timings": 0}
+        counts = {"bench_gemm lines": 0, "bench_kernels timings": 0}
         shape = None
         for line in lines:
             if line.startswith("| device:") or line.startswith("NVIDIA "):
@@ -1192,12 +1192,12 @@ def parse_calibration(paths, measured_on):
                 mm, nn, kk = (int(m.group(i)) for i in (4, 5, 6))
                 c.gemm_lines.append((m.group(1), m.group(2), m.group(3), mm, nn, kk, float(m.group(7)) * 1e12,
                                      float(m.group(8)) * 1e12))
-                counts["bench-gemm lines"] += 1
+                counts["bench_gemm lines"] += 1
                 continue
             m = BENCH_GEMM_BLOCK.match(line)
             if m:
                 c.gemm_blocks.append((m.group(1), float(m.group(2)), float(m.group(3))))
-                counts["bench-gemm lines"] += 1
+                counts["bench_gemm lines"] += 1
                 continue
             m = KERNEL_SHAPE.match(line)
             if m:
@@ -1217,7 +1217,7 @@ def parse_calibration(paths, measured_on):
             c.files.append((path, found))
     if not c.files:
         raise InputError(f"flag --calibrate: nothing recognised in {', '.join(paths)} (expected the output of "
-                         f"test_llama --bench-gemm, dev/cuda/bench_kernels or train_llama)")
+                         f"build/tools/bench_gemm, dev/cuda/bench_kernels or train_llama)")
     if measured_on != "auto":
         c.device = measured_on
     elif len(devices) > 1:
@@ -1239,7 +1239,7 @@ def parse_calibration(paths, measured_on):
 
 
 def derive_fractions(c, gpu):
-    """Turns measured TFLOP/s and GB/s into fractions of the measuring GPU's peaks. Each bench-gemm shape
+    """Turns measured TFLOP/s and GB/s into fractions of the measuring GPU's peaks. Each bench_gemm shape
     replaces the rate of that exact GEMM (precision, kind, m, n, k); the mean over all measured shapes of a
     (precision, kind) replaces the datasheet fraction of the GEMMs nobody measured (the output layer)."""
     samples = {}
@@ -1285,7 +1285,7 @@ def block_gemm_ops(shape, precision, N):
     return ops
 
 
-# Tokens per GEMM of test_llama --bench-gemm (M = B*T in bench_gemm).
+# Tokens per GEMM of build/tools/bench_gemm (M = B*T in dev/tools/bench_gemm.cu).
 BENCH_GEMM_TOKENS = 4096
 # kc_case_sum_squares adds a ragged tail to its w1|w3-sized gradient.
 KERNEL_SUM_SQUARES_TAIL = 12345

@@ -146,6 +146,12 @@ def checker(build):
 
 
 @pytest.fixture
+def numerics():
+    """dev/tools/numerics.c: the CPU build's codecs, AdamW, FP8 GEMM and gradient wire as file commands."""
+    return binary("build/tools/numerics")
+
+
+@pytest.fixture
 def rng():
     """A numpy generator from a fresh seed (printed; LLM8_TEST_SEED replays it)."""
     seed = int(os.environ.get("LLM8_TEST_SEED", secrets.randbits(32)))

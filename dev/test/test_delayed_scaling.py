@@ -4,7 +4,7 @@ Transformer Engine's DelayedScaling written from TE's documentation: the recipe'
 (margin, amax_history_len, amax_compute_algo "max" | "most_recent"), the per-tensor amax history whose
 slot 0 takes the current amax and which rolls by one after each update, and the scale update
 scale = (fp8_max / amax) / 2^margin, kept when the amax is 0 or not finite, FP32 max when it
-overflows. The C side is reached twice: through test_llama_cpu --fp8-delayed on random amax sequences
+overflows. The C side is reached twice: through build/tools/numerics --fp8-delayed on random amax sequences
 with edge values, and through the amaxes and scales a training run records (fp8_stats.csv, every
 step), which must follow the reference bit for bit from the second step on; the first step is
 current-scaled (docs/precision.md "Delayed scaling").
@@ -75,12 +75,12 @@ def random_amaxes(rng, n):
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("algo", ["max", "most_recent"])
 @pytest.mark.parametrize("history_len, margin, pow2", [(1, 0, 0), (3, 0, 1), (16, 2, 0), (5, 7, 1)])
-def test_update_matches_te(checker, tmp_path, rng, fmt, algo, history_len, margin, pow2):
+def test_update_matches_te(numerics, tmp_path, rng, fmt, algo, history_len, margin, pow2):
     amaxes = random_amaxes(rng, 64)
     scale0 = np.float32(rng.uniform(0.5, 4.0))
     inp, out = tmp_path / "in.f32", tmp_path / "out.f32"
     np.concatenate([[scale0], amaxes]).astype(np.float32).tofile(inp)
-    r = run([checker, "--fp8-delayed", fmt, algo, margin, pow2, history_len, inp, out])
+    r = run([numerics, "--fp8-delayed", fmt, algo, margin, pow2, history_len, inp, out])
     assert r.returncode == 0, r.stderr
     got = np.fromfile(out, np.float32).reshape(-1, 2)
     want = te_delayed_scaling(amaxes, scale0, FP8_MAX[fmt], history_len, algo, margin, pow2)

@@ -26,9 +26,9 @@ NO_TIME = "no time left"
 
 
 def test_device_check_rehearsal(tmp_path, shakespeare):
-    for exe in (EMU / "train_llama", EMU / "test_llama", REPO / "train_llama_cpu"):
+    for exe in (EMU / "train_llama", EMU / "test_llama", REPO / "train_llama_cpu", REPO / "build/tools/write_shard"):
         if not exe.exists():
-            pytest.skip(f"{exe.relative_to(REPO)} is not built (make emu, make cpu)")
+            pytest.skip(f"{exe.relative_to(REPO)} is not built (make emu, make test-build)")
     out = tmp_path / "out"
     t0 = time.time()
     r = run(["bash", "scripts/device_check.sh", "--emulated", out], env={**os.environ, "EMU_DATA": str(shakespeare)}, timeout=240)

@@ -1,8 +1,8 @@
 """
 The FP8 codec, BF16 rounding and the current-scaling policy of fp8/fp8.h against independent
 implementations: ml_dtypes' float8_e4m3fn / float8_e5m2 / bfloat16 conversions and a numpy float32
-transcription of the policy in docs/design.md#current-scaling. The C side is reached through test_llama_cpu's tool
-modes (--fp8-decode, --fp8-encode, --bf16-round, --fp8-scale).
+transcription of the policy in docs/design.md#current-scaling. The C side is reached through the modes of
+dev/tools/numerics.c (--fp8-decode, --fp8-encode, --bf16-round, --fp8-scale).
 
 Our cast saturates (cuda_fp8.h __NV_SATFINITE): finite values beyond +-max and +-Inf become +-max, where
 ml_dtypes would give NaN (E4M3) or Inf (E5M2); the reference therefore clips to +-max before casting.
@@ -21,17 +21,17 @@ FORMATS = {
 FLT_MAX = np.finfo(np.float32).max
 
 
-def c_decode(checker, fmt, tmp_path):
+def c_decode(numerics, fmt, tmp_path):
     out = tmp_path / f"decode_{fmt}.f32"
-    r = run([checker, "--fp8-decode", fmt, out])
+    r = run([numerics, "--fp8-decode", fmt, out])
     assert r.returncode == 0, r.stderr
     return np.fromfile(out, dtype=np.float32)
 
 
-def c_encode(checker, fmt, scale, x, tmp_path):
+def c_encode(numerics, fmt, scale, x, tmp_path):
     inp, out = tmp_path / "in.f32", tmp_path / "out.u8"
     x.astype(np.float32).tofile(inp)
-    r = run([checker, "--fp8-encode", fmt, repr(float(scale)), inp, out])
+    r = run([numerics, "--fp8-encode", fmt, repr(float(scale)), inp, out])
     assert r.returncode == 0, r.stderr
     return np.fromfile(out, dtype=np.uint8)
 
@@ -46,9 +46,9 @@ def reference_encode(fmt, scale, x):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_decode_all_codes(checker, fmt, tmp_path):
+def test_decode_all_codes(numerics, fmt, tmp_path):
     dtype, _ = FORMATS[fmt]
-    ours = c_decode(checker, fmt, tmp_path)
+    ours = c_decode(numerics, fmt, tmp_path)
     ref = np.arange(256, dtype=np.uint8).view(dtype).astype(np.float32)
     assert ours.shape == (256,)
     nan = np.isnan(ref)
@@ -56,7 +56,7 @@ def test_decode_all_codes(checker, fmt, tmp_path):
     assert np.array_equal(ours[~nan].view(np.uint32), ref[~nan].view(np.uint32)), "decoded values differ (bitwise, -0 included)"
 
 
-def edge_values(fmt, checker, tmp_path):
+def edge_values(fmt, numerics, tmp_path):
     """+-max, just above max, halfway points between neighbours (ties), subnormals, +-0, NaN, +-Inf."""
     dtype, fmax = FORMATS[fmt]
     values = np.arange(256, dtype=np.uint8).view(dtype).astype(np.float64)
@@ -69,21 +69,21 @@ def edge_values(fmt, checker, tmp_path):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_encode_edge_values(checker, fmt, tmp_path):
-    x = edge_values(fmt, checker, tmp_path)
-    ours = c_encode(checker, fmt, 1.0, x, tmp_path)
+def test_encode_edge_values(numerics, fmt, tmp_path):
+    x = edge_values(fmt, numerics, tmp_path)
+    ours = c_encode(numerics, fmt, 1.0, x, tmp_path)
     ref = reference_encode(fmt, 1.0, x)
     bad = np.nonzero(ours != ref)[0]
     assert bad.size == 0, [(float(x[i]), hex(ours[i]), hex(ref[i])) for i in bad[:10]]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_encode_random_sample(checker, fmt, tmp_path, rng):
+def test_encode_random_sample(numerics, fmt, tmp_path, rng):
     n = 400_000
     magnitude = np.exp2(rng.uniform(-40, 24, n))
     x = (magnitude * rng.choice([-1.0, 1.0], n)).astype(np.float32)
     scale = float(np.float32(np.exp2(rng.uniform(-6, 6))))
-    ours = c_encode(checker, fmt, scale, x, tmp_path)
+    ours = c_encode(numerics, fmt, scale, x, tmp_path)
     ref = reference_encode(fmt, scale, x)
     bad = np.nonzero(ours != ref)[0]
     assert bad.size == 0, [(float(x[i]), hex(ours[i]), hex(ref[i])) for i in bad[:10]]
@@ -92,13 +92,13 @@ def test_encode_random_sample(checker, fmt, tmp_path, rng):
     assert ((ours & 0x7F) == max_code).any() and ((ours & 0x7F) == 0).any() and ((ours & 0x7F) == 0x3C).any()
 
 
-def test_bf16_round(checker, tmp_path, rng):
+def test_bf16_round(numerics, tmp_path, rng):
     n = 200_000
     x = (np.exp2(rng.uniform(-140, 127, n)) * rng.choice([-1.0, 1.0], n)).astype(np.float32)
     x = np.concatenate([x, np.array([0.0, -0.0, np.inf, -np.inf, np.nan, FLT_MAX, 1.00390625, 1.01171875], np.float32)])
     inp, out = tmp_path / "in.f32", tmp_path / "out.f32"
     x.tofile(inp)
-    r = run([checker, "--bf16-round", inp, out])
+    r = run([numerics, "--bf16-round", inp, out])
     assert r.returncode == 0, r.stderr
     ours = np.fromfile(out, dtype=np.float32)
     ref = x.astype(ml_dtypes.bfloat16).astype(np.float32)
@@ -125,7 +125,7 @@ def reference_scale(amax, fmax, pow2):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("pow2", [0, 1])
-def test_scale_policy(checker, fmt, pow2, tmp_path, rng):
+def test_scale_policy(numerics, fmt, pow2, tmp_path, rng):
     _, fmax = FORMATS[fmt]
     amax = np.concatenate([
         np.array([0.0, 1e-45, 1e-40, 1.17e-38, 1e-30, 1.0, fmax, FLT_MAX, np.inf, np.nan], np.float32),
@@ -133,7 +133,7 @@ def test_scale_policy(checker, fmt, pow2, tmp_path, rng):
     ])
     inp, out = tmp_path / "amax.f32", tmp_path / "scale.f32"
     amax.tofile(inp)
-    r = run([checker, "--fp8-scale", fmt, str(pow2), inp, out])
+    r = run([numerics, "--fp8-scale", fmt, str(pow2), inp, out])
     assert r.returncode == 0, r.stderr
     got = np.fromfile(out, dtype=np.float32).reshape(-1, 3)
     for a, (scale, scale_inv, finite) in zip(amax, got):

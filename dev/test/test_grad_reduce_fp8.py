@@ -13,7 +13,7 @@ pieces of ceil(chunks / W) whole chunks, reduce-scattered so, and the FP32 sums 
 
 Error bound per contribution: |dequant(q(x)) - x| <= 2^-4 |x| + 2^-10 / scale (half a step of 3
 mantissa bits; half the smallest E4M3 subnormal 2^-9 below the normal range), plus the FP32 rounding of
-the additions. The C side runs under mpirun with 2 and 3 ranks through test_llama_cpu's tool modes
+the additions. The C side runs under mpirun with 2 and 3 ranks through dev/tools/numerics.c's modes
 --grad-fp8-pack and --grad-reduce-fp8. Inputs are fresh random numbers (the `rng` fixture's seed is
 printed) with a wide dynamic range across chunks (2^-60 .. 2^60) and within them, plus a zero chunk, a NaN
 on one rank and an Inf on another in the same run. Last, the trainer on 2 ranks with --grad-reduce fp8.
@@ -123,10 +123,10 @@ def rank_inputs(rng, W, n):
 
 # ---------------------------------------------------------------- the C side
 
-def c_pack(checker, x, tmp_path):
+def c_pack(numerics, x, tmp_path):
     inp, out = tmp_path / "pack_in.f32", tmp_path / "pack_out.u8"
     x.tofile(inp)
-    r = run([checker, "--grad-fp8-pack", inp, out])
+    r = run([numerics, "--grad-fp8-pack", inp, out])
     assert r.returncode == 0, r.stderr
     block = np.fromfile(out, np.uint8)
     chunks = -(-x.size // CHUNK)
@@ -134,10 +134,10 @@ def c_pack(checker, x, tmp_path):
     return block[:x.size], block[x.size:].view(np.float32)
 
 
-def c_collective(checker, kind, W, n, inputs, tmp_path):
+def c_collective(numerics, kind, W, n, inputs, tmp_path):
     for r, x in enumerate(inputs):
         x.astype(np.float32).tofile(tmp_path / f"in.{r}")
-    cmd = [MPIRUN, "--oversubscribe", "-np", str(W), checker, "--grad-reduce-fp8", kind, n, tmp_path / "in", tmp_path / "out"]
+    cmd = [MPIRUN, "--oversubscribe", "-np", str(W), numerics, "--grad-reduce-fp8", kind, n, tmp_path / "in", tmp_path / "out"]
     r = subprocess.run([str(c) for c in cmd], cwd=REPO, env=MPI_ENV, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return [np.fromfile(tmp_path / f"out.{r}", np.float32) for r in range(W)]
@@ -170,7 +170,7 @@ def assert_nonfinite_chunks(got, exact, n, what):
 
 # ---------------------------------------------------------------- tests
 
-def test_pack_matches_reference(checker, rng, tmp_path):
+def test_pack_matches_reference(numerics, rng, tmp_path):
     """Codes and scale_inv of one block, byte for byte, and each element's error within the bound."""
     n = 5 * CHUNK + 321
     x = wide_range(rng, n, -120, 120)
@@ -178,7 +178,7 @@ def test_pack_matches_reference(checker, rng, tmp_path):
     x[2 * CHUNK:3 * CHUNK] = 0.0                 # amax 0: scale 1, codes 0
     x[3 * CHUNK + 7] = np.nan                    # this chunk: scale_inv NaN
     x[4 * CHUNK + 9] = np.inf
-    codes, scale_inv = c_pack(checker, x, tmp_path)
+    codes, scale_inv = c_pack(numerics, x, tmp_path)
     want_codes, scale, want_inv = ref_pack(x)
     assert np.array_equal(codes, want_codes), f"{np.count_nonzero(codes != want_codes)} codes differ"
     assert_bits(scale_inv, want_inv, "scale_inv")
@@ -194,13 +194,13 @@ def test_pack_matches_reference(checker, rng, tmp_path):
 @needs_mpi
 @pytest.mark.parametrize("W", [2, 3])
 @pytest.mark.parametrize("kind", ["reduce_scatter", "reduce_scatter_acc"])
-def test_reduce_scatter(checker, rng, tmp_path, W, kind):
+def test_reduce_scatter(numerics, rng, tmp_path, W, kind):
     """Every rank's piece equals the reference bit for bit and is within the bound of the exact sum."""
     n = 3 * CHUNK + 555
     sends = rank_inputs(rng, W, W * n)
     recv = [wide_range(rng, n) for _ in range(W)] if kind == "reduce_scatter_acc" else None
     inputs = sends if recv is None else [np.concatenate([recv[r], sends[r]]) for r in range(W)]
-    got = c_collective(checker, kind, W, n, inputs, tmp_path)
+    got = c_collective(numerics, kind, W, n, inputs, tmp_path)
     want, bound = ref_reduce_scatter(sends, n, recv)
     for r in range(W):
         assert_bits(got[r], want[r], f"rank {r}")
@@ -211,12 +211,12 @@ def test_reduce_scatter(checker, rng, tmp_path, W, kind):
 
 @needs_mpi
 @pytest.mark.parametrize("W", [2, 3])
-def test_all_reduce(checker, rng, tmp_path, W):
+def test_all_reduce(numerics, rng, tmp_path, W):
     """ZeRO-0: every rank holds the same bits, the reference's (zero-padded pieces of whole chunks
     reduce-scattered, then gathered), within the bound of the exact sum; NaN/Inf chunks NaN everywhere."""
     n = 7 * CHUNK + 1000
     xs = rank_inputs(rng, W, n)
-    got = c_collective(checker, "all_reduce", W, n, xs, tmp_path)
+    got = c_collective(numerics, "all_reduce", W, n, xs, tmp_path)
     for r in range(1, W):
         assert got[r].view(np.uint32).tobytes() == got[0].view(np.uint32).tobytes(), f"rank {r} differs from rank 0"
     piece = -(-(-(-n // CHUNK)) // W) * CHUNK

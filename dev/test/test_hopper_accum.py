@@ -61,13 +61,13 @@ def operands(M, N, K, fmt_w, seed):
     return out
 
 
-def ours(checker, tmp_path, x8, w8, sx, sw, fast, splits, fmt_w, accum="hopper"):
+def ours(numerics, tmp_path, x8, w8, sx, sw, fast, splits, fmt_w, accum="hopper"):
     M, K = x8.shape
     N = w8.shape[0]
     xf, wf, yf = tmp_path / "x.u8", tmp_path / "w.u8", tmp_path / "y.f32"
     x8.view(torch.uint8).numpy().tofile(xf)
     w8.view(torch.uint8).numpy().tofile(wf)
-    r = run([checker, "--fp8-gemm", accum, "e4m3", fmt_w, M, N, K, int(fast), splits, repr(float(sx)), repr(float(sw)), xf, wf, yf])
+    r = run([numerics, "--fp8-gemm", accum, "e4m3", fmt_w, M, N, K, int(fast), splits, repr(float(sx)), repr(float(sw)), xf, wf, yf])
     assert r.returncode == 0, r.stderr
     return np.fromfile(yf, dtype=np.float32).reshape(M, N)
 
@@ -79,14 +79,14 @@ def bf16_bits(y):
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "slow"])
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"{m}x{n}x{k}-{f}-S{s}" for m, n, k, f, s in SHAPES])
-def test_bits_equal_mmaemu(checker, tmp_path, shape, fast):
+def test_bits_equal_mmaemu(numerics, tmp_path, shape, fast):
     M, N, K, fmt_w, splits = shape
     (x8, sx), (w8, sw) = operands(M, N, K, fmt_w, fresh_seed())
     tx, tw = torch.tensor(sx), torch.tensor(sw)
     warnings.simplefilter("ignore")
     plan = mmaemu.explain(x8, w8.t(), tx, tw, out_dtype=torch.float32, use_fast_accum=fast, profile="hopper").split
     assert plan.source == "table" and plan.S == splits, f"mmaemu's split-K table changed: {plan}"
-    y = ours(checker, tmp_path, x8, w8, sx, sw, fast, splits, fmt_w)
+    y = ours(numerics, tmp_path, x8, w8, sx, sw, fast, splits, fmt_w)
     for out_dtype in (torch.float32, torch.bfloat16):
         ref = mmaemu.scaled_mm(x8, w8.t(), tx, tw, out_dtype=out_dtype, use_fast_accum=fast, profile="hopper")
         if out_dtype == torch.float32:
@@ -97,20 +97,20 @@ def test_bits_equal_mmaemu(checker, tmp_path, shape, fast):
         assert equal.all(), f"{(~equal).sum()} of {equal.size} {out_dtype} outputs differ from mmaemu"
 
 
-def test_exact_differs_from_hopper(checker, tmp_path):
+def test_exact_differs_from_hopper(numerics, tmp_path):
     """The model is what runs: at K 4096 the exact path and the model disagree on many FP32 outputs."""
     (x8, sx), (w8, sw) = operands(32, 128, 4096, "e4m3", fresh_seed())
-    hop = ours(checker, tmp_path, x8, w8, sx, sw, True, 1, "e4m3")
-    exact = ours(checker, tmp_path, x8, w8, sx, sw, True, 1, "e4m3", accum="exact")
+    hop = ours(numerics, tmp_path, x8, w8, sx, sw, True, 1, "e4m3")
+    exact = ours(numerics, tmp_path, x8, w8, sx, sw, True, 1, "e4m3", accum="exact")
     assert (hop.view(np.uint32) != exact.view(np.uint32)).mean() > 0.5
 
 
 @pytest.mark.parametrize("fault", [{"frac": 14}, {"nfma": 16}], ids=["14-fraction-bits", "blocks-of-16"])
-def test_planted_fault_detected(checker, tmp_path, fault):
+def test_planted_fault_detected(numerics, tmp_path, fault):
     """mmaemu's chain with a changed preset must disagree with our model: the comparison sees such a change."""
     warnings.simplefilter("ignore")  # mmaemu warns that a custom preset is not validated: that is the point
     (x8, sx), (w8, sw) = operands(32, 128, 1024, "e4m3", fresh_seed())
-    y = ours(checker, tmp_path, x8, w8, np.float32(1.0), np.float32(1.0), True, 1, "e4m3")  # scale 1: y is the accumulator
+    y = ours(numerics, tmp_path, x8, w8, np.float32(1.0), np.float32(1.0), True, 1, "e4m3")  # scale 1: y is the accumulator
     hopper = get_preset("hopper")
     fields = {f: getattr(hopper, f) for f in ("nfma", "frac", "frac_out", "min_exp", "late_c", "slow_chunk")}
     good = chain_gemm(x8.view(torch.uint8), w8.view(torch.uint8), fmt_a="e4m3", fmt_b="e4m3", preset=Preset("good", **fields))

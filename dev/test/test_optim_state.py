@@ -3,7 +3,7 @@ The AdamW moments' storage formats of --optim-state (llama/optim.h) against inde
 numpy's float16 conversion for the FP16 encoder, and a float64 AdamW (torch.optim.AdamW's formula, written
 from its documentation) whose moments are requantized after every step with ml_dtypes' bfloat16 /
 float8_e4m3fn and numpy's float16, with the per-chunk power-of-two scales optim.h documents. The C side is
-test_llama_cpu's tool modes --half-encode and --adamw (the CPU build's op_adamw; the GPU kernel is checked
+dev/tools/numerics.c's modes --half-encode and --adamw (the CPU build's op_adamw; the GPU kernel is checked
 against it in dev/cuda/kernel_cases.cuh).
 """
 import ml_dtypes
@@ -18,15 +18,15 @@ E4M3_MAX, FP16_MAX = 448.0, 65504.0
 MOMENT_DTYPES = {"fp32": (np.float32, np.float32), "bf16": (np.uint16, np.uint16), "fp8": (np.uint8, np.uint16)}
 
 
-def c_half(checker, x, tmp_path):
+def c_half(numerics, x, tmp_path):
     inp, out = tmp_path / "h.f32", tmp_path / "h.u16"
     x.astype(np.float32).tofile(inp)
-    r = run([checker, "--half-encode", inp, out])
+    r = run([numerics, "--half-encode", inp, out])
     assert r.returncode == 0, r.stderr
     return np.fromfile(out, dtype=np.uint16)
 
 
-def test_half_encoder_matches_numpy(checker, tmp_path, rng):
+def test_half_encoder_matches_numpy(numerics, tmp_path, rng):
     """Round to nearest even over every binade of FP16 and past it: normals, subnormals, ties, overflow."""
     exps = rng.uniform(-30.0, 17.0, 200_000)
     x = (np.sign(rng.standard_normal(exps.size)) * 2.0 ** exps).astype(np.float32)
@@ -37,12 +37,12 @@ def test_half_encoder_matches_numpy(checker, tmp_path, rng):
     specials = np.array([0.0, -0.0, 65504.0, 65519.99, 65520.0, 1e9, np.inf, -np.inf, 2.0 ** -25, 2.0 ** -24,
                          1.5 * 2.0 ** -25, 2.0 ** -14, np.finfo(np.float32).tiny], dtype=np.float32)
     x = np.concatenate([x, ties, -ties, specials])
-    ours = c_half(checker, x, tmp_path)
+    ours = c_half(numerics, x, tmp_path)
     with np.errstate(over="ignore"):
         ref = x.astype(np.float16).view(np.uint16)
     bad = np.flatnonzero(ours != ref)
     assert bad.size == 0, f"{bad.size} of {x.size} differ; first {x[bad[0]]!r}: ours {ours[bad[0]]:#06x}, numpy {ref[bad[0]]:#06x}"
-    nan = c_half(checker, np.array([np.nan], dtype=np.float32), tmp_path)
+    nan = c_half(numerics, np.array([np.nan], dtype=np.float32), tmp_path)
     assert np.isnan(nan.view(np.float16)).all()
 
 
@@ -86,10 +86,10 @@ def reference_adamw(fmt, master, grads, lr, wd, grad_scale):
     return p, m, v, sinv
 
 
-def c_adamw(checker, fmt, master, grads, lr, wd, grad_scale, tmp_path):
+def c_adamw(numerics, fmt, master, grads, lr, wd, grad_scale, tmp_path):
     inp, out = tmp_path / "adamw.f32", tmp_path / "adamw.out"
     np.concatenate([master] + list(grads)).astype(np.float32).tofile(inp)
-    r = run([checker, "--adamw", fmt, str(len(grads)), repr(lr), repr(wd), repr(grad_scale), inp, out])
+    r = run([numerics, "--adamw", fmt, str(len(grads)), repr(lr), repr(wd), repr(grad_scale), inp, out])
     assert r.returncode == 0, r.stderr
     raw = np.fromfile(out, dtype=np.uint8)
     n = master.size
@@ -114,7 +114,7 @@ HALF_ULP = {"fp32": (2.0 ** -24, 2.0 ** -24), "bf16": (2.0 ** -8, 2.0 ** -8), "f
 
 
 @pytest.mark.parametrize("fmt", ["fp32", "bf16", "fp8"])
-def test_adamw_state_matches_float64(checker, tmp_path, rng, fmt):
+def test_adamw_state_matches_float64(numerics, tmp_path, rng, fmt):
     """Three steps from zero moments over 2.5 chunks whose gradients differ by 2^10 in scale, so each chunk
     has its own scales; the last chunk is partial."""
     n = 2 * CHUNK + CHUNK // 2 + 17
@@ -122,7 +122,7 @@ def test_adamw_state_matches_float64(checker, tmp_path, rng, fmt):
     chunk_scale = np.repeat(2.0 ** rng.uniform(-10, 0, -(-n // CHUNK)), CHUNK)[:n]
     grads = [rng.normal(0.0, 1e-2, n) * chunk_scale for _ in range(3)]
     lr, wd, grad_scale = 1e-3, 0.1, 0.5
-    p, m, v, sinv = c_adamw(checker, fmt, master, grads, lr, wd, grad_scale, tmp_path)
+    p, m, v, sinv = c_adamw(numerics, fmt, master, grads, lr, wd, grad_scale, tmp_path)
     rp, rm, rv, rsinv = reference_adamw(fmt, master, grads, lr, wd, grad_scale)
     # the scales: powers of two of the chunk's amax; a float32 vs float64 amax moves one only at a boundary
     if fmt == "fp8":
@@ -150,13 +150,13 @@ def test_adamw_state_matches_float64(checker, tmp_path, rng, fmt):
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8"])
-def test_stored_moments_within_their_rounding(checker, tmp_path, rng, fmt):
+def test_stored_moments_within_their_rounding(numerics, tmp_path, rng, fmt):
     """One step: each stored moment is the exact float64 moment within its format's half ulp (relative), or,
     below the format's normal range after scaling, within its subnormal spacing."""
     n = CHUNK + 999
     master = rng.normal(0.0, 0.02, n)
     grads = [rng.normal(0.0, 1e-2, n) * np.exp(rng.uniform(-6, 0, n))]
-    p, m, v, _ = c_adamw(checker, fmt, master, grads, 1e-3, 0.0, 1.0, tmp_path)
+    p, m, v, _ = c_adamw(numerics, fmt, master, grads, 1e-3, 0.0, 1.0, tmp_path)
     g = grads[0]
     exact_m, exact_v = (1 - BETA1) * g, (1 - BETA2) * g * g
     for name, got, exact, half_ulp, target, sub in (("m", m, exact_m, HALF_ULP[fmt][0], E4M3_MAX, 2.0 ** -9),

@@ -270,7 +270,7 @@ SHAPE_7B = "B 1 T 4096 C 4096 NH 32 NKV 32 F 11008 V 32000"
 
 
 def write_gemm_log(path, fp8_tf, bf16_tf):
-    """test_llama --bench-gemm output for llama2-7b's twelve block GEMMs at the given TFLOP/s."""
+    """build/tools/bench_gemm output for llama2-7b's twelve block GEMMs at the given TFLOP/s."""
     C, F, QKV, M = 4096, 11008, 3 * 4096, 4096
     lines = [f"{'model':<11} {'layer':<5} {'gemm':<6} {'m':>6} {'n':>6} {'k':>6} | bf16 TF/s  fp8 TF/s | speedup"]
     for layer, (OC, Cin) in (("wqkv", (QKV, C)), ("wo", (C, C)), ("w13", (2 * F, C)), ("w2", (C, F))):

@@ -8,7 +8,7 @@ each row, stored = round(decoded stored + new), the addition in FP32; bf16 round
 (the gradient buffer's fp8) gives each 4096-element chunk the scale 2^floor(log2(448 / amax)) of its
 values' amax and E4M3 codes of x * scale (comm/grad_fp8.h's wire format, transcribed in
 test_grad_reduce_fp8.py); fp16 (the master's) the scale 2^floor(log2(65504 / amax)) and numpy's float16
-of x * scale; a scaled chunk holding a NaN or an Inf gets scale_inv NaN. The C side is test_llama_cpu's
+of x * scale; a scaled chunk holding a NaN or an Inf gets scale_inv NaN. The C side is dev/tools/numerics.c's
 tool mode --store (the CPU build's op_store_add and op_store_load; the GPU kernels are checked against
 them bit for bit in dev/cuda/kernel_cases.cuh, family optimizer). Then the trainer's gradient buffer:
 with one micro-step per step ZeRO-1 never rounds (the last micro-step's gradients reach the reduction
@@ -78,11 +78,11 @@ def ref_accumulate(codec, rows):
     return stored, scale_inv, decoded
 
 
-def c_store(checker, codec, rows, last, tmp_path):
-    """test_llama_cpu --store: (stored bytes, scale_inv, last + decoded, decoded)."""
+def c_store(numerics, codec, rows, last, tmp_path):
+    """numerics --store: (stored bytes, scale_inv, last + decoded, decoded)."""
     inp, out = tmp_path / "g.f32", tmp_path / "g.out"
     np.concatenate([rows.ravel(), last]).astype(np.float32).tofile(inp)
-    r = run([checker, "--store", codec, str(rows.shape[0]), inp, out])
+    r = run([numerics, "--store", codec, str(rows.shape[0]), inp, out])
     assert r.returncode == 0, r.stderr
     raw = out.read_bytes()
     n = rows.shape[1]
@@ -107,7 +107,7 @@ def wide_rows(rng, steps, n):
 
 
 @pytest.mark.parametrize("codec", ["fp32", "bf16", "e4m3", "fp16"])
-def test_store_matches_the_description(checker, tmp_path, rng, codec):
+def test_store_matches_the_description(numerics, tmp_path, rng, codec):
     """A poisoned array of 3.6 chunks stores one row, then adds four more, each in two calls split at a
     chunk boundary (as a bucket's segments are): the stored bytes, the scales, the decoded array and the
     last row plus the decoded array (ZeRO-1's last micro-step) are the transcription's, bit for bit; the
@@ -116,7 +116,7 @@ def test_store_matches_the_description(checker, tmp_path, rng, codec):
     steps, n = 5, int(3.6 * CHUNK)
     rows = wide_rows(rng, steps, n)
     last = rng.standard_normal(n).astype(np.float32)
-    stored, sinv, plus_last, decoded = c_store(checker, codec, rows, last, tmp_path)
+    stored, sinv, plus_last, decoded = c_store(numerics, codec, rows, last, tmp_path)
     want_stored, want_sinv, want_decoded = ref_accumulate(codec, rows)
     if codec in ("e4m3", "fp16"):
         assert np.array_equal(sinv, want_sinv, equal_nan=True), (sinv, want_sinv)
@@ -134,7 +134,7 @@ def test_store_matches_the_description(checker, tmp_path, rng, codec):
 
 
 @pytest.mark.parametrize("codec", ["bf16", "e4m3", "fp16"])
-def test_accumulation_error_bound(checker, tmp_path, rng, codec):
+def test_accumulation_error_bound(numerics, tmp_path, rng, codec):
     """Against the float64 sum of the rows: each stored partial sum is off by at most half an ulp of its
     codec (2^-8 relative in BF16: 7 mantissa bits; 2^-4 relative plus 2^-10 / scale in E4M3; 2^-11 plus
     2^-25 / scale in FP16), so after A rows the error is at most the sum of those bounds over the A
@@ -142,7 +142,7 @@ def test_accumulation_error_bound(checker, tmp_path, rng, codec):
     layer's gradients are."""
     steps, n = 8, 3 * CHUNK
     rows = (rng.standard_normal((steps, n)) * np.repeat(2.0 ** rng.uniform(-20, 0, 3), CHUNK)).astype(np.float32)
-    _, _, _, decoded = c_store(checker, codec, rows, np.zeros(n, np.float32), tmp_path)
+    _, _, _, decoded = c_store(numerics, codec, rows, np.zeros(n, np.float32), tmp_path)
     exact = rows.astype(np.float64).sum(axis=0)
     partial = np.cumsum(rows.astype(np.float64), axis=0)
     rel, sub, top = {"bf16": (2.0 ** -8, 0.0, 1.0), "e4m3": (2.0 ** -4, 2.0 ** -10, 448.0), "fp16": (2.0 ** -11, 2.0 ** -25, 65504.0)}[codec]
