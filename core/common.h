@@ -57,12 +57,17 @@ LLM8_NORETURN static inline void die(const char* fmt, ...) {
         va_end(ap);
         die_hook(message);
     }
+    /* One write of the whole line: under mpirun, several ranks' lines (and a library's own log lines)
+     * share one stderr, and a line written in pieces can be split by another rank's. */
+    char line[DIE_HOOK_MESSAGE_LEN + 16] = "error: ";
+    size_t at = strlen(line);
     va_start(ap, fmt);
-    fflush(stdout);
-    fputs("error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(line + at, sizeof(line) - at - 1, fmt, ap);
     va_end(ap);
+    at = strlen(line);
+    line[at++] = '\n';
+    fflush(stdout);
+    fwrite(line, 1, at, stderr);
     exit(EXIT_FAILURE);
 }
 

@@ -85,12 +85,15 @@ Pref* pref_of(cublasLtMatmulPreference_t p) { return reinterpret_cast<Pref*>(p);
 /* Returns `status` after printing why, as the real library logs its refusals. */
 cublasStatus_t refuse(cublasStatus_t status, const char* api, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
 cublasStatus_t refuse(cublasStatus_t status, const char* api, const char* fmt, ...) {
+    char line[1024]; /* one write of the whole line, so that ranks' lines do not interleave */
+    int at = snprintf(line, sizeof(line) - 1, "emu cuBLASLt: %s returns %s: ", api, cublasLtGetStatusName(status));
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "emu cuBLASLt: %s returns %s: ", api, cublasLtGetStatusName(status));
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
+    vsnprintf(line + at, sizeof(line) - at - 1, fmt, ap);
     va_end(ap);
+    at = (int)strlen(line);
+    line[at++] = '\n';
+    fwrite(line, 1, at, stderr);
     return status;
 }
 

@@ -52,11 +52,14 @@ namespace ctx = boost::context::detail;
 
 void emu_fail(const char* fmt, ...) {
     va_list ap;
+    char line[4096] = "emu: "; /* one write of the whole line, so that ranks' lines do not interleave */
+    size_t at = strlen(line);
     va_start(ap, fmt);
-    fprintf(stderr, "emu: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
+    vsnprintf(line + at, sizeof(line) - at - 1, fmt, ap);
     va_end(ap);
+    at = strlen(line);
+    line[at++] = '\n';
+    fwrite(line, 1, at, stderr);
     fflush(stderr);
     abort();
 }

@@ -31,6 +31,8 @@ command -v mpirun >/dev/null || missing_apt+=(openmpi-bin libopenmpi-dev)
 have_header cjson/cJSON.h || missing_apt+=(libcjson-dev)
 # Boost.Context's fcontext: the emulated GPU's user-space thread switches (make emu)
 echo '#include <boost/context/detail/fcontext.hpp>' | ${CXX:-g++} -E -x c++ - >/dev/null 2>&1 || missing_apt+=(libboost-context-dev)
+# strace: a test checks that each error line reaches stderr in one write (ranks share one stderr)
+command -v strace >/dev/null || missing_apt+=(strace)
 command -v clang >/dev/null || missing_apt+=(clang)
 # libFuzzer ships in clang's runtime package, which clang only recommends
 fuzzer_runtime=$(clang -print-file-name="libclang_rt.fuzzer-$(uname -m).a" 2>/dev/null || true)

@@ -426,6 +426,24 @@ def test_no_cublaslt_algorithm_is_a_one_line_error(shakespeare, tmp_path, ranks,
     assert "step    1" not in r.stdout and "Sanitizer" not in r.stderr, r.stderr[-3000:]
 
 
+def test_error_lines_are_one_write_each(shakespeare, tmp_path):
+    """The error line (die, core/common.h) and the cuBLASLt double's log line (emu/cublaslt.cpp) reach stderr
+    in one write(2) each, seen by strace: under mpirun the ranks share one stderr, and a line written in
+    pieces ("error: ", the message, the newline) was split there by another rank's line."""
+    strace = shutil.which("strace")
+    if strace is None or run([strace, "-qq", "-o", os.devnull, "true"]).returncode != 0:
+        pytest.skip("strace missing or not allowed to trace here (make setup installs it)")
+    trace = tmp_path / "trace"
+    env = emu_env(LLM8_EMU_CUBLASLT_NO_ALGO="fp8", OMP_NUM_THREADS="1", ASAN_OPTIONS="detect_leaks=0")  # LSan stops under ptrace
+    r = run([strace, "-f", "-qq", "-e", "trace=write", "-e", "signal=none", "-s", "4096", "-o", trace,
+             EMU / "train_llama", "-e", "tiny", "-b", "2", "-t", "64", "-x", "2", "-p", "fp8", "-o", tmp_path / "run"],
+            env=env, timeout=300)
+    assert r.returncode != 0, r.stdout[-2000:]
+    writes = re.findall(r'write\(2, "((?:[^"\\]|\\.)*)"', trace.read_text())
+    lines = [w for w in writes if w.startswith(("error: ", "emu cuBLASLt: "))]
+    assert len(lines) == 2 and all(w.endswith("\\n") and w.count("\\n") == 1 for w in lines), writes
+
+
 @pytest.mark.skipif(MPIRUN is None, reason="mpirun not found (make setup installs Open MPI)")
 def test_two_ranks_fp8_wire_matches_cpu(shakespeare):
     """--grad-reduce fp8 under ZeRO-0 through the NCCL double (comm/grad_fp8.cuh's pack kernel, a group of
