@@ -900,9 +900,6 @@ static inline void trainer_free(Trainer* tr) {
  * the first, as LLM8_TRACE_OPS records) is listed. No FP8 statistics or shadow check is due in it.
  */
 static inline int step_ops_main(const TrainArgs* args) {
-    if (!BACKEND_RECORDS)
-        die("flag --dry-run 2: the %s build does not record its ops; run train_llama_cpu with the same flags (the list does not "
-            "depend on the device)", backend_name());
     Trainer* tr = (Trainer*)callocCheck(1, sizeof(Trainer));
     tr->args = *args;
     TrainArgs* a = &tr->args;
@@ -956,6 +953,9 @@ static inline int train_main(int argc, char** argv) {
     }
     if (args.dry_run) {
         train_args_check(&args);
+        if (args.dry_run == 2 && !BACKEND_RECORDS)
+            die("flag --dry-run 2: the %s build does not record its ops; run train_llama_cpu with the same flags (the list does not "
+                "depend on the device)", backend_name());
         int status = memory_plan_main(&args);
         return args.dry_run == 2 ? step_ops_main(&args) : status;
     }
