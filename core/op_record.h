@@ -1,5 +1,5 @@
 /*
- * The op record of one optimizer step (docs/performance-model.md): when on, every backend op, GEMM,
+ * The op record of one optimizer step (docs/performance.md#the-steps-ops): when on, every backend op, GEMM,
  * collective and host copy the step runs appends one record (its name, kind, shape, the bytes of device
  * memory it reads and writes in the GPU's storage types, its FLOPs) at its head. Two modes, CPU build only:
  * RECORD_TRACE records the ops as they run (LLM8_TRACE_OPS=FILE: the first step of a run); RECORD_PLAN

@@ -1,5 +1,5 @@
 """
-The ops of one optimizer step as the trainer records them (core/op_record.h, docs/performance-model.md):
+The ops of one optimizer step as the trainer records them (core/op_record.h, docs/performance.md#the-steps-ops):
 `--dry-run 2` lists them without running the step (plan-only mode), LLM8_TRACE_OPS records a real step.
 The drift test holds the two equal over flag combinations (fp8 and bf16, recompute, gradient accumulation,
 ZeRO-1/2 on 2 ranks under mpirun, the FP8 wire, stored formats), so that what scripts/perf_model.py reads
