@@ -111,6 +111,46 @@ def test_micro_step_flops_tiny():
     assert len(fp8_gemms) == 2 * 4 * 3  # the output layer stays BF16
 
 
+# The step's GEMMs and attention against the trainer's own list of them (train_llama_cpu --dry-run 2,
+# docs/performance.md#the-steps-ops): every GEMM's (precision, m, n, k) with its count, its bytes, and the
+# attention FLOPs of a step must be the same. The memory-bound ops, host syncs and collectives are the
+# model's own still (the trainer's list differs there: docs/performance.md).
+def model_step_work(p):
+    gemms, attention = {}, 0.0
+    for ops, times in ((pm.micro_step_ops(p), p.grad_accum - 1), (pm.micro_step_ops(p, last=True), 1)):
+        for op in (op for seg in ops.forward + ops.backward for op in seg):
+            if op.gemm is not None:
+                key = (op.gemm[0], *op.gemm[2:], op.bytes)
+                gemms[key] = gemms.get(key, 0) + times
+            attention += times * op.flops if op.attention is not None else 0.0
+    return gemms, attention
+
+
+def trainer_step_work(trainer, p):
+    args = ["--dry-run", 2, "-e", p.shape.name, "-b", p.B, "-t", p.T, "-p", p.precision, "-z", p.zero, "--ranks", p.world,
+            "-d", p.grad_accum * p.B * p.T * p.world, "-r", 0]
+    r = subprocess.run([str(trainer), *map(str, args)], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    ops = json.loads([line for line in r.stdout.splitlines() if line.startswith("ops: ")][0][len("ops: "):])["ops"]
+    gemms, attention = {}, 0.0
+    for o in ops:
+        if o["kind"] == "gemm":
+            key = ("fp8" if "E4M3" in o["detail"] else "bf16", *o["shape"][:3], o["read"] + o["write"])
+            gemms[key] = gemms.get(key, 0) + o["count"]
+        attention += o["count"] * o["flops"] if o["op"].startswith("attention") else 0.0
+    return gemms, attention
+
+
+@pytest.mark.parametrize("model, precision, zero", [("llama2-7b", "fp8", 1), ("llama2-13b", "bf16", 2)])
+def test_gemms_and_attention_are_the_trainers(trainer, model, precision, zero):
+    p = plan(shape=pm.PRESETS[model], precision=precision, per_node=8, T=4096, accum=4, zero=zero)
+    assert model_step_work(p) == trainer_step_work(trainer, p)
+    # planted: a model that forgets one GEMM of a step differs
+    gemms, attention = model_step_work(p)
+    first = next(iter(gemms))
+    assert ({**gemms, first: gemms[first] - 1}, attention) != trainer_step_work(trainer, p)
+
+
 # --- collectives ----------------------------------------------------------------------------------
 
 def test_ring_time_by_hand():
