@@ -4,7 +4,8 @@
  * memory it reads and writes in the GPU's storage types, its FLOPs) at its head. Two modes, CPU build only:
  * RECORD_TRACE records the ops as they run (LLM8_TRACE_OPS=FILE: the first step of a run); RECORD_PLAN
  * records them and returns before they touch memory, over buffers mapped but never backed (--dry-run 2),
- * so that a 7B step is listed on a laptop. Identical records of a step are kept once, with a count.
+ * so that a 7B step is listed on a laptop. Identical records of a step are kept once, with a count, and
+ * the order the ops ran as a sequence of their indices.
  * Off by default: a record call then returns at once and changes nothing.
  */
 #pragma once
@@ -36,6 +37,8 @@ static int g_record_collect = 0;          /* the step is being recorded (the set
 static const char* g_record_phase = "step";
 static OpRecordEntry* g_records = NULL;
 static size_t g_num_records = 0, g_records_cap = 0;
+static uint32_t* g_record_sequence = NULL; /* the entry of every op, in the order they ran */
+static size_t g_sequence_len = 0, g_sequence_cap = 0;
 
 static inline int op_record_same(const OpRecord* a, const OpRecord* b) {
     return strcmp(a->op, b->op) == 0 && strcmp(a->kind, b->kind) == 0 && strcmp(a->detail, b->detail) == 0 &&
@@ -58,6 +61,12 @@ static inline int op_record(OpRecord r) {
             g_records[g_num_records++] = (OpRecordEntry){r, g_record_phase, 0};
         }
         g_records[i].count++;
+        if (g_sequence_len == g_sequence_cap) {
+            g_sequence_cap = g_sequence_cap ? 2 * g_sequence_cap : 4096;
+            g_record_sequence = (uint32_t*)realloc(g_record_sequence, g_sequence_cap * sizeof(uint32_t));
+            if (g_record_sequence == NULL) die("op record: out of host memory");
+        }
+        g_record_sequence[g_sequence_len++] = (uint32_t)i;
     }
     return g_record_mode == RECORD_PLAN;
 }
@@ -65,7 +74,9 @@ static inline int op_record(OpRecord r) {
 /* Sets the phase of the records that follow (the trainer's profile phases; "step" between them). */
 static inline void op_record_phase(const char* phase) { g_record_phase = phase; }
 
-/* The records as one JSON object, with the run's description (a JSON fragment ending in ", ") before "ops". */
+/* The records as one JSON object: the run's description (a JSON fragment ending in ", "), "ops" (the distinct
+   records with their counts, in the order they first ran) and "sequence" (each op's index in "ops", in the
+   order the ops ran: what overlaps what). */
 static inline void op_record_write(FILE* f, const char* run) {
     fprintf(f, "{%s\"act_bytes\": %g, \"ops\": [", run, RECORD_ACT_BYTES);
     for (size_t i = 0; i < g_num_records; i++) {
@@ -75,6 +86,8 @@ static inline void op_record_write(FILE* f, const char* run) {
                 i ? ", " : "", e->r.op, e->r.kind, e->phase, e->r.detail, e->r.shape[0], e->r.shape[1], e->r.shape[2], e->r.shape[3], e->r.shape[4],
                 e->r.read, e->r.write, e->r.flops, e->count);
     }
+    fprintf(f, "], \"sequence\": [");
+    for (size_t i = 0; i < g_sequence_len; i++) fprintf(f, "%s%u", i ? ", " : "", g_record_sequence[i]);
     fprintf(f, "]}\n");
 }
 

@@ -139,6 +139,11 @@ def test_records_match_the_formulas(trainer, precision):
     C, L, NH, NKV, HS, F, V = (float(d[k]) for k in ("C", "L", "NH", "NKV", "HS", "F", "V"))
     N, QKV = float(B * T), (NH + 2 * NKV) * HS
     assert ops["grad_accum"] == A
+    # the sequence names every op once, in the order they ran: the first micro-step's forward begins it
+    seq = ops["sequence"]
+    assert len(seq) == sum(o["count"] for o in ops["ops"])
+    assert all(seq.count(i) == o["count"] for i, o in enumerate(ops["ops"]))
+    assert ops["ops"][seq[-1]]["phase"] == "optimizer" and "forward" in [ops["ops"][i]["phase"] for i in seq[:5]]
     # every linear's fprop, dgrad and wgrad: 2 FLOPs per weight per token each (Kaplan et al. 2020, 6 N D)
     linear_weights = L * (QKV * C + C * C + 2 * F * C + F * C) + V * C
     gemms = records(ops, "gemm")
