@@ -139,7 +139,8 @@ static inline void comm_all_reduce_fp8(float* buf, size_t n) {
 }
 
 static inline void comm_reduce_scatter(const float* send, float* recv, size_t n, int accumulate, CommWire wire) {
-    RECORD_COMM("reduce_scatter", "collective", {n, (size_t)g_dist.world, (size_t)accumulate}, g_dist.world * comm_wire_bytes(n, wire), 0, 0, COMM_WIRE_NAMES[wire]);
+    RECORD_COMM("reduce_scatter", "collective", {n, (size_t)g_dist.world, (size_t)accumulate},
+                g_dist.world * comm_wire_bytes(n, wire), 0, 0, COMM_WIRE_NAMES[wire]);
     double t0 = wall_seconds();
     int W = g_dist.world;
     if (wire == WIRE_FP8 && W > 1) {
@@ -245,7 +246,8 @@ static inline void comm_all_reduce_max(float* buf, size_t n) {
 }
 
 static inline void comm_all_gather(void* buf, size_t bytes) {
-    RECORD_COMM("all_gather", "collective", {bytes, (size_t)g_dist.world}, g_dist.world * op_record_bytes(buf, bytes), 0, 0, "bytes");
+    RECORD_COMM("all_gather", "collective", {bytes, (size_t)g_dist.world}, g_dist.world * op_record_bytes(buf, bytes), 0, 0,
+                "bytes");
 #ifdef LLM8_MPI
     if (!mpi_active()) return;
     double t0 = wall_seconds();
@@ -328,7 +330,8 @@ static inline void comm_host_broadcast(void* x, size_t bytes, int root) {
 }
 
 static inline void comm_host_all_gather(const void* mine, void* all, size_t bytes) {
-    RECORD_COMM("host_all_gather", "collective", {bytes, (size_t)g_dist.world}, (double)g_dist.world * bytes, 0, 0, "host bytes");
+    RECORD_COMM("host_all_gather", "collective", {bytes, (size_t)g_dist.world}, (double)g_dist.world * bytes, 0, 0,
+                "host bytes");
 #ifdef LLM8_MPI
     if (mpi_active()) {
         if (bytes > (size_t)INT_MAX) die("all-gather of %zu bytes exceeds MPI's int count", bytes);

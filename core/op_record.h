@@ -42,7 +42,8 @@ static size_t g_sequence_len = 0, g_sequence_cap = 0;
 
 static inline int op_record_same(const OpRecord* a, const OpRecord* b) {
     return strcmp(a->op, b->op) == 0 && strcmp(a->kind, b->kind) == 0 && strcmp(a->detail, b->detail) == 0 &&
-           memcmp(a->shape, b->shape, sizeof(a->shape)) == 0 && a->read == b->read && a->write == b->write && a->flops == b->flops;
+           memcmp(a->shape, b->shape, sizeof(a->shape)) == 0 && a->read == b->read && a->write == b->write &&
+           a->flops == b->flops;
 }
 
 /* Records r when the step is being recorded; returns 1 when the op must return without running (plan). */
@@ -51,7 +52,8 @@ static inline int op_record(OpRecord r) {
     if (r.detail == NULL) r.detail = "";
     if (g_record_collect) {
         size_t i = 0;
-        while (i < g_num_records && !(strcmp(g_records[i].phase, g_record_phase) == 0 && op_record_same(&g_records[i].r, &r))) i++;
+        while (i < g_num_records && !(strcmp(g_records[i].phase, g_record_phase) == 0 && op_record_same(&g_records[i].r, &r)))
+            i++;
         if (i == g_num_records) {
             if (g_num_records == g_records_cap) {
                 g_records_cap = g_records_cap ? 2 * g_records_cap : 256;
@@ -81,10 +83,11 @@ static inline void op_record_write(FILE* f, const char* run) {
     fprintf(f, "{%s\"act_bytes\": %g, \"ops\": [", run, RECORD_ACT_BYTES);
     for (size_t i = 0; i < g_num_records; i++) {
         const OpRecordEntry* e = &g_records[i];
-        fprintf(f, "%s{\"op\": \"%s\", \"kind\": \"%s\", \"phase\": \"%s\", \"detail\": \"%s\", \"shape\": [%zu, %zu, %zu, %zu, %zu], "
-                   "\"read\": %.17g, \"write\": %.17g, \"flops\": %.17g, \"count\": %zu}",
-                i ? ", " : "", e->r.op, e->r.kind, e->phase, e->r.detail, e->r.shape[0], e->r.shape[1], e->r.shape[2], e->r.shape[3], e->r.shape[4],
-                e->r.read, e->r.write, e->r.flops, e->count);
+        const size_t* d = e->r.shape;
+        fprintf(f, "%s{\"op\": \"%s\", \"kind\": \"%s\", \"phase\": \"%s\", \"detail\": \"%s\", ", i ? ", " : "", e->r.op,
+                e->r.kind, e->phase, e->r.detail);
+        fprintf(f, "\"shape\": [%zu, %zu, %zu, %zu, %zu], \"read\": %.17g, \"write\": %.17g, \"flops\": %.17g, \"count\": %zu}",
+                d[0], d[1], d[2], d[3], d[4], e->r.read, e->r.write, e->r.flops, e->count);
     }
     fprintf(f, "], \"sequence\": [");
     for (size_t i = 0; i < g_sequence_len; i++) fprintf(f, "%s%u", i ? ", " : "", g_record_sequence[i]);

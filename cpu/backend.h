@@ -305,7 +305,8 @@ static inline void op_rmsnorm_forward(act_t* out, float* rstd, const act_t* inp,
 static inline void op_residual_rmsnorm_forward(act_t* resid_out, act_t* norm_out, float* rstd, const act_t* resid_in,
                                                const act_t* branch, const act_t* weight, size_t N, int C, float eps,
                                                Fp8Scale* amax) {
-    RECORD("residual_rmsnorm_forward", "kernel", {N, C}, RECORD_ACT_BYTES * (2.0 * N * C + C), 2.0 * RECORD_ACT_BYTES * N * C + 4.0 * N, 0, "");
+    RECORD("residual_rmsnorm_forward", "kernel", {N, C}, RECORD_ACT_BYTES * (2.0 * N * C + C),
+           2.0 * RECORD_ACT_BYTES * N * C + 4.0 * N, 0, "");
     float a = 0.0f;
 #pragma omp parallel for schedule(static) reduction(amax : a)
     for (size_t i = 0; i < N; i++) {
@@ -326,7 +327,8 @@ static inline void op_residual_rmsnorm_forward(act_t* resid_out, act_t* norm_out
  */
 static inline void op_rmsnorm_backward(act_t* dinp, float* dweight, const act_t* dout, const act_t* inp,
                                        const act_t* weight, const float* rstd, size_t N, int C) {
-    RECORD("rmsnorm_backward", "kernel", {N, C}, RECORD_ACT_BYTES * (3.0 * N * C + C) + 4.0 * (N + C), RECORD_ACT_BYTES * N * C + 4.0 * C, 0, "");
+    RECORD("rmsnorm_backward", "kernel", {N, C}, RECORD_ACT_BYTES * (3.0 * N * C + C) + 4.0 * (N + C),
+           RECORD_ACT_BYTES * N * C + 4.0 * C, 0, "");
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < N; i++) {
         const act_t* x = inp + i * C;
@@ -375,13 +377,15 @@ static inline void rope_apply(act_t* qkv, const float* cos_t, const float* sin_t
 
 static inline void op_rope_forward(act_t* qkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int NKV,
                                    int HS) {
-    RECORD("rope_forward", "kernel", {B, T, NH, NKV, HS}, RECORD_ACT_BYTES * B * T * (NH + NKV) * HS + 4.0 * T * HS, RECORD_ACT_BYTES * B * T * (NH + NKV) * HS, 0, "");
+    RECORD("rope_forward", "kernel", {B, T, NH, NKV, HS}, RECORD_ACT_BYTES * B * T * (NH + NKV) * HS + 4.0 * T * HS,
+           RECORD_ACT_BYTES * B * T * (NH + NKV) * HS, 0, "");
     rope_apply(qkv, cos_t, sin_t, B, T, NH, NKV, HS, 1.0f);
 }
 
 static inline void op_rope_backward(act_t* dqkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int NKV,
                                     int HS) {
-    RECORD("rope_backward", "kernel", {B, T, NH, NKV, HS}, RECORD_ACT_BYTES * B * T * (NH + NKV) * HS + 4.0 * T * HS, RECORD_ACT_BYTES * B * T * (NH + NKV) * HS, 0, "");
+    RECORD("rope_backward", "kernel", {B, T, NH, NKV, HS}, RECORD_ACT_BYTES * B * T * (NH + NKV) * HS + 4.0 * T * HS,
+           RECORD_ACT_BYTES * B * T * (NH + NKV) * HS, 0, "");
     rope_apply(dqkv, cos_t, sin_t, B, T, NH, NKV, HS, -1.0f);
 }
 
@@ -395,7 +399,8 @@ static inline void op_attention_prepare(const AttentionShape* shapes, int n, int
  * probs (B, NH, T, T) keeps the softmax for backward (zeros above the diagonal).
  */
 static inline void op_attention_forward(act_t* out, float* probs, const act_t* qkv, int B, int T, int NH, int NKV, int HS) {
-    RECORD("attention_forward", "kernel", {B, T, NH, NKV, HS}, RECORD_ACT_BYTES * B * T * (NH + 2 * NKV) * HS, RECORD_ACT_BYTES * B * T * NH * HS + ATT_STATS_GPU(B, NH, T), attention_flops(B, T, NH, HS, 0), "");
+    RECORD("attention_forward", "kernel", {B, T, NH, NKV, HS}, RECORD_ACT_BYTES * B * T * (NH + 2 * NKV) * HS,
+           RECORD_ACT_BYTES * B * T * NH * HS + ATT_STATS_GPU(B, NH, T), attention_flops(B, T, NH, HS, 0), "");
     size_t C = (size_t)NH * HS, KVC = (size_t)NKV * HS, QKV = C + 2 * KVC;
     int group = NH / NKV;
     float scale = 1.0f / sqrtf((float)HS);
@@ -440,7 +445,9 @@ static inline void op_attention_forward(act_t* out, float* probs, const act_t* q
  */
 static inline void op_attention_backward(act_t* dqkv, const act_t* dout, const act_t* qkv, const act_t* out,
                                          const float* probs, int B, int T, int NH, int NKV, int HS) {
-    RECORD("attention_backward", "kernel", {B, T, NH, NKV, HS}, RECORD_ACT_BYTES * B * T * (NH + 2 * NKV + 2 * NH) * HS + ATT_STATS_GPU(B, NH, T), RECORD_ACT_BYTES * B * T * (NH + 2 * NKV) * HS, attention_flops(B, T, NH, HS, 1), "");
+    RECORD("attention_backward", "kernel", {B, T, NH, NKV, HS},
+           RECORD_ACT_BYTES * B * T * (NH + 2 * NKV + 2 * NH) * HS + ATT_STATS_GPU(B, NH, T),
+           RECORD_ACT_BYTES * B * T * (NH + 2 * NKV) * HS, attention_flops(B, T, NH, HS, 1), "");
     (void)out;
     size_t C = (size_t)NH * HS, KVC = (size_t)NKV * HS, QKV = C + 2 * KVC;
     int group = NH / NKV;
@@ -577,7 +584,10 @@ static inline void op_sum_f32_in_order(double* sum, const float* x, size_t n) {
    chunk's scales from the new values' amax, and encode. */
 static inline void op_adamw(float* master, AdamwMoments s, const float* grads, size_t n, float lr, float wd, float bc1,
                             float bc2_sqrt, float grad_scale) {
-    RECORD("adamw", "kernel", {n}, (8.0 + adamw_moment_bytes(s.format, 0) + adamw_moment_bytes(s.format, 1)) * n + 4.0 * adamw_scale_count(s.format, n), (4.0 + adamw_moment_bytes(s.format, 0) + adamw_moment_bytes(s.format, 1)) * n + 4.0 * adamw_scale_count(s.format, n), 0, optim_state_name(s.format));
+    RECORD("adamw", "kernel", {n},
+           (8.0 + adamw_moment_bytes(s.format, 0) + adamw_moment_bytes(s.format, 1)) * n + 4.0 * adamw_scale_count(s.format, n),
+           (4.0 + adamw_moment_bytes(s.format, 0) + adamw_moment_bytes(s.format, 1)) * n + 4.0 * adamw_scale_count(s.format, n),
+           0, optim_state_name(s.format));
     if (s.format == OPTIM_STATE_FP32) { /* the default: in place, no decode, no chunk buffers */
         float *m = (float*)s.m, *v = (float*)s.v;
 #pragma omp parallel for schedule(static)
@@ -614,7 +624,9 @@ static inline void op_adamw(float* master, AdamwMoments s, const float* grads, s
 
 /* One chunk at a time: [stored +] x in FP32, the chunk's amax and scale, then stored. */
 static inline void op_store_add(StoreCodec c, void* dst, float* scale_inv, const float* x, size_t n, int accumulate) {
-    RECORD("store_add", "kernel", {n, (size_t)accumulate, store_bytes(c)}, 4.0 * n + (accumulate ? (double)store_bytes(c) * n + 4.0 * store_scale_count(c, n) : 0.0), (double)store_bytes(c) * n + 4.0 * store_scale_count(c, n), 0, "");
+    RECORD("store_add", "kernel", {n, (size_t)accumulate, store_bytes(c)},
+           4.0 * n + (accumulate ? (double)store_bytes(c) * n + 4.0 * store_scale_count(c, n) : 0.0),
+           (double)store_bytes(c) * n + 4.0 * store_scale_count(c, n), 0, "");
     size_t chunks = zero_chunks(n);
     int scaled = store_is_scaled(c);
 #pragma omp parallel for schedule(static)
@@ -634,7 +646,8 @@ static inline void op_store_add(StoreCodec c, void* dst, float* scale_inv, const
 
 /* Element by element: decoded with its chunk's scale_inv when scaled, [added to out,] written to out. */
 static inline void op_store_load(StoreCodec c, float* out, const void* src, const float* scale_inv, size_t n, int accumulate) {
-    RECORD("store_load", "kernel", {n, (size_t)accumulate, store_bytes(c)}, (double)store_bytes(c) * n + 4.0 * store_scale_count(c, n) + (accumulate ? 4.0 * n : 0.0), 4.0 * n, 0, "");
+    RECORD("store_load", "kernel", {n, (size_t)accumulate, store_bytes(c)},
+           (double)store_bytes(c) * n + 4.0 * store_scale_count(c, n) + (accumulate ? 4.0 * n : 0.0), 4.0 * n, 0, "");
     int scaled = store_is_scaled(c);
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
@@ -654,7 +667,8 @@ static inline void op_amax(Fp8Scale* s, const act_t* x, size_t n) {
 
 static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols, Fp8Format f,
                                      Fp8Scale* s, int pow2, Fp8Counts* counts) {
-    RECORD("cast_transpose", "kernel", {rows, cols, out != NULL, out_t != NULL}, RECORD_ACT_BYTES * rows * cols, (double)rows * cols * ((out != NULL) + (out_t != NULL)) + sizeof(Fp8Scale), 0, "");
+    RECORD("cast_transpose", "kernel", {rows, cols, out != NULL, out_t != NULL}, RECORD_ACT_BYTES * rows * cols,
+           (double)rows * cols * ((out != NULL) + (out_t != NULL)) + sizeof(Fp8Scale), 0, "");
     backend_timer_start(PROF_FP8_CAST);
     fp8_cast_transpose_cpu(out, out_t, x, rows, cols, f, s, pow2, counts, 0);
     backend_timer_stop(PROF_FP8_CAST);
@@ -662,7 +676,8 @@ static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* 
 
 static inline void op_cast_transpose_delayed(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols,
                                              Fp8Format f, Fp8Scale* s, Fp8Counts* counts, float* record) {
-    RECORD("cast_transpose_delayed", "kernel", {rows, cols, out != NULL, out_t != NULL}, RECORD_ACT_BYTES * rows * cols, (double)rows * cols * ((out != NULL) + (out_t != NULL)) + sizeof(Fp8Scale), 0, "");
+    RECORD("cast_transpose_delayed", "kernel", {rows, cols, out != NULL, out_t != NULL}, RECORD_ACT_BYTES * rows * cols,
+           (double)rows * cols * ((out != NULL) + (out_t != NULL)) + sizeof(Fp8Scale), 0, "");
     backend_timer_start(PROF_FP8_CAST);
     fp8_cast_transpose_delayed_cpu(out, out_t, x, rows, cols, f, s, counts, record);
     backend_timer_stop(PROF_FP8_CAST);
@@ -670,7 +685,9 @@ static inline void op_cast_transpose_delayed(uint8_t* out, uint8_t* out_t, const
 
 static inline void op_fp8_quantize(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols, Fp8Format f,
                                    const Fp8Quant* q) {
-    RECORD("fp8_quantize", "kernel", {rows, cols, out != NULL, out_t != NULL, (size_t)q->amax}, RECORD_ACT_BYTES * rows * cols * (1 + (q->amax != 0)), (double)rows * cols * ((out != NULL) + (out_t != NULL)) + sizeof(Fp8Scale), 0, "");
+    RECORD("fp8_quantize", "kernel", {rows, cols, out != NULL, out_t != NULL, (size_t)q->amax},
+           RECORD_ACT_BYTES * rows * cols * (1 + (q->amax != 0)),
+           (double)rows * cols * ((out != NULL) + (out_t != NULL)) + sizeof(Fp8Scale), 0, "");
     backend_timer_start(PROF_FP8_CAST);
     fp8_quantize_cpu(out, out_t, x, rows, cols, f, q);
     backend_timer_stop(PROF_FP8_CAST);
@@ -678,7 +695,8 @@ static inline void op_fp8_quantize(uint8_t* out, uint8_t* out_t, const act_t* x,
 
 static inline void op_fp8_delayed_update(Fp8Scale* s, float* history, const float* step_amax, size_t n, int H, int pos, int len,
                                          int algo, Fp8Format f, int margin, int pow2) {
-    RECORD("fp8_delayed_update", "kernel", {n, (size_t)H}, (4.0 * H + 4.0 + sizeof(Fp8Scale)) * n, (4.0 + sizeof(Fp8Scale)) * n, 0, "");
+    RECORD("fp8_delayed_update", "kernel", {n, (size_t)H}, (4.0 * H + 4.0 + sizeof(Fp8Scale)) * n, (4.0 + sizeof(Fp8Scale)) * n,
+           0, "");
     fp8_delayed_update_cpu(s, history, step_amax, n, H, pos, len, algo, f, margin, pow2);
 }
 
@@ -691,7 +709,8 @@ static inline void op_amax_master(Fp8Scale* s, const float* master, size_t n) {
 
 static inline void op_cast_transpose_master(uint8_t* out, uint8_t* out_t, const float* master, size_t rows, size_t cols,
                                             Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts) {
-    RECORD("cast_transpose_master", "kernel", {rows, cols, out != NULL, out_t != NULL}, 4.0 * rows * cols, (double)rows * cols * ((out != NULL) + (out_t != NULL)) + sizeof(Fp8Scale), 0, "");
+    RECORD("cast_transpose_master", "kernel", {rows, cols, out != NULL, out_t != NULL}, 4.0 * rows * cols,
+           (double)rows * cols * ((out != NULL) + (out_t != NULL)) + sizeof(Fp8Scale), 0, "");
     backend_timer_start(PROF_FP8_CAST);
     fp8_cast_transpose_cpu(out, out_t, master, rows, cols, f, s, pow2, counts, 1);
     backend_timer_stop(PROF_FP8_CAST);
@@ -723,8 +742,9 @@ static inline int gemm_record(const GemmCall* g) {
     snprintf(detail, sizeof(detail), "%s x %s -> %s%s", dtype_name(g->a.dtype), dtype_name(g->b.dtype), dtype_name(g->d_type),
              g->accumulate ? " +=" : "");
     double out = gemm_dtype_bytes(g->d_type) * g->m * g->n;
-    return op_record((OpRecord){"gemm", "gemm", {g->m, g->n, g->k}, gemm_dtype_bytes(g->a.dtype) * g->m * g->k + gemm_dtype_bytes(g->b.dtype) * g->k * g->n +
-                                    (g->accumulate ? out : 0.0), out, 2.0 * g->m * g->n * g->k, op_record_intern(detail)});
+    double a = gemm_dtype_bytes(g->a.dtype) * g->m * g->k, b = gemm_dtype_bytes(g->b.dtype) * g->k * g->n;
+    return op_record((OpRecord){"gemm", "gemm", {g->m, g->n, g->k}, a + b + (g->accumulate ? out : 0.0), out,
+                                2.0 * g->m * g->n * g->k, op_record_intern(detail)});
 }
 
 static inline void op_gemm(const GemmCall* g) {

@@ -843,8 +843,8 @@ static inline void trainer_step_work(Trainer* tr, StepState* st) {
 static inline void trainer_record_run(const Trainer* tr, char* out, size_t len) {
     const TrainArgs* a = &tr->args;
     snprintf(out, len, "\"model\": \"%s\", \"precision\": \"%s\", \"B\": %d, \"T\": %d, \"ranks\": %d, \"zero\": %d, "
-             "\"recompute\": %d, \"grad_accum\": %d, \"grad_reduce\": \"%s\", ", a->model, precision_name(a->precision), a->B, a->T,
-             tr->world, a->zero_stage, a->recompute, tr->grad_accum_steps, COMM_WIRE_NAMES[a->grad_reduce]);
+             "\"recompute\": %d, \"grad_accum\": %d, \"grad_reduce\": \"%s\", ", a->model, precision_name(a->precision),
+             a->B, a->T, tr->world, a->zero_stage, a->recompute, tr->grad_accum_steps, COMM_WIRE_NAMES[a->grad_reduce]);
 }
 
 /*
