@@ -19,7 +19,8 @@ typedef enum { RECORD_OFF = 0, RECORD_TRACE, RECORD_PLAN } RecordMode;
 
 typedef struct {
     const char* op;     /* the backend function without its op_ / comm_ prefix */
-    const char* kind;   /* "gemm", "kernel", "collective" (over the ranks) or "host" (host <-> device, host reductions) */
+    const char* kind;   /* "gemm", "kernel", "collective" (over the ranks), "host" (host <-> device, host reductions)
+                           or "sync" (comm_mark / comm_wait of a slot: what waits for which collective) */
     size_t shape[5];    /* the op's dimensions, as its prototype names them (unused ones 0) */
     double read, write; /* bytes of device memory; a collective's read is its buffer, its write 0 */
     double flops;

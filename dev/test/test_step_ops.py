@@ -183,15 +183,14 @@ def unrecorded(source, names):
     """The functions among `names` whose definition in `source` does not record itself as its first statement."""
     missing = []
     for name in names:
-        m = re.search(r"^(?:LLM8_NORETURN )?static inline [\w\s\*]+?\b" + name + r"\([^;{]*\)\s*\{\s*\n\s*([^\n]*)", source, re.M)
+        m = re.search(r"^(?:LLM8_NORETURN )?static inline [\w\s\*]+?\b" + name + r"\([^;{]*\)\s*\{\s*([^\n]*)", source, re.M)
         if m is None or not re.match(r"(RECORD(_COMM)?\(|if \(op_record\(|if \(g_record_mode != RECORD_OFF && gemm_record)", m.group(1)):
             missing.append(name)
     return missing
 
 
 BACKEND_EXEMPT = {"dev_alloc", "dev_free", "op_attention_prepare"}  # allocation, and start-up preparation (no step op)
-COMM_EXEMPT = {"comm_init", "comm_finalize", "comm_abort", "comm_async_error", "comm_mark", "comm_wait", "comm_wait_all",
-               "comm_exposed_ms", "comm_workspaces"}
+COMM_EXEMPT = {"comm_init", "comm_finalize", "comm_abort", "comm_async_error", "comm_exposed_ms", "comm_workspaces"}
 
 
 def test_every_contract_op_records_itself():
