@@ -309,45 +309,52 @@ def simulate(ops, sequence, run, rates):
     stream when the compute before it is done and the previous collective has finished (NCCL's FIFO); a
     `mark` of slot s notes when the collectives issued so far end, a `wait` of s holds compute until then,
     `wait_all` until every collective ends; host collectives (scalars over MPI) block compute. Without
-    overlap (run.overlap false) compute waits for each collective. Returns the seconds per category and the
-    communication's totals."""
-    totals = dict.fromkeys(CATEGORIES, 0.0)
-    t_c = t_m = link_total = kernel_total = 0.0
-    marks = {}
-    for i in sequence:
+    overlap (run.overlap false) compute waits for each collective. The step runs twice and the second is
+    timed: its forward waits for the weights the first one gathered at its end (the marks carry over), as
+    every step but the first does. Returns the seconds per category of one step and its communication's
+    totals (link and wire-kernel time, and what of it the compute stream waited for: exposed)."""
+    timed = {}  # op index -> (category or "collective", seconds, wire-kernel seconds): each distinct op once
+    for i in set(sequence):
         op = ops[i]
-        kind = op["kind"]
-        if kind == "sync":
-            if op["op"] not in SYNC_OPS:
-                raise InputError(f"the trainer's op list has a sync op '{op['op']}' the model has no rule for")
-            if op["op"] == "mark":
-                marks[op["shape"][0]] = t_m
-            elif op["op"] == "wait":
-                t_c = max(t_c, marks.get(op["shape"][0], 0.0))
-            else:
-                t_c = max(t_c, t_m)
-        elif kind == "collective":
-            link, kernels = collective_time(op, run, rates)
-            if op["op"] in HOST_COLLECTIVES:
-                t_c = max(t_c, t_m) + link
-                totals["other"] += link
-                continue
-            t_m = max(t_m, t_c) + link + kernels
-            link_total += link
-            kernel_total += kernels
-            if not run.overlap:
-                t_c = t_m
-        else:
+        if op["kind"] == "collective":
+            timed[i] = ("host" if op["op"] in HOST_COLLECTIVES else "collective", *collective_time(op, run, rates))
+        elif op["kind"] != "sync":
             category, seconds = rates.time(op)
-            gap = A.KERNEL_GAP_S if kind != "host" else 0.0
-            totals[category] += seconds
-            totals["other"] += gap
-            t_c += seconds + gap
-    compute = sum(totals.values())
-    end = max(t_c, t_m)
-    exposed = end - compute
+            timed[i] = (category, seconds, A.KERNEL_GAP_S if op["kind"] != "host" else 0.0)
+        elif op["op"] not in SYNC_OPS:
+            raise InputError(f"the trainer's op list has a sync op '{op['op']}' the model has no rule for")
+    t_c = t_m = 0.0
+    marks = {}
+    for _ in range(2):
+        totals = dict.fromkeys(CATEGORIES, 0.0)
+        start, link_total, kernel_total = t_c, 0.0, 0.0
+        for i in sequence:
+            op = ops[i]
+            if op["kind"] == "sync":
+                if op["op"] == "mark":
+                    marks[op["shape"][0]] = t_m
+                elif op["op"] == "wait":
+                    t_c = max(t_c, marks.get(op["shape"][0], 0.0))
+                else:
+                    t_c = max(t_c, t_m)
+                continue
+            what, seconds, extra = timed[i]
+            if what == "host":  # a host collective blocks compute
+                t_c = max(t_c, t_m) + seconds
+                totals["other"] += seconds
+            elif what == "collective":
+                t_m = max(t_m, t_c) + seconds + extra
+                link_total += seconds
+                kernel_total += extra
+                if not run.overlap:
+                    t_c = t_m
+            else:
+                totals[what] += seconds
+                totals["other"] += extra
+                t_c += seconds + extra
+    exposed = (t_c - start) - sum(totals.values())
     comm = link_total + kernel_total
-    hidden_share = 1.0 - exposed / comm if comm > 0 else 0.0
+    hidden_share = 1.0 - min(exposed / comm, 1.0) if comm > 0 else 0.0
     overlap_cost = hidden_share * (link_total * A.COMM_OVERLAP_SLOWDOWN + kernel_total * A.WIRE_KERNEL_OVERLAP_COST)
     totals["comm"] = exposed + overlap_cost
     return totals, {"comm_total_s": comm, "comm_exposed_s": exposed, "wire_kernels_s": kernel_total}
