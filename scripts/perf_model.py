@@ -14,6 +14,10 @@ InfiniBand, overlapped with compute as the trainer's marks and waits allow (scri
 the assumptions of scripts/perf/assumptions.py. Calibration: scripts/perf/calibration.py; the report:
 scripts/perf/report.py; docs/performance.md#performance-model.
 
+What the trainer decides is not a flag here: the weight gather's format (--weight-gather is gone: the
+trainer's list says what it gathers) and recompute fitting (--recompute auto takes the cheapest -r its
+memory plan fits; the model's own fitting, with its full:K plans the trainer does not have, is gone).
+
 Exit status 0; 2 with a one-line message on stderr for bad flags, a binary not built, an op of the
 trainer's list the model has no rate for, or unreadable calibration input.
 """
@@ -42,7 +46,8 @@ def parse_topology(text):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0], epilog="\n\n".join(__doc__.split("\n\n")[2:4]),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="llama2-7b,llama2-13b", help="comma-separated presets of the trainer's -e")
     p.add_argument("--precisions", default="bf16,fp8", help="comma-separated: bf16, fp8")
     p.add_argument("--gpus", default="H100,H800", help=f"comma-separated, of {', '.join(A.GPUS)}")

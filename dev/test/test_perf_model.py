@@ -15,7 +15,6 @@ import json
 import math
 import os
 import secrets
-import sys
 import tarfile
 from dataclasses import replace
 from pathlib import Path

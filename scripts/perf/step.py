@@ -18,7 +18,6 @@ GPU_TRAINER = "train_llama"      # plans the GPU's memory (--dry-run 1), without
 CATEGORIES = ("gemm", "attention", "memory", "fp8_cast", "optimizer", "comm", "other")
 CATEGORY_TITLES = {"gemm": "GEMM", "attention": "attn", "memory": "mem", "fp8_cast": "cast",
                    "optimizer": "optim", "comm": "comm", "other": "other"}
-RECOMPUTE_LABELS = {0: "none", 1: "norm+SwiGLU", 2: "blocks"}  # the trainer's -r (train/cli.h)
 
 
 class InputError(Exception):
@@ -398,7 +397,7 @@ def predict(run, rates):
     return {
         "model": run.model + (f" L{run.n_layers}" if run.n_layers else ""), "precision": run.precision,
         "gpus": run.label(), "world": run.world, "micro_batch": run.B, "seq_len": run.T, "grad_accum": G,
-        "zero": run.zero, "recompute": recompute, "recompute_label": RECOMPUTE_LABELS.get(recompute, str(recompute)),
+        "zero": run.zero, "recompute": recompute,
         "grad_reduce": run.grad_reduce, "optim_state": run.optim_state, "grad_buffer": run.grad_buffer,
         "master_weights": run.master_weights, "fp8_recipe": run.fp8_recipe, "overlap": run.overlap,
         "grad_wire_bytes_per_element": wire_bytes,
