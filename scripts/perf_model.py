@@ -46,7 +46,8 @@ def parse_topology(text):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0], epilog="\n\n".join(__doc__.split("\n\n")[2:4]),
+    parts = __doc__.split("\n\n")
+    p = argparse.ArgumentParser(prog=PROG, description=parts[0], epilog="\n\n".join(parts[2:4]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="llama2-7b,llama2-13b", help="comma-separated presets of the trainer's -e")
     p.add_argument("--precisions", default="bf16,fp8", help="comma-separated: bf16, fp8")

@@ -425,8 +425,8 @@ def test_calibration_reads_the_device_checks_archive(tmp_path, rng, capsys):
     with tarfile.open(out / "logs.tar.gz", "w:gz") as archive:
         archive.add(logs, arcname="logs")
     args = ["--models", "llama2-7b", "--gpus", "H100", "--topologies", "1x8", "--json"]
-    (s1, from_logs, e1), (s2, from_archive, e2) = run(capsys, "--calibrate", logs, *args), run(capsys, "--calibrate", out,
-                                                                                             *args)
+    s1, from_logs, e1 = run(capsys, "--calibrate", logs, *args)
+    s2, from_archive, e2 = run(capsys, "--calibrate", out, *args)
     assert s1 == 0 and s2 == 0, e1 + e2
     a, b = json.loads(from_logs), json.loads(from_archive)
     assert a["predictions"] == b["predictions"] and a["measured_vs_predicted"] == b["measured_vs_predicted"]

@@ -68,7 +68,8 @@ COMM_OVERLAP_SLOWDOWN = 0.08
 # read when accumulating); fp8: the chunk amax (4), the cast to E4M3 (4 + 1) and the dequantize-and-sum of
 # the rank's piece (1 per element of the bucket + 4 written, + 4 read when accumulating). Beside compute
 # they take the same SMs and HBM, so they delay it by their whole duration (not hidden like a transfer).
-WIRE_KERNEL_BYTES = {"bf16": (6.0, 6.0, 4.0), "fp8": (9.0, 4.0, 4.0)}  # (per bucket element, per piece element, + accumulating)
+# (bytes per bucket element, per piece element, + per piece element when accumulating)
+WIRE_KERNEL_BYTES = {"bf16": (6.0, 6.0, 4.0), "fp8": (9.0, 4.0, 4.0)}
 WIRE_KERNEL_OVERLAP_COST = 1.0
 
 # Host-side costs. Back-to-back kernels on one stream leave a gap of ~1 us when the host runs ahead; each

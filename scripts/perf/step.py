@@ -56,9 +56,9 @@ class Run:
         return f"{self.nodes}x{self.gpus_per_node} {self.gpu}"
 
     def flags(self, recompute):
-        f = ["-e", self.model, "-p", self.precision, "-b", self.B, "-t", self.T, "-d", self.tokens, "--ranks", self.world,
-             "-z", self.zero, "-r", recompute, "--grad-reduce", self.grad_reduce, "--optim-state", self.optim_state,
-             "--grad-buffer", self.grad_buffer, "--master-weights", self.master_weights]
+        f = ["-e", self.model, "-p", self.precision, "-b", self.B, "-t", self.T, "-d", self.tokens,
+             "--ranks", self.world, "-z", self.zero, "-r", recompute, "--grad-reduce", self.grad_reduce,
+             "--optim-state", self.optim_state, "--grad-buffer", self.grad_buffer, "--master-weights", self.master_weights]
         if self.fp8_recipe != "current":
             f += ["--fp8-recipe", self.fp8_recipe]
         if self.n_layers:
