@@ -335,6 +335,8 @@ def test_calibration_replaces_matching_rates(tmp_path, rng):
         f"[ attention ] op_attention_forward, op_attention_backward (causal, GQA); {SHAPE_7B}, seed 4",
         f"    attention_forward: 1234.5 us, {att_tf:.1f} TFLOP/s",
         "    some_future_op: 12.0 us, 99.0 GB/s",
+        f"[ fp8_weight ] op_amax_master, op_cast_transpose_master, op_transpose_fp8; {SHAPE_7B}, seed 5",
+        f"    transpose_fp8 w13: 52.0 us, {norm_gbs / 2:.2f} GB/s",
     ]) + "\n")
     (tmp_path / "shard.bin").write_bytes(b"\x00\x01binary")  # a binary file beside the logs is skipped
     c = CAL.parse_calibration([str(tmp_path)], "auto")
@@ -362,13 +364,16 @@ def test_calibration_replaces_matching_rates(tmp_path, rng):
     norm = kernel("rmsnorm_forward")
     assert calibrated.time(norm)[1] == pytest.approx(1e9 / (norm_gbs * 1e9 / 4.8e12 * 3.35e12), rel=1e-9)
     assert S.Rates(A.GPUS["H200"], c).time(norm)[1] == pytest.approx(1 / norm_gbs, rel=1e-9)  # where it was measured
+    # bench_kernels' weight case names its tensor: the list's transpose_fp8
+    transpose = kernel("transpose_fp8")
+    assert calibrated.time(transpose)[1] == pytest.approx(2e9 / (norm_gbs * 1e9 / 4.8e12 * 3.35e12), rel=1e-9)
     attention = kernel("attention_forward", 0.0, 1.7e13)
     assert calibrated.time(attention)[1] == pytest.approx(1.7e13 / (att_tf * 1e12), rel=1e-9)
     # what was not measured keeps its assumed rate
     for op in (kernel("swiglu_forward"), kernel("attention_backward", 0.0, 1e13)):
         assert calibrated.time(op) == sheet.time(op)
     replaced = CAL.replaced_rates(c)
-    assert len(replaced) == 2 * 3 + 1 + 1  # GEMMs: 2 precisions x 3 kinds, attention forward, rmsnorm_forward
+    assert len(replaced) == 2 * 3 + 1 + 2  # GEMMs: 2 precisions x 3 kinds, attention forward, two kernels
     assert any(line.startswith("GEMM fp8 wgrad: 4 shapes") for line in replaced)
     assert any(line.startswith("rmsnorm_forward:") for line in replaced)
     assert not any("swiglu" in line or "backward" in line or "future" in line for line in replaced)

@@ -25,9 +25,12 @@ TRAIN_BATCH = re.compile(r"^\| micro-batch (\d+) x (\d+), (\d+) rank\(s\), grad 
 TRAIN_STEP = re.compile(r"^step\s+\d+/\d+ \|.*\| ([0-9.]+) ms \| [0-9.]+ tok/s")
 DEVICE_NAME = re.compile(r"\bNVIDIA (H100|H800|H200)\b([^,;]*)")
 # bench_kernels' timed names that are not the trainer's op names -> the op of the trainer's list they time:
-# the E4M3 cast-transpose of an activation is the list's fp8_quantize (the amax pass beside it is timed
-# separately and not carried). Other timed names are the list's own (op_ prefix dropped).
-KERNEL_OP_NAMES = {"cast_transpose x E4M3": "fp8_quantize"}
+# the E4M3 cast-transpose of an activation is the list's fp8_quantize, the weight cases name their tensor,
+# and the FP8 wire's pack (amax and cast of a bucket) is the wire-kernel rate the model assumes beside the
+# list (step.collective_time). Other timed names are the list's own (op_ prefix dropped).
+KERNEL_OP_NAMES = {"amax x": "amax", "cast_transpose x E4M3": "fp8_quantize", "amax_master w13": "amax_master",
+                   "cast_transpose_master w13": "cast_transpose_master", "transpose_fp8 w13": "transpose_fp8",
+                   "grad_fp8_pack": "grad_wire fp8"}
 
 
 @dataclass
