@@ -351,7 +351,7 @@ def simulate(ops, sequence, run, rates):
                 totals[what] += seconds
                 totals["other"] += extra
                 t_c += seconds + extra
-    exposed = (t_c - start) - sum(totals.values())
+    exposed = max(0.0, (t_c - start) - sum(totals.values()))  # >= 0 but for rounding
     comm = link_total + kernel_total
     hidden_share = 1.0 - min(exposed / comm, 1.0) if comm > 0 else 0.0
     overlap_cost = hidden_share * (link_total * A.COMM_OVERLAP_SLOWDOWN + kernel_total * A.WIRE_KERNEL_OVERLAP_COST)
