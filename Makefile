@@ -14,7 +14,7 @@ ifeq ($(wildcard $(SETUP_STAMP)),)
   endif
 endif
 CFLAGS ?= -O3 -march=native
-CFLAGS += -std=c11 -D_POSIX_C_SOURCE=200809L -fopenmp -Wall -Wextra
+CFLAGS += -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -fopenmp -Wall -Wextra
 CUDA_HOME ?= /usr/local/cuda
 NVCC ?= $(shell command -v nvcc 2>/dev/null || (test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc))
 # cuda_fp8.h is the FP8 conversion both builds use; the CPU build needs only the header.

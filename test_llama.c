@@ -439,7 +439,7 @@ static int check_cast_transpose(void) {
         uint8_t* out_t = (uint8_t*)mallocCheck(rows * cols);
         memset(out, 0x7f, rows * cols);
         memset(out_t, 0x7f, rows * cols);
-        Fp8Scale s;
+        Fp8Scale s = {0};
         Fp8Counts k = {0, 0, 0, 0};
         op_amax(&s, x, rows * cols);
         op_cast_transpose(out, out_t, x, rows, cols, f, &s, 0, &k);
@@ -527,7 +527,7 @@ static int fused_amax_ops(void) {
         const char* names[3] = {"rmsnorm_forward", "residual_rmsnorm_forward", "swiglu_forward"};
         for (int op = 0; op < 3; op++) {
             size_t n = op == 2 ? (size_t)N * F : (size_t)N * C;
-            Fp8Scale fused = {-1.0f, 3.0f, 5.0f, 1.0f}, separate;
+            Fp8Scale fused = {-1.0f, 3.0f, 5.0f, 1.0f}, separate = {0};
             if (op == 0) op_rmsnorm_forward(y, rstd, x, w, N, C, 1e-5f, &fused);
             if (op == 1) op_residual_rmsnorm_forward(resid, y, rstd, x, x + N * C, w, N, C, 1e-5f, &fused);
             if (op == 2) op_swiglu_forward(y, x, N, F, &fused);

@@ -16,8 +16,10 @@
 
 #include <math.h>
 #include <omp.h>
+#include <sys/mman.h>
 
 #include "../core/common.h"
+#include "../core/op_record.h"
 #include "../fp8/cast_cpu.h"
 #include "../fp8/gemm_cpu.h"
 
@@ -29,6 +31,8 @@ typedef float act_t;
 #define BACKEND_MODELS_FP8_ACCUM 1
 /* Nothing is loaded or planned at first use here: no warm-up before the steps. */
 #define BACKEND_WARMS_UP 0
+/* The ops record themselves (core/op_record.h): --dry-run 2 and LLM8_TRACE_OPS run here. */
+#define BACKEND_RECORDS 1
 
 #include "../llama/backend.h"
 #include "../llama/op_math.h"
@@ -48,20 +52,69 @@ static inline float store_amax(float x, float* amax) {
 /* OpenMP reduction `amax`: fp8.h's amax_combine (NaN wins), so a fused amax equals fp8_amax_cpu's in any order. */
 #pragma omp declare reduction(amax : float : omp_out = amax_combine(omp_out, omp_in)) initializer(omp_priv = 0.0f)
 
+/* Records an op (core/op_record.h: name, kind, shape, bytes read and written on the GPU, FLOPs, detail)
+   and, in plan-only mode, returns from it before it touches memory. */
+#define RECORD(...)                                     \
+    do {                                                \
+        if (op_record((OpRecord){__VA_ARGS__})) return; \
+    } while (0)
+
+/* The GPU's attention statistics (cuda/backend.cuh att_stats_size: a log-sum-exp per row), bytes. */
+#define ATT_STATS_GPU(B, NH, T) (4.0 * (double)(B) * (NH) * (T))
+
+/* Causal attention's matrix FLOPs (Dao 2022, FlashAttention-2 section 4): forward q k^T and p v, each
+   2 B NH T^2 HS, halved by the mask; backward five such products (s recomputed, dv, dp, dq, dk). */
+static inline double attention_flops(int B, int T, int NH, int HS, int backward) {
+    return (backward ? 5.0 : 2.0) * 2.0 * B * NH * (double)T * T * HS / 2.0;
+}
+
 /* ---------------------------------------------------------------- memory (host memory here) */
 
+/* Plan-only mode maps the buffers without backing them (MAP_NORESERVE): the ops skip them, and the host
+   code that reads one reads zero pages, so a 7B step is listed in little memory; they are never freed. */
 static inline void* dev_alloc(size_t bytes) {
     void* p = NULL;
+    if (g_record_mode == RECORD_PLAN) {
+        p = mmap(NULL, bytes > 0 ? bytes : 64, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) die("plan: cannot map %.1f MiB of address space (%s)", mib(bytes), strerror(errno));
+        return p;
+    }
     if (posix_memalign(&p, 64, bytes > 0 ? bytes : 64) != 0) die("out of host memory allocating %.1f MiB", mib(bytes));
     return p;
 }
-static inline void dev_free(void* p) { free(p); }
-static inline void dev_upload(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
-static inline void dev_download(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
-static inline void dev_zero(void* p, size_t bytes) { memset(p, 0, bytes); }
-static inline void dev_copy(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
-static inline void dev_upload_async(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
-static inline void act_to_float_host(float* out, const act_t* x, size_t n) { memcpy(out, x, n * sizeof(float)); }
+static inline void dev_free(void* p) {
+    if (g_record_mode != RECORD_PLAN) free(p);
+}
+static inline void dev_upload(void* dst, const void* src, size_t bytes) {
+    RECORD("upload", "host", {bytes}, 0, bytes, 0, "");
+    memcpy(dst, src, bytes);
+}
+static inline void dev_download(void* dst, const void* src, size_t bytes) {
+    if (op_record((OpRecord){"download", "host", {bytes}, bytes, 0, 0, ""})) {
+        memset(dst, 0, bytes); /* plan: what a read-back of untouched buffers would give */
+        return;
+    }
+    memcpy(dst, src, bytes);
+}
+static inline void dev_zero(void* p, size_t bytes) {
+    RECORD("zero", "kernel", {bytes}, 0, op_record_bytes(p, bytes), 0, "");
+    memset(p, 0, bytes);
+}
+static inline void dev_copy(void* dst, const void* src, size_t bytes) {
+    RECORD("copy", "kernel", {bytes}, op_record_bytes(src, bytes), op_record_bytes(dst, bytes), 0, "");
+    memcpy(dst, src, bytes);
+}
+static inline void dev_upload_async(void* dst, const void* src, size_t bytes) {
+    RECORD("upload_async", "host", {bytes}, 0, bytes, 0, "");
+    memcpy(dst, src, bytes);
+}
+static inline void act_to_float_host(float* out, const act_t* x, size_t n) {
+    if (op_record((OpRecord){"act_to_float_host", "host", {n}, RECORD_ACT_BYTES * n, 0, 0, ""})) {
+        memset(out, 0, n * sizeof(float));
+        return;
+    }
+    memcpy(out, x, n * sizeof(float));
+}
 
 /* ---------------------------------------------------------------- backend */
 
@@ -149,12 +202,14 @@ static inline void backend_profile_begin(void) {
 }
 
 static inline void backend_timer_start(ProfPhase p) {
+    if (p != PROF_FP8_CAST) op_record_phase(PROF_PHASE_NAMES[p]);
     if (!g_prof_on) return;
     if (g_prof_started[p] >= 0.0) die("profiling: phase %s started twice", PROF_PHASE_NAMES[p]);
     g_prof_started[p] = wall_seconds();
 }
 
 static inline void backend_timer_stop(ProfPhase p) {
+    if (p != PROF_FP8_CAST) op_record_phase("step");
     if (!g_prof_on) return;
     if (g_prof_started[p] < 0.0) die("profiling: phase %s stopped without a start", PROF_PHASE_NAMES[p]);
     g_prof_ms[p] += 1e3 * (wall_seconds() - g_prof_started[p]);
@@ -170,12 +225,14 @@ static inline void backend_profile_end(double* ms) {
 
 /* out (n) = master rounded to the activation type. */
 static inline void op_params_from_master(act_t* out, const float* master, size_t n) {
+    RECORD("params_from_master", "kernel", {n}, 4.0 * n, RECORD_ACT_BYTES * n, 0, "");
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = store(master[i]);
 }
 
 /* out (N, C) = wte[tokens] with wte (V, C). */
 static inline void op_encoder_forward(act_t* out, const int* tokens, const act_t* wte, size_t N, int C) {
+    RECORD("encoder_forward", "kernel", {N, C}, 4.0 * N + RECORD_ACT_BYTES * N * C, RECORD_ACT_BYTES * N * C, 0, "");
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < N; i++) memcpy(out + i * C, wte + (size_t)tokens[i] * C, (size_t)C * sizeof(act_t));
 }
@@ -193,6 +250,7 @@ static int cmp_token_position(const void* a, const void* b) {
 
 static inline void op_encoder_backward(float* dwte, const act_t* dout, const int* tokens, const int* tokens_host, size_t N,
                                        int C) {
+    RECORD("encoder_backward", "kernel", {N, C}, (RECORD_ACT_BYTES + 4.0) * N * C + 4.0 * N, 4.0 * N * C, 0, "");
     (void)tokens_host;
     int* order = (int*)mallocCheck(2 * N * sizeof(int) + 1); /* (token, position) pairs */
     for (size_t i = 0; i < N; i++) {
@@ -229,6 +287,7 @@ static inline float rms_rstd(const act_t* x, int C, float eps) {
 /* out (N, C) = inp * rstd * weight, rstd (N) = 1 / rms(inp). */
 static inline void op_rmsnorm_forward(act_t* out, float* rstd, const act_t* inp, const act_t* weight, size_t N, int C,
                                       float eps, Fp8Scale* amax) {
+    RECORD("rmsnorm_forward", "kernel", {N, C}, RECORD_ACT_BYTES * (N * C + C), RECORD_ACT_BYTES * N * C + 4.0 * N, 0, "");
     float a = 0.0f;
 #pragma omp parallel for schedule(static) reduction(amax : a)
     for (size_t i = 0; i < N; i++) {
@@ -246,6 +305,8 @@ static inline void op_rmsnorm_forward(act_t* out, float* rstd, const act_t* inp,
 static inline void op_residual_rmsnorm_forward(act_t* resid_out, act_t* norm_out, float* rstd, const act_t* resid_in,
                                                const act_t* branch, const act_t* weight, size_t N, int C, float eps,
                                                Fp8Scale* amax) {
+    RECORD("residual_rmsnorm_forward", "kernel", {N, C}, RECORD_ACT_BYTES * (2.0 * N * C + C),
+           2.0 * RECORD_ACT_BYTES * N * C + 4.0 * N, 0, "");
     float a = 0.0f;
 #pragma omp parallel for schedule(static) reduction(amax : a)
     for (size_t i = 0; i < N; i++) {
@@ -266,6 +327,8 @@ static inline void op_residual_rmsnorm_forward(act_t* resid_out, act_t* norm_out
  */
 static inline void op_rmsnorm_backward(act_t* dinp, float* dweight, const act_t* dout, const act_t* inp,
                                        const act_t* weight, const float* rstd, size_t N, int C) {
+    RECORD("rmsnorm_backward", "kernel", {N, C}, RECORD_ACT_BYTES * (3.0 * N * C + C) + 4.0 * (N + C),
+           RECORD_ACT_BYTES * N * C + 4.0 * C, 0, "");
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < N; i++) {
         const act_t* x = inp + i * C;
@@ -314,11 +377,15 @@ static inline void rope_apply(act_t* qkv, const float* cos_t, const float* sin_t
 
 static inline void op_rope_forward(act_t* qkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int NKV,
                                    int HS) {
+    RECORD("rope_forward", "kernel", {B, T, NH, NKV, HS}, RECORD_ACT_BYTES * B * T * (NH + NKV) * HS + 4.0 * T * HS,
+           RECORD_ACT_BYTES * B * T * (NH + NKV) * HS, 0, "");
     rope_apply(qkv, cos_t, sin_t, B, T, NH, NKV, HS, 1.0f);
 }
 
 static inline void op_rope_backward(act_t* dqkv, const float* cos_t, const float* sin_t, int B, int T, int NH, int NKV,
                                     int HS) {
+    RECORD("rope_backward", "kernel", {B, T, NH, NKV, HS}, RECORD_ACT_BYTES * B * T * (NH + NKV) * HS + 4.0 * T * HS,
+           RECORD_ACT_BYTES * B * T * (NH + NKV) * HS, 0, "");
     rope_apply(dqkv, cos_t, sin_t, B, T, NH, NKV, HS, -1.0f);
 }
 
@@ -332,6 +399,8 @@ static inline void op_attention_prepare(const AttentionShape* shapes, int n, int
  * probs (B, NH, T, T) keeps the softmax for backward (zeros above the diagonal).
  */
 static inline void op_attention_forward(act_t* out, float* probs, const act_t* qkv, int B, int T, int NH, int NKV, int HS) {
+    RECORD("attention_forward", "kernel", {B, T, NH, NKV, HS}, RECORD_ACT_BYTES * B * T * (NH + 2 * NKV) * HS,
+           RECORD_ACT_BYTES * B * T * NH * HS + ATT_STATS_GPU(B, NH, T), attention_flops(B, T, NH, HS, 0), "");
     size_t C = (size_t)NH * HS, KVC = (size_t)NKV * HS, QKV = C + 2 * KVC;
     int group = NH / NKV;
     float scale = 1.0f / sqrtf((float)HS);
@@ -376,6 +445,9 @@ static inline void op_attention_forward(act_t* out, float* probs, const act_t* q
  */
 static inline void op_attention_backward(act_t* dqkv, const act_t* dout, const act_t* qkv, const act_t* out,
                                          const float* probs, int B, int T, int NH, int NKV, int HS) {
+    RECORD("attention_backward", "kernel", {B, T, NH, NKV, HS},
+           RECORD_ACT_BYTES * B * T * (NH + 2 * NKV + 2 * NH) * HS + ATT_STATS_GPU(B, NH, T),
+           RECORD_ACT_BYTES * B * T * (NH + 2 * NKV) * HS, attention_flops(B, T, NH, HS, 1), "");
     (void)out;
     size_t C = (size_t)NH * HS, KVC = (size_t)NKV * HS, QKV = C + 2 * KVC;
     int group = NH / NKV;
@@ -431,6 +503,7 @@ static inline void op_attention_backward(act_t* dqkv, const act_t* dout, const a
 
 /* out (N, F) = silu(a) * b with inp (N, 2F) = [a | b] per row (SwiGLU, Shazeer 2020). */
 static inline void op_swiglu_forward(act_t* out, const act_t* inp, size_t N, int F, Fp8Scale* amax) {
+    RECORD("swiglu_forward", "kernel", {N, F}, RECORD_ACT_BYTES * N * 2 * F, RECORD_ACT_BYTES * N * F, 0, "");
     float a = 0.0f;
 #pragma omp parallel for schedule(static) reduction(amax : a)
     for (size_t i = 0; i < N; i++) {
@@ -443,6 +516,7 @@ static inline void op_swiglu_forward(act_t* out, const act_t* inp, size_t N, int
 
 /* dinp (N, 2F) = [dout * b * silu'(a) | dout * silu(a)], silu'(a) = s (1 + a (1 - s)), s = sigmoid(a). */
 static inline void op_swiglu_backward(act_t* dinp, const act_t* dout, const act_t* inp, size_t N, int F) {
+    RECORD("swiglu_backward", "kernel", {N, F}, RECORD_ACT_BYTES * N * 3 * F, RECORD_ACT_BYTES * N * 2 * F, 0, "");
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < N; i++) {
         for (int j = 0; j < F; j++) {
@@ -459,6 +533,7 @@ static inline void op_swiglu_backward(act_t* dinp, const act_t* dout, const act_
  * overwritten with dloss * (softmax(logits_i) - onehot(target_i)).
  */
 static inline void op_classifier(act_t* logits, float* losses, const int* targets, size_t N, int V, float dloss) {
+    RECORD("classifier", "kernel", {N, V}, RECORD_ACT_BYTES * N * V + 4.0 * N, RECORD_ACT_BYTES * N * V + 4.0 * N, 0, "");
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < N; i++) {
         act_t* x = logits + i * V;
@@ -478,6 +553,7 @@ static inline void op_classifier(act_t* logits, float* losses, const int* target
 /* ---------------------------------------------------------------- reductions and optimizer */
 
 static inline void op_sum_squares_chunks(double* partials, const float* x, size_t n, size_t chunk) {
+    RECORD("sum_squares_chunks", "kernel", {n, chunk}, 4.0 * n, 8.0 * ceil_div(n, chunk), 0, "");
     size_t chunks = ceil_div(n, chunk);
 #pragma omp parallel for schedule(static)
     for (size_t k = 0; k < chunks; k++) {
@@ -490,12 +566,14 @@ static inline void op_sum_squares_chunks(double* partials, const float* x, size_
 
 /* In index order. */
 static inline double op_sum_f64(const double* x, size_t n) {
+    if (op_record((OpRecord){"sum_f64", "host", {n}, 8.0 * n, 0, 0, ""})) return 0.0;
     double total = 0.0;
     for (size_t i = 0; i < n; i++) total += x[i];
     return total;
 }
 
 static inline void op_sum_f32_in_order(double* sum, const float* x, size_t n) {
+    RECORD("sum_f32_in_order", "kernel", {n}, 4.0 * n, 8.0, 0, "");
     double total = 0.0;
     for (size_t i = 0; i < n; i++) total += x[i];
     *sum = total;
@@ -506,6 +584,10 @@ static inline void op_sum_f32_in_order(double* sum, const float* x, size_t n) {
    chunk's scales from the new values' amax, and encode. */
 static inline void op_adamw(float* master, AdamwMoments s, const float* grads, size_t n, float lr, float wd, float bc1,
                             float bc2_sqrt, float grad_scale) {
+    RECORD("adamw", "kernel", {n},
+           (8.0 + adamw_moment_bytes(s.format, 0) + adamw_moment_bytes(s.format, 1)) * n + 4.0 * adamw_scale_count(s.format, n),
+           (4.0 + adamw_moment_bytes(s.format, 0) + adamw_moment_bytes(s.format, 1)) * n + 4.0 * adamw_scale_count(s.format, n),
+           0, optim_state_name(s.format));
     if (s.format == OPTIM_STATE_FP32) { /* the default: in place, no decode, no chunk buffers */
         float *m = (float*)s.m, *v = (float*)s.v;
 #pragma omp parallel for schedule(static)
@@ -542,6 +624,9 @@ static inline void op_adamw(float* master, AdamwMoments s, const float* grads, s
 
 /* One chunk at a time: [stored +] x in FP32, the chunk's amax and scale, then stored. */
 static inline void op_store_add(StoreCodec c, void* dst, float* scale_inv, const float* x, size_t n, int accumulate) {
+    RECORD("store_add", "kernel", {n, (size_t)accumulate, store_bytes(c)},
+           4.0 * n + (accumulate ? (double)store_bytes(c) * n + 4.0 * store_scale_count(c, n) : 0.0),
+           (double)store_bytes(c) * n + 4.0 * store_scale_count(c, n), 0, "");
     size_t chunks = zero_chunks(n);
     int scaled = store_is_scaled(c);
 #pragma omp parallel for schedule(static)
@@ -561,6 +646,8 @@ static inline void op_store_add(StoreCodec c, void* dst, float* scale_inv, const
 
 /* Element by element: decoded with its chunk's scale_inv when scaled, [added to out,] written to out. */
 static inline void op_store_load(StoreCodec c, float* out, const void* src, const float* scale_inv, size_t n, int accumulate) {
+    RECORD("store_load", "kernel", {n, (size_t)accumulate, store_bytes(c)},
+           (double)store_bytes(c) * n + 4.0 * store_scale_count(c, n) + (accumulate ? 4.0 * n : 0.0), 4.0 * n, 0, "");
     int scaled = store_is_scaled(c);
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
@@ -572,6 +659,7 @@ static inline void op_store_load(StoreCodec c, float* out, const void* src, cons
 /* ---------------------------------------------------------------- FP8 and GEMM (the FP8 library's CPU emulation) */
 
 static inline void op_amax(Fp8Scale* s, const act_t* x, size_t n) {
+    RECORD("amax", "kernel", {n}, RECORD_ACT_BYTES * n, sizeof(Fp8Scale), 0, "");
     backend_timer_start(PROF_FP8_CAST);
     fp8_amax_cpu(s, x, n, 0);
     backend_timer_stop(PROF_FP8_CAST);
@@ -579,6 +667,8 @@ static inline void op_amax(Fp8Scale* s, const act_t* x, size_t n) {
 
 static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols, Fp8Format f,
                                      Fp8Scale* s, int pow2, Fp8Counts* counts) {
+    RECORD("cast_transpose", "kernel", {rows, cols, out != NULL, out_t != NULL}, RECORD_ACT_BYTES * rows * cols,
+           (double)rows * cols * ((out != NULL) + (out_t != NULL)) + sizeof(Fp8Scale), 0, "");
     backend_timer_start(PROF_FP8_CAST);
     fp8_cast_transpose_cpu(out, out_t, x, rows, cols, f, s, pow2, counts, 0);
     backend_timer_stop(PROF_FP8_CAST);
@@ -586,6 +676,8 @@ static inline void op_cast_transpose(uint8_t* out, uint8_t* out_t, const act_t* 
 
 static inline void op_cast_transpose_delayed(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols,
                                              Fp8Format f, Fp8Scale* s, Fp8Counts* counts, float* record) {
+    RECORD("cast_transpose_delayed", "kernel", {rows, cols, out != NULL, out_t != NULL}, RECORD_ACT_BYTES * rows * cols,
+           (double)rows * cols * ((out != NULL) + (out_t != NULL)) + sizeof(Fp8Scale), 0, "");
     backend_timer_start(PROF_FP8_CAST);
     fp8_cast_transpose_delayed_cpu(out, out_t, x, rows, cols, f, s, counts, record);
     backend_timer_stop(PROF_FP8_CAST);
@@ -593,6 +685,9 @@ static inline void op_cast_transpose_delayed(uint8_t* out, uint8_t* out_t, const
 
 static inline void op_fp8_quantize(uint8_t* out, uint8_t* out_t, const act_t* x, size_t rows, size_t cols, Fp8Format f,
                                    const Fp8Quant* q) {
+    RECORD("fp8_quantize", "kernel", {rows, cols, out != NULL, out_t != NULL, (size_t)q->amax},
+           RECORD_ACT_BYTES * rows * cols * (1 + (q->amax != 0)),
+           (double)rows * cols * ((out != NULL) + (out_t != NULL)) + sizeof(Fp8Scale), 0, "");
     backend_timer_start(PROF_FP8_CAST);
     fp8_quantize_cpu(out, out_t, x, rows, cols, f, q);
     backend_timer_stop(PROF_FP8_CAST);
@@ -600,10 +695,13 @@ static inline void op_fp8_quantize(uint8_t* out, uint8_t* out_t, const act_t* x,
 
 static inline void op_fp8_delayed_update(Fp8Scale* s, float* history, const float* step_amax, size_t n, int H, int pos, int len,
                                          int algo, Fp8Format f, int margin, int pow2) {
+    RECORD("fp8_delayed_update", "kernel", {n, (size_t)H}, (4.0 * H + 4.0 + sizeof(Fp8Scale)) * n, (4.0 + sizeof(Fp8Scale)) * n,
+           0, "");
     fp8_delayed_update_cpu(s, history, step_amax, n, H, pos, len, algo, f, margin, pow2);
 }
 
 static inline void op_amax_master(Fp8Scale* s, const float* master, size_t n) {
+    RECORD("amax_master", "kernel", {n}, 4.0 * n, sizeof(Fp8Scale), 0, "");
     backend_timer_start(PROF_FP8_CAST);
     fp8_amax_cpu(s, master, n, 1);
     backend_timer_stop(PROF_FP8_CAST);
@@ -611,27 +709,46 @@ static inline void op_amax_master(Fp8Scale* s, const float* master, size_t n) {
 
 static inline void op_cast_transpose_master(uint8_t* out, uint8_t* out_t, const float* master, size_t rows, size_t cols,
                                             Fp8Format f, Fp8Scale* s, int pow2, Fp8Counts* counts) {
+    RECORD("cast_transpose_master", "kernel", {rows, cols, out != NULL, out_t != NULL}, 4.0 * rows * cols,
+           (double)rows * cols * ((out != NULL) + (out_t != NULL)) + sizeof(Fp8Scale), 0, "");
     backend_timer_start(PROF_FP8_CAST);
     fp8_cast_transpose_cpu(out, out_t, master, rows, cols, f, s, pow2, counts, 1);
     backend_timer_stop(PROF_FP8_CAST);
 }
 
 static inline void op_fp8_clear_nonfinite(Fp8Scale* s, size_t n) {
+    RECORD("fp8_clear_nonfinite", "kernel", {n}, 0, 4.0 * n, 0, "");
     for (size_t i = 0; i < n; i++) s[i].nonfinite = 0.0f;
 }
 
 static inline void op_fp8_reset_amax(Fp8Scale* s, size_t n) {
+    RECORD("fp8_reset_amax", "kernel", {n}, 0, 4.0 * n, 0, "");
     for (size_t i = 0; i < n; i++) s[i].amax = 0.0f;
 }
 
 static inline void op_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t rows, size_t cols) {
+    RECORD("transpose_fp8", "kernel", {rows, cols}, (double)rows * cols, (double)rows * cols, 0, "");
     backend_timer_start(PROF_FP8_CAST);
     fp8_transpose_cpu(out_t, in, rows, cols);
     backend_timer_stop(PROF_FP8_CAST);
 }
 
 /* gemm_cpu, then a DT_ACT output stored as the activation type (BF16 values where the GPU stores BF16). */
+static inline double gemm_dtype_bytes(DType t) { return t == DT_F32 ? 4.0 : t == DT_ACT ? RECORD_ACT_BYTES : 1.0; }
+
+/* op_gemm's record: m, n, k, the operand and output types; returns op_record's answer. */
+static inline int gemm_record(const GemmCall* g) {
+    char detail[64];
+    snprintf(detail, sizeof(detail), "%s x %s -> %s%s", dtype_name(g->a.dtype), dtype_name(g->b.dtype), dtype_name(g->d_type),
+             g->accumulate ? " +=" : "");
+    double out = gemm_dtype_bytes(g->d_type) * g->m * g->n;
+    double a = gemm_dtype_bytes(g->a.dtype) * g->m * g->k, b = gemm_dtype_bytes(g->b.dtype) * g->k * g->n;
+    return op_record((OpRecord){"gemm", "gemm", {g->m, g->n, g->k}, a + b + (g->accumulate ? out : 0.0), out,
+                                2.0 * g->m * g->n * g->k, op_record_intern(detail)});
+}
+
 static inline void op_gemm(const GemmCall* g) {
+    if (g_record_mode != RECORD_OFF && gemm_record(g)) return;
     gemm_cpu(g);
     if (g->d_type == DT_ACT && g_round_bf16) {
         float* d = (float*)g->d;

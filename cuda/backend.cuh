@@ -30,6 +30,8 @@ typedef __nv_bfloat16 act_t;
 #define BACKEND_MODELS_FP8_ACCUM 0
 /* Kernels load and GEMMs are planned at first use (attention graphs: op_attention_prepare): the trainer warms up. */
 #define BACKEND_WARMS_UP 1
+/* The ops do not record themselves: the step's op list comes from the CPU build (core/op_record.h). */
+#define BACKEND_RECORDS 0
 
 #include "../llama/backend.h"
 #include "optimizer.cuh"

@@ -70,7 +70,8 @@ static inline int backend_memory_usage(size_t* ours, size_t* in_use);
    (the update's: AdamW, the stored-format adds and loads, the delayed recipe's scale update); GPU:
    cudaFuncGetAttributes, which loads a kernel under CUDA's lazy loading. Each backend also defines
    BACKEND_WARMS_UP: 1 when it loads kernels, plans GEMMs or builds graphs at their first use, so that
-   the trainer warms it up before the steps (trainer_warmup). */
+   the trainer warms it up before the steps (trainer_warmup); BACKEND_RECORDS: 1 when each op records
+   itself at its head (core/op_record.h: --dry-run 2, LLM8_TRACE_OPS), else 0. */
 static inline void backend_load_kernels(void);
 /* Opens and closes a named phase of the run on a profiler's timeline (GPU: an NVTX range, which Nsight
    Systems shows; the emulated GPU counts its allocations and device synchronizations per range,

@@ -11,6 +11,7 @@
 #include <math.h>
 
 #include "fp8_state.h"
+#include "../core/op_record.h"
 #include "../comm/zero.h"
 
 /* The moments' scale granule must be the shard pieces' (optim.h ADAMW_CHUNK, comm/zero.h ZERO_CHUNK): a
@@ -569,8 +570,10 @@ static inline void llama_set_modes(Llama* m, const ModelModes* modes) {
 /* Allocates the BF16 weight scratch of a model built without bf16_linears whose block linears must run
    BF16 after all (a run resumed in the shadow policy's fallback): at start-up, never in a step. */
 static inline void llama_reserve_bf16_weight(Llama* m) {
-    if (m->opt.precision == PRECISION_FP8 && m->bf16_scratch == NULL)
+    if (m->opt.precision == PRECISION_FP8 && m->bf16_scratch == NULL) {
         m->bf16_scratch = (act_t*)dev_alloc(m->bf16_scratch_elems * sizeof(act_t));
+        op_record_mark_act(m->bf16_scratch, m->bf16_scratch_elems, sizeof(act_t));
+    }
 }
 
 /* ---------------------------------------------------------------- build */
@@ -675,6 +678,10 @@ static inline void llama_build(Llama* m, const LlamaConfig* cfg, const ModelOpti
     m->fp8_operand = (uint8_t*)m->acts.logits;
     m->fp8_operand_t = m->fp8_operand + llama_fp8_operand_bytes(m) / 2;
     if (llama_has_bf16_linears(m)) m->bf16_scratch = (act_t*)dev_alloc(m->bf16_scratch_elems * sizeof(act_t));
+    /* the act buffers that byte-counting ops (dev_zero, all-gathers) see, for the op record (core/op_record.h) */
+    op_record_mark_act(m->weights, m->working_elems, sizeof(act_t));
+    op_record_mark_act(m->bf16_scratch, m->bf16_scratch_elems, sizeof(act_t));
+    op_record_mark_act(m->acts.d_resid, (size_t)m->opt.B * m->opt.T * cfg->dim, sizeof(act_t));
     /* fp8 moments start as zeros with scale_inv 1 (what a chunk's first update decodes, and a valid state);
        so do an fp16 master's chunks that hold no element of this rank (padding) */
     const StateFormats* f = &m->opt.formats;

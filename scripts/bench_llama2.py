@@ -7,7 +7,7 @@ tokens), micro-batch 1, and the lowest ZeRO stage and the cheapest recompute lev
 run (the larger one) fits the GPUs, as the trainer's memory plan (--dry-run 1) says; synthetic tokens;
 the first --warmup steps (cuBLASLt heuristics, cuDNN plans) and any skipped step are left out of the
 means. It prints one table: tokens/s per GPU, TFLOP/s per GPU and MFU by llm.c's FLOP count (6N + 12LCT)
-and by Megatron's (Narayanan et al. 2021, adapted to SwiGLU/GQA; both from scripts/perf_model.py), peak
+and by Megatron's (Narayanan et al. 2021, adapted to SwiGLU/GQA; both from scripts/perf/step.py), peak
 memory, and fp8/bf16, beside the published numbers; and writes bench.json and bench.png (matplotlib) to
 --out. While a run trains, a progress line gives its step and the ETA of the whole benchmark.
 
@@ -15,7 +15,6 @@ memory, and fp8/bf16, beside the published numbers; and writes bench.json and be
 this script (no GPU numbers mean anything there; MFU is not reported).
 """
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -30,14 +29,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 
 
-def load_perf_model():
-    spec = importlib.util.spec_from_file_location("perf_model", REPO / "scripts" / "perf_model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-pm = load_perf_model()
+sys.path.insert(0, str(REPO / "scripts"))
+from perf.assumptions import GPUS  # noqa: E402
+from perf.calibration import DEVICE_NAME  # noqa: E402
+from perf.step import MODEL_LINE, flops_per_token_llmc, flops_per_token_megatron, peak_flops  # noqa: E402
 
 PRESETS = {"7b": "llama2-7b", "13b": "llama2-13b"}
 SEQ_LEN = 4096
@@ -140,10 +135,9 @@ def run_training(cmd, label, steps, runs_left, env):
 def shape_of(output):
     """The model the trainer printed (| model: dim ..., the same line perf_model.py's calibration reads)."""
     for line in output.splitlines():
-        m = pm.TRAIN_MODEL.match(line)
+        m = MODEL_LINE.match(line)
         if m:
-            C, L, NH, NKV, F, V = map(int, m.groups())
-            return pm.Shape(f"C{C} L{L}", C, L, NH, NKV, F, V)
+            return tuple(map(int, m.groups()))  # (C, L, NH, NKV, F, V)
     fail("the trainer's output has no '| model:' line")
 
 
@@ -164,8 +158,8 @@ def measure(run_dir, warmup, gpus):
 
 def gpu_peak(output, precision):
     """The datasheet peak of the GPU the trainer reported (| device: NVIDIA H100 ...), or None."""
-    m = pm.DEVICE_NAME.search(output)
-    return pm.peak_flops(pm.GPUS[m.group(1)], precision) if m else None
+    m = DEVICE_NAME.search(output)
+    return peak_flops(GPUS[m.group(1)], precision) if m else None
 
 
 def table(results, model_key, gpus):
@@ -279,7 +273,7 @@ def main():
              "grad_buffer": args.grad_buffer if precision == "fp8" else "fp32",
              "master_weights": args.master_weights if precision == "fp8" else "fp32",
              "command": " ".join(cmd), **measure(run_dir, args.warmup, args.gpus)}
-        flops = {"llmc": pm.flops_per_token_llmc(shape, T), "megatron": pm.flops_per_token_megatron(shape, T)}
+        flops = {"llmc": flops_per_token_llmc(shape, T), "megatron": flops_per_token_megatron(shape, T)}
         peak = gpu_peak(output, precision)
         for name, per_token in flops.items():
             achieved = per_token * r["tokens_per_s_per_gpu"]

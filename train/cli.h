@@ -98,7 +98,7 @@
     ARG("--n-layers", ARG_INT, n_layers, "0", "override the preset's layer count (benchmarks)") \
     ARG("--profile", ARG_INT, profile_every, "0", "print forward/backward/optimizer/FP8-cast ms of every N-th step (0: off)") \
     ARG("--warmup-pass", ARG_INT, warmup_pass, "1", "GPU: 1 runs every kernel, GEMM shape and collective of a step once before step 1, 0 not") \
-    ARG("--dry-run", ARG_INT, dry_run, "0", "1: print the per-rank memory plan of these settings and exit (allocates and reads nothing)") \
+    ARG("--dry-run", ARG_INT, dry_run, "0", "0, 1 or 2. 1: print the per-rank memory plan of these settings and exit (allocates and reads nothing); 2: also the ops of one optimizer step (train_llama_cpu)") \
     ARG("--ranks", ARG_INT, plan_ranks, "0", "with --dry-run: the rank count to plan for (0: 1)") \
     ARG("--gpu-mem", ARG_FLOAT, gpu_mem_gib, "0", "with --dry-run: device memory in GiB to plan against (0: the device's, or host RAM)") \
     ARG("--bf16-layers", ARG_STR, bf16_layers, "none", "fp8: blocks kept in BF16: none | first,last | indices and ranges (0,2-5)") \
@@ -330,11 +330,11 @@ static inline void train_args_check(const TrainArgs* a) {
     if (a->fp8_margin < 0 || a->fp8_margin > FP8_MARGIN_MAX) die("flag --fp8-margin: must be in [0, %d], got %d", FP8_MARGIN_MAX, a->fp8_margin);
     if (a->max_skips < 1) die("flag --max-skips: must be >= 1");
     if (a->n_layers < 0) die("flag --n-layers: must be >= 0");
-    if (a->dry_run != 0 && a->dry_run != 1) die("flag --dry-run: must be 0 or 1");
+    if (a->dry_run < 0 || a->dry_run > 2) die("flag --dry-run: must be 0, 1 or 2");
     if (a->plan_ranks < 0) die("flag --ranks: must be >= 0");
-    if (a->plan_ranks > 0 && !a->dry_run) die("flag --ranks: plans for N ranks with --dry-run 1; a run has the ranks mpirun starts");
+    if (a->plan_ranks > 0 && !a->dry_run) die("flag --ranks: plans for N ranks with --dry-run 1 or 2; a run has the ranks mpirun starts");
     if (a->gpu_mem_gib < 0.0f) die("flag --gpu-mem: must be >= 0 GiB");
-    if (a->gpu_mem_gib > 0.0f && !a->dry_run) die("flag --gpu-mem: only --dry-run 1 plans against a memory size");
+    if (a->gpu_mem_gib > 0.0f && !a->dry_run) die("flag --gpu-mem: only --dry-run 1 or 2 plans against a memory size");
     int fp8 = a->precision == PRECISION_FP8;
     if ((a->fp8_accum != defaults.fp8_accum || a->fp8_fast_accum != defaults.fp8_fast_accum) && !fp8)
         die("flag %s: needs -p fp8 (it sets the FP8 GEMMs)", a->fp8_accum != defaults.fp8_accum ? "--fp8-accum" : "--fp8-fast-accum");

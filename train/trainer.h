@@ -32,6 +32,7 @@
 #include "../dataloader/manifest.h"
 #include "../dataloader/tokenizer.h"
 #include "../comm/watchdog.h"
+#include "../core/op_record.h"
 #include "../model/model.h"
 
 /* Identifies the build in the start-up agreement (the Makefile passes git describe). */
@@ -828,6 +829,24 @@ static inline void trainer_next_recipe(Trainer* tr, const StepState* st) {
     llama_set_linear_precision(m, tr->shadow_state.bf16 ? PRECISION_BF16 : tr->args.precision);
 }
 
+/* The step's work, from its micro-steps to its update: what --dry-run 2 lists (step_ops_main). */
+static inline void trainer_step_work(Trainer* tr, StepState* st) {
+    trainer_micro_steps(tr, st);
+    trainer_read_losses(tr, st);
+    trainer_reduce(tr, st);
+    trainer_decide(tr, st);
+    if (st->stats_due) trainer_fp8_stats(tr);
+    trainer_update(tr, st);
+}
+
+/* The run an op record describes, as the JSON fields before its "ops" (core/op_record.h). */
+static inline void trainer_record_run(const Trainer* tr, char* out, size_t len) {
+    const TrainArgs* a = &tr->args;
+    snprintf(out, len, "\"model\": \"%s\", \"precision\": \"%s\", \"B\": %d, \"T\": %d, \"ranks\": %d, \"zero\": %d, "
+             "\"recompute\": %d, \"grad_accum\": %d, \"grad_reduce\": \"%s\", ", a->model, precision_name(a->precision),
+             a->B, a->T, tr->world, a->zero_stage, a->recompute, tr->grad_accum_steps, COMM_WIRE_NAMES[a->grad_reduce]);
+}
+
 /*
  * One optimizer step on every rank: the micro-steps (data, shadow check, forward and backward), the
  * losses read back, the reductions, the decisions every rank shares (the skip), the update, the log.
@@ -836,12 +855,13 @@ static inline void trainer_next_recipe(Trainer* tr, const StepState* st) {
  */
 static inline void trainer_step(Trainer* tr) {
     StepState st = trainer_step_begin(tr);
-    trainer_micro_steps(tr, &st);
-    trainer_read_losses(tr, &st);
-    trainer_reduce(tr, &st);
-    trainer_decide(tr, &st);
-    if (st.stats_due) trainer_fp8_stats(tr);
-    trainer_update(tr, &st);
+    int traced = BACKEND_RECORDS && op_trace_begin(!st.stats_due && !st.shadow_due);
+    trainer_step_work(tr, &st);
+    if (traced) {
+        char run[512];
+        trainer_record_run(tr, run, sizeof(run));
+        op_trace_end(tr->rank, run);
+    }
     trainer_log_step(tr, &st);
     trainer_next_recipe(tr, &st);
     free(st.slots);
@@ -872,6 +892,54 @@ static inline void trainer_free(Trainer* tr) {
     free(tr);
 }
 
+/*
+ * --dry-run 2 (after the memory plan): the ops of one optimizer step of the flags' run on --ranks N, as
+ * rank 0 runs them, printed as one line "ops: {...}" (core/op_record.h's JSON). The trainer is set up as
+ * trainer_init sets it up, without data, checkpoints or the safety net, over buffers the plan-only mode
+ * maps but never backs; then trainer_step_work runs twice, ops skipped, and the second (a step after
+ * the first, as LLM8_TRACE_OPS records) is listed. No FP8 statistics or shadow check is due in it.
+ */
+static inline int step_ops_main(const TrainArgs* args) {
+    Trainer* tr = (Trainer*)callocCheck(1, sizeof(Trainer));
+    tr->args = *args;
+    TrainArgs* a = &tr->args;
+    train_args_model(a, &tr->cfg);
+    g_dist.world = tr->world = a->plan_ranks > 0 ? a->plan_ranks : 1;
+    g_dist.rank = tr->rank = 0;
+    tr->grad_accum_steps = train_args_grad_accum(a, tr->world);
+    tr->steps = 2;
+    tr->bf16_blocks = (char*)mallocCheck((size_t)tr->cfg.n_layers);
+    bf16_layers_parse(a->bf16_layers, tr->cfg.n_layers, tr->bf16_blocks);
+    backend_init(a->precision);
+    g_record_mode = RECORD_PLAN;
+    Sharding sharding = {tr->world, 0, a->zero_stage};
+    ModelOptions opt = train_args_model_options(a, sharding, tr->bf16_blocks);
+    llama_build(&tr->model, &tr->cfg, &opt);
+    tr->loss_sums = (double*)dev_alloc((size_t)tr->grad_accum_steps * sizeof(double));
+    dp_init(&tr->dp, &tr->model, a->grad_reduce);
+    dp_refresh_weights(&tr->dp);
+    llama_set_linear_precision(&tr->model, a->precision);
+    /* the step's batch: zero tokens, held as -a 1 holds its one batch */
+    size_t N = (size_t)a->B * a->T;
+    tr->train.inputs = (int*)callocCheck(N, sizeof(int));
+    tr->train.targets = (int*)callocCheck(N, sizeof(int));
+    a->overfit = tr->overfit_loaded = 1;
+    for (tr->step = 0; tr->step < tr->steps; tr->step++) {
+        StepState st;
+        memset(&st, 0, sizeof(st));
+        st.slots = (double*)callocCheck((size_t)tr->grad_accum_steps * tr->world + 1, sizeof(double));
+        g_record_collect = tr->step == 1;
+        trainer_step_work(tr, &st);
+        free(st.slots);
+    }
+    g_record_collect = 0;
+    char run[512];
+    trainer_record_run(tr, run, sizeof(run));
+    printf("ops: ");
+    op_record_write(stdout, run);
+    return EXIT_SUCCESS;
+}
+
 /* The whole run on this rank. Returns the process exit status: 0, or EXIT_PREEMPTED after a stop signal. */
 static inline int train_main(int argc, char** argv) {
     double main_time = wall_seconds();
@@ -885,7 +953,11 @@ static inline int train_main(int argc, char** argv) {
     }
     if (args.dry_run) {
         train_args_check(&args);
-        return memory_plan_main(&args);
+        if (args.dry_run == 2 && !BACKEND_RECORDS)
+            die("flag --dry-run 2: the %s build does not record its ops; run train_llama_cpu with the same flags (the list does not "
+                "depend on the device)", backend_name());
+        int status = memory_plan_main(&args);
+        return args.dry_run == 2 ? step_ops_main(&args) : status;
     }
     LlamaConfig cfg;
     int from_checkpoint = trainer_check_args(&args, &cfg);
