@@ -733,22 +733,24 @@ static inline void op_transpose_fp8(uint8_t* out_t, const uint8_t* in, size_t ro
     backend_timer_stop(PROF_FP8_CAST);
 }
 
-/* gemm_cpu, then a DT_ACT output stored as the activation type (BF16 values where the GPU stores BF16). */
+/* Bytes of a GEMM operand element on the GPU, for op_gemm's record. */
 static inline double gemm_dtype_bytes(DType t) { return t == DT_F32 ? 4.0 : t == DT_ACT ? RECORD_ACT_BYTES : 1.0; }
 
-/* op_gemm's record: m, n, k, the operand and output types; returns op_record's answer. */
-static inline int gemm_record(const GemmCall* g) {
+/* op_gemm's record detail: the operand and output types, e.g. "e4m3 x e4m3 -> act +=". */
+static inline const char* gemm_record_detail(const GemmCall* g) {
     char detail[64];
     snprintf(detail, sizeof(detail), "%s x %s -> %s%s", dtype_name(g->a.dtype), dtype_name(g->b.dtype), dtype_name(g->d_type),
              g->accumulate ? " +=" : "");
-    double out = gemm_dtype_bytes(g->d_type) * g->m * g->n;
-    double a = gemm_dtype_bytes(g->a.dtype) * g->m * g->k, b = gemm_dtype_bytes(g->b.dtype) * g->k * g->n;
-    return op_record((OpRecord){"gemm", "gemm", {g->m, g->n, g->k}, a + b + (g->accumulate ? out : 0.0), out,
-                                2.0 * g->m * g->n * g->k, op_record_intern(detail)});
+    return op_record_intern(detail);
 }
 
+/* gemm_cpu, then a DT_ACT output stored as the activation type (BF16 values where the GPU stores BF16). */
 static inline void op_gemm(const GemmCall* g) {
-    if (g_record_mode != RECORD_OFF && gemm_record(g)) return;
+    RECORD("gemm", "gemm", {g->m, g->n, g->k},
+           gemm_dtype_bytes(g->a.dtype) * g->m * g->k + gemm_dtype_bytes(g->b.dtype) * g->k * g->n +
+               (g->accumulate ? gemm_dtype_bytes(g->d_type) * g->m * g->n : 0.0),
+           gemm_dtype_bytes(g->d_type) * g->m * g->n, 2.0 * g->m * g->n * g->k,
+           g_record_mode != RECORD_OFF ? gemm_record_detail(g) : "");
     gemm_cpu(g);
     if (g->d_type == DT_ACT && g_round_bf16) {
         float* d = (float*)g->d;

@@ -181,14 +181,13 @@ static inline void llama_forward_pass(Llama* m, const int* inputs, const int* ta
     m->last_B = B;
     m->last_T = T;
     m->inputs_host = inputs;
+    BlockActs k = llama_block_acts(m, 0);
+    Fp8Scale* qkv_amax = llama_fused_x_amax(m, &m->layers[0].lin[LIN_QKV]);
+    llama_weights_needed(m, BUCKET_EMBEDDING);
     /* every X and dY amax of this forward and its backward zeroed at once (the ops then skip theirs) */
     if (!m->mode.linears_bf16) fp8_reset_amaxes(&m->fp8, FP8_OP_X, FP8_DELAYED_OPS);
     dev_upload_async(m->inputs, inputs, N * sizeof(int));
     if (targets != NULL) dev_upload_async(m->targets, targets, N * sizeof(int));
-
-    BlockActs k = llama_block_acts(m, 0);
-    Fp8Scale* qkv_amax = llama_fused_x_amax(m, &m->layers[0].lin[LIN_QKV]);
-    llama_weights_needed(m, BUCKET_EMBEDDING);
     op_encoder_forward(a->resid, m->inputs, m->embedding, N, C);                                         /* (N, C) */
     llama_weights_needed(m, bucket_of_layer(0));
     op_rmsnorm_forward(k.ln_attn, k.rstd_attn, k.x, m->layers[0].attn_norm, N, C, c->norm_eps, qkv_amax); /* (N, C) */
