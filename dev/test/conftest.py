@@ -11,6 +11,7 @@ import concurrent.futures
 import contextlib
 import importlib.util
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -179,6 +180,39 @@ def run(cmd, **kw):
     """Runs a command from the repo root, capturing text output."""
     kw["env"] = program_env(cmd[0], kw.get("env"))
     return subprocess.run([str(c) for c in cmd], cwd=REPO, capture_output=True, text=True, **kw)
+
+
+# Prepended to a copy of a C++ source whose planted faults sit behind runtime switches (plant_switched):
+# one build of the copy serves every fault in it, the one named by LLM8_PLANTED_FAULT being on.
+PLANTED_SWITCH = """#ifndef LLM8_PLANTED_SWITCH
+#define LLM8_PLANTED_SWITCH
+#include <stdlib.h>
+#include <string.h>
+static inline bool llm8_planted(const char* name) {
+    static const char* on = getenv("LLM8_PLANTED_FAULT");
+    return on != nullptr && strcmp(on, name) == 0;
+}
+#endif
+"""
+
+
+def plant_switched(source, name, old, new):
+    """`source` (a C++ file's text) with fault `name` planted behind its switch: `old`, whole lines found
+    exactly once, and `new` its faulty replacement; the lines after their common leading lines (whole
+    statements, nothing they declare used after them) become
+    `if (llm8_planted("name")) { the new lines } else { the old lines }`, run as the source or as the
+    fault by LLM8_PLANTED_FAULT=name. Prepends PLANTED_SWITCH (once)."""
+    assert source.count(old) == 1, f"{name}: the source no longer has exactly one copy of the text it replaces: {old!r}"
+    a, b = old.splitlines(keepends=True), new.splitlines(keepends=True)
+    assert old.endswith("\n") and new[-1:] in ("", "\n"), f"{name}: old and new must be whole lines"
+    same = 0
+    while same < min(len(a), len(b)) and a[same] == b[same]:
+        same += 1
+    indent = re.match(r"[ \t]*", (a[same:] or b[same:])[0]).group(0)
+    switched = "".join(a[:same]) + f'{indent}if (llm8_planted("{name}")) {{\n' + "".join(b[same:]) + \
+        f"{indent}}} else {{\n" + "".join(a[same:]) + f"{indent}}}\n"
+    source = source.replace(old, switched)
+    return source if source.startswith(PLANTED_SWITCH) else PLANTED_SWITCH + source
 
 
 @contextlib.contextmanager
