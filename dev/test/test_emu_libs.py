@@ -26,7 +26,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, plant_switched
 
 CUDA_INCLUDE = os.environ.get("CUDA_INCLUDE", "/usr/local/cuda/include")
 MPICXX = shutil.which("mpicxx")
@@ -593,14 +593,18 @@ def test_sdpa_shape_not_prepared_stops_the_run(tools, tmp_path):
                      r"built at start-up", r.stderr), r.stderr[-3000:]
 
 
-# Planted faults in cuda/cudnn_att.cpp, each in a copy built as make builds build/cudnn_att.o (at -O0) and
-# linked into lib_sdpa: (name, the source text, its faulty replacement, what must catch it).
+# Planted faults in cuda/cudnn_att.cpp, all in one copy, each behind its runtime switch
+# (conftest.plant_switched), built as make builds build/cudnn_att.o (at -O0) and linked into lib_sdpa once:
+# (name, the source text, its faulty replacement, what must catch it).
 CUDNN_ATT_FAULTS = [
     # dK's row stride that of a dq row: dK lands on the next rows' q, its own columns stay NaN
     ("dk_stride", "        set_bhsd(dk, UID_DK, B, NKV, T, HS, QKV);\n", "        set_bhsd(dk, UID_DK, B, NKV, T, HS, C);\n",
      r"d[QKV]: "),
     # the forward's mask one key to the right: each query also sees the next one
-    ("causal_mask_shifted", ".set_causal_mask(true).set_attn_scale(scale);", ".set_diagonal_band_right_bound(1).set_attn_scale(scale);",
+    ("causal_mask_shifted",
+     "        auto opts = fe::graph::SDPA_attributes().set_name(\"sdpa\").set_generate_stats(true).set_causal_mask(true).set_attn_scale(scale);\n",
+     "        auto opts = fe::graph::SDPA_attributes().set_name(\"sdpa\").set_generate_stats(true).set_causal_mask(true).set_attn_scale(scale);\n"
+     "        opts.set_diagonal_band_right_bound(1);\n",
      r"O: "),
     ("workspace_one_byte_short", "    cudaCheck(g_alloc(&g_workspace, (size_t)need));\n",
      "    cudaCheck(g_alloc(&g_workspace, (size_t)need - 1));\n",
@@ -609,49 +613,37 @@ CUDNN_ATT_FAULTS = [
 
 
 @pytest.fixture(scope="module")
-def faulty_cudnn_att(request, tmp_path_factory):
-    """{fault name: its build/cudnn_att.o, or make's output when it did not build}: each selected fault's
-    copy of the sources make needs, built two at a time (CI's 2 cores)."""
+def faulty_sdpa(request, tools, tmp_path_factory):
+    """lib_sdpa on the build/cudnn_att.o of one copy of the sources make needs with every selected fault
+    planted behind its switch, or make's output when that object did not build."""
     selected = {item.callspec.params["name"] for item in request.session.items
                 if item.originalname == "test_cudnn_att_planted_fault_is_caught"}
-    jobs = []
+    copy = tmp_path_factory.mktemp("planted_cudnn_att")
+    for f in ["Makefile", "scripts/setup.sh", "cuda/cudnn_att.cpp", "cuda/cudnn_att.h", "core/common.h", "core/cuda_check.h"]:
+        (copy / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / f, copy / f)
+    source = (copy / "cuda/cudnn_att.cpp").read_text()
     for name, old, new, _ in CUDNN_ATT_FAULTS:
-        if name not in selected:
-            continue
-        copy = tmp_path_factory.mktemp(name)
-        for f in ["Makefile", "scripts/setup.sh", "cuda/cudnn_att.cpp", "cuda/cudnn_att.h", "core/common.h", "core/cuda_check.h"]:
-            (copy / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / f, copy / f)
-        source = (copy / "cuda/cudnn_att.cpp").read_text()
-        assert source.count(old) == 1, f"cuda/cudnn_att.cpp no longer has exactly one copy of the text {name} replaces: {old!r}"
-        (copy / "cuda/cudnn_att.cpp").write_text(source.replace(old, new))
-        (copy / "build").mkdir()
-        (copy / "build/.setup-done").touch()
-        jobs.append((name, copy, ["make", "-C", str(copy), "CUDNN_ATT_O=-O0", "build/cudnn_att.o"]))
-    results, running = {}, []
-    for job in jobs + [None, None]:
-        if job is not None:
-            running.append((job, subprocess.Popen(job[2], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
-        while running and (len(running) >= 2 or job is None):
-            (name, copy, _), proc = running.pop(0)
-            out, _ = proc.communicate()
-            results[name] = copy / "build/cudnn_att.o" if proc.returncode == 0 else out[-3000:]
-            if job is None:
-                break
-    return results
+        if name in selected:
+            source = plant_switched(source, name, old, new)
+    (copy / "cuda/cudnn_att.cpp").write_text(source)
+    (copy / "build").mkdir()
+    (copy / "build/.setup-done").touch()
+    r = subprocess.run(["make", "-C", str(copy), "CUDNN_ATT_O=-O0", "build/cudnn_att.o"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return (r.stdout + r.stderr)[-3000:]
+    return build_sdpa(tools, name="lib_sdpa_planted", cudnn_att=copy / "build/cudnn_att.o")
 
 
 @needs_cudnn_att
 @pytest.mark.parametrize("name, old, new, caught", CUDNN_ATT_FAULTS, ids=[f[0] for f in CUDNN_ATT_FAULTS])
-def test_cudnn_att_planted_fault_is_caught(tools, faulty_cudnn_att, tmp_path, name, old, new, caught):
+def test_cudnn_att_planted_fault_is_caught(faulty_sdpa, tmp_path, name, old, new, caught):
     """A fault planted in cuda/cudnn_att.cpp is caught through the double: a wrong layout or mask by the
     comparison with float64 numpy (test_sdpa_through_cudnn_att_matches_float64 passes the same cases on
     the real source), a workspace one byte short of what the frontend reports by the double at execute."""
-    obj = faulty_cudnn_att[name]
-    assert not isinstance(obj, str), f"{name}: the faulty copy did not build:\n{obj}"
-    exe = build_sdpa(tools, name=f"lib_sdpa_{name}", cudnn_att=obj)
+    assert not isinstance(faulty_sdpa, str), f"the faulty copy did not build:\n{faulty_sdpa}"
     heads, cases = (4, 2, 16), [(2, 64)]
-    r, inputs = run_sdpa(exe, tmp_path, heads, cases)
+    r, inputs = run_sdpa(faulty_sdpa, tmp_path, heads, cases, env={"LLM8_PLANTED_FAULT": name})
     if caught.startswith("emu: "):
         assert r.returncode != 0 and re.search(caught, r.stderr), r.stdout + r.stderr[-3000:]
         return
