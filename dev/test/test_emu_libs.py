@@ -17,6 +17,7 @@ against the real emulated runtime (emu/runtime.cpp) where CUDA's stream ordering
   send-recv over `mpirun -np 2` (and 3) against numpy. Each planted fault is rerun on a copy of the double
   without its check, where the test must fail.
 """
+import functools
 import os
 import re
 import shutil
@@ -42,6 +43,7 @@ pytestmark = pytest.mark.skipif(not os.path.exists(f"{CUDA_INCLUDE}/cublasLt.h")
                                 reason="needs the CUDA toolkit headers (cublasLt.h, nccl.h) and mpicxx (make setup)")
 
 
+@functools.cache
 def mpi_flags(kind):
     return subprocess.run([MPICXX, f"--showme:{kind}"], capture_output=True, text=True, check=True).stdout.split()
 
@@ -50,18 +52,34 @@ FLAGS = ["-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-fsanitize=address,unde
          "-DOMPI_SKIP_MPICXX=1", f"-I{REPO / 'emu'}", f"-I{CUDA_INCLUDE}"]
 
 
-def compile_program(out, sources, libs=()):
-    """g++ as `make emu` builds the doubles (C++17, MPI's C API, the toolkit headers), with ASan + UBSan.
-    Each source becomes an object beside `out` once (the doubles and the runtime are linked several times)."""
-    objects = []
+def compile_objects(folder, sources):
+    """g++ as `make emu` builds the doubles (C++17, MPI's C API, the toolkit headers), with ASan + UBSan:
+    each source becomes an object in `folder` once (the doubles and the runtime are linked several times),
+    the missing ones two at a time (CI's 2 cores). Returns the objects' paths."""
+    objects, running = [], []
+
+    def finish(proc, cmd):
+        _, err = proc.communicate()
+        assert proc.returncode == 0, f"{' '.join(cmd)}\n{err[-4000:]}"
+
     for src in map(str, sources):
-        obj = out.parent / (src.replace("/", "_").strip("_") + ".o")
-        if not obj.exists():
-            werror = [] if src.endswith("emu/runtime.cpp") else ["-Werror"]  # emu-core's runtime keeps its own warnings
-            cmd = ["nice", "g++", *FLAGS, *werror, *mpi_flags("compile"), "-c", src, "-o", str(obj)]
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr[-4000:]}"
+        obj = folder / (src.replace("/", "_").strip("_") + ".o")
         objects.append(str(obj))
+        if obj.exists() or any(cmd[-1] == str(obj) for _, cmd in running):
+            continue
+        werror = [] if src.endswith("emu/runtime.cpp") else ["-Werror"]  # emu-core's runtime keeps its own warnings
+        cmd = ["nice", "g++", *FLAGS, *werror, *mpi_flags("compile"), "-c", src, "-o", str(obj)]
+        if len(running) == 2:
+            finish(*running.pop(0))
+        running.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), cmd))
+    for proc, cmd in running:
+        finish(proc, cmd)
+    return objects
+
+
+def compile_program(out, sources, libs=()):
+    """`out` linked from the objects of `sources` (compile_objects, beside `out`)."""
+    objects = compile_objects(out.parent, sources)
     cmd = ["nice", "g++", "-fsanitize=address,undefined", *objects, "-o", str(out), *mpi_flags("link"), *libs, "-lpthread"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr[-4000:]}"
@@ -92,6 +110,7 @@ def tools(tmp_path_factory):
     stub = REPO / "emu/tests/lib_stub_runtime.cpp"
     gemm = REPO / "emu/tests/lib_gemm.cpp"
     unchecked = disable_checks(REPO / "emu/cublaslt.cpp", CUBLASLT_CHECKS, d / "cublaslt_unchecked.cpp")
+    compile_objects(d, [gemm, REPO / "emu/cublaslt.cpp", unchecked, stub, REPO / "emu/tests/lib_nccl.cpp", REPO / "emu/nccl.cpp"])
     return {"dir": d,
             "gemm": compile_program(d / "lib_gemm", [gemm, REPO / "emu/cublaslt.cpp", stub]),
             "gemm_unchecked": compile_program(d / "lib_gemm_unchecked", [gemm, unchecked, stub]),
