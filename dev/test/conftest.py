@@ -216,16 +216,19 @@ def plant_switched(source, name, old, new):
 
 
 @contextlib.contextmanager
-def two_at_a_time(request, tests, key, job):
+def two_at_a_time(request, tests, key, job, then=()):
     """For a module-scoped fixture whose tests each wait on one single-threaded run: starts job(*key) for
     the key(params) of every item of this session whose test is named in `tests`, two at a time (CI's
-    two cores), in the order the tests run; yields {key: future of its result}, cancels what is left."""
+    two cores), in the order the tests run, then each (key, callable) of `then` on the same two workers;
+    yields {key: future of its result}, cancels what is left."""
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
     futures = {}
     for item in request.session.items:
         if item.originalname in tests:
             k = key(item.callspec.params)
             futures[k] = pool.submit(job, *k)
+    for k, fn in then:
+        futures[k] = pool.submit(fn)
     try:
         yield futures
     finally:

@@ -15,6 +15,7 @@ build/emu/test_llama and build/emu/train_llama on the CPU, one fiber per GPU thr
   validation, evaluations, samples, the shadow check and checkpoints.
 Skipped, with the reason, when build/emu was not built (`make emu`).
 """
+import functools
 import json
 import math
 import os
@@ -102,11 +103,14 @@ def run_check(check, race):
 
 
 @pytest.fixture(scope="module")
-def check_runs(request):
+def check_runs(request, tmp_path_factory):
     """{(check, race): future of its run} for every kernel and model check this session selected: the
-    emulator runs a check on one thread, so they run two at a time, started when the first is asked for."""
+    emulator runs a check on one thread, so they run two at a time, started when the first is asked for.
+    Then, on the same two workers, the builds of the planted faults' copy ({("build", targets): future},
+    planted_builds): the planted-fault tests come last in this file, so the copy builds while the trainer
+    runs between, most of them on one core, leave the other free."""
     with two_at_a_time(request, ("test_kernel_check", "test_model_check"), lambda p: (p["check"], p.get("race", False)),
-                       run_check) as runs:
+                       run_check, then=planted_builds(request, tmp_path_factory)) as runs:
         yield runs
 
 
@@ -235,39 +239,32 @@ def faulty_copy(root, faults):
 BUILT_AS_MAKE_EMU = {"static_shared_overflow"}
 
 
-@pytest.fixture(scope="module")
-def faulty_builds(request, tmp_path_factory):
-    """{target: its binary from the one copy that holds every selected fault, or make's output when it did
-    not build}: the binary holding a BUILT_AS_MAKE_EMU fault at make emu's optimization, the others at -O0
-    one after the other beside it (CI's 2 cores)."""
+def planted_builds(request, tmp_path_factory):
+    """(("build", targets), job) for the binaries the selected planted faults run, all from one copy that
+    holds every one of them: the binary holding a BUILT_AS_MAKE_EMU fault at make emu's optimization, the
+    others at -O0; each job returns {target: its binary, or make's output when it did not build}."""
     selected = {item.callspec.params["name"] for item in request.session.items
                 if item.originalname in ("test_planted_fault_is_caught", "test_trainer_fault_is_caught")}
     faults = [f for f in FAULTS + TRAINER_FAULTS if f[0] in selected]
     if not faults:
-        return {}
+        return []
     copy, keep = faulty_copy(tmp_path_factory.mktemp("planted"), faults)
-    as_make_emu = sorted({f[4] for f in faults if f[0] in BUILT_AS_MAKE_EMU})
-    at_o0 = sorted({f[4] for f in faults} - set(as_make_emu))
-    jobs = [(targets, ["make", "-C", str(copy), *keep, *extra, *(f"build/emu/{t}" for t in targets)])
+
+    def build(targets, extra):
+        r = subprocess.run(["make", "-C", str(copy), *keep, *extra, *(f"build/emu/{t}" for t in targets)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return {t: copy / "build/emu" / t if r.returncode == 0 else r.stdout[-3000:] for t in targets}
+
+    as_make_emu = tuple(sorted({f[4] for f in faults if f[0] in BUILT_AS_MAKE_EMU}))
+    at_o0 = tuple(sorted({f[4] for f in faults} - set(as_make_emu)))
+    return [(("build", targets), functools.partial(build, targets, extra))
             for targets, extra in ((as_make_emu, []), (at_o0, ["EMU_O=-O0"])) if targets]
-    procs = [(targets, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)) for targets, cmd in jobs]
-    results = {}
-    for targets, proc in procs:
-        out, _ = proc.communicate()
-        for t in targets:
-            exe = copy / "build/emu" / t
-            results[t] = exe if proc.returncode == 0 and exe.exists() else out[-3000:]
-    return results
 
 
-@pytest.mark.parametrize("name, path, old, new, target, args, env, caught", FAULTS, ids=[f[0] for f in FAULTS])
-def test_planted_fault_is_caught(faulty_builds, name, path, old, new, target, args, env, caught):
-    assert_fault_caught(faulty_builds, name, target, args, env, caught)
-
-
-@pytest.mark.parametrize("name, path, old, new, target, args, env, caught", TRAINER_FAULTS, ids=[f[0] for f in TRAINER_FAULTS])
-def test_trainer_fault_is_caught(faulty_builds, shakespeare, name, path, old, new, target, args, env, caught):
-    assert_fault_caught(faulty_builds, name, target, args, env, caught)
+@pytest.fixture(scope="module")
+def faulty_builds(check_runs):
+    """{target: future of {target: its binary from the planted faults' copy, or make's output}}."""
+    return {t: future for key, future in check_runs.items() if key[0] == "build" for t in key[1]}
 
 
 def assert_fault_caught(faulty_builds, name, target, args, env, caught):
@@ -276,7 +273,7 @@ def assert_fault_caught(faulty_builds, name, target, args, env, caught):
     assert clean.returncode == 0 and not re.search(caught, clean.stdout + clean.stderr), clean.stdout[-3000:] + clean.stderr[-3000:]
     if name == "attention_shape_not_prepared" and "attention: cuDNN SDPA" not in clean.stdout:
         pytest.skip("the emulated build has no cuDNN (make USE_CUDNN=0 emu): the fallback attention builds no graphs")
-    exe = faulty_builds[target]
+    exe = faulty_builds[target].result()[target]
     assert not isinstance(exe, str), f"{name}: the faulty copy's {target} did not build:\n{exe}"
     r = run([exe, *args], env=emu_env(LLM8_PLANTED_FAULT=name, **env), timeout=600)
     out = r.stdout + r.stderr
@@ -575,3 +572,14 @@ def test_gpu_selection_before_mpi(case):
         assert r.returncode == 0 and not errors and r.stdout.count("1 passed, 0 failed") == 2, r.stdout[-2000:] + r.stderr[-3000:]
         assert [line for line in r.stdout.splitlines() if line.startswith("| GPU selection")] == [expected] or \
             any(line.startswith(expected) for line in r.stdout.splitlines()), r.stdout[-2000:]
+
+
+# The planted faults' tests, last: their copy builds in the background meanwhile (check_runs).
+@pytest.mark.parametrize("name, path, old, new, target, args, env, caught", FAULTS, ids=[f[0] for f in FAULTS])
+def test_planted_fault_is_caught(faulty_builds, name, path, old, new, target, args, env, caught):
+    assert_fault_caught(faulty_builds, name, target, args, env, caught)
+
+
+@pytest.mark.parametrize("name, path, old, new, target, args, env, caught", TRAINER_FAULTS, ids=[f[0] for f in TRAINER_FAULTS])
+def test_trainer_fault_is_caught(faulty_builds, shakespeare, name, path, old, new, target, args, env, caught):
+    assert_fault_caught(faulty_builds, name, target, args, env, caught)
