@@ -105,16 +105,20 @@ CUBLASLT_CHECKS = sorted(set(re.findall(r"/\* check:(\w+) \*/", (REPO / "emu/cub
 
 
 @pytest.fixture(scope="module")
-def tools(tmp_path_factory):
+def tools(request, tmp_path_factory):
     d = tmp_path_factory.mktemp("emu_libs")
+    planted = start_planted_cudnn_att(request, d / "planted_cudnn_att")  # builds beside the module's tests
     stub = REPO / "emu/tests/lib_stub_runtime.cpp"
     gemm = REPO / "emu/tests/lib_gemm.cpp"
     unchecked = disable_checks(REPO / "emu/cublaslt.cpp", CUBLASLT_CHECKS, d / "cublaslt_unchecked.cpp")
     compile_objects(d, [gemm, REPO / "emu/cublaslt.cpp", unchecked, stub, REPO / "emu/tests/lib_nccl.cpp", REPO / "emu/nccl.cpp"])
-    return {"dir": d,
-            "gemm": compile_program(d / "lib_gemm", [gemm, REPO / "emu/cublaslt.cpp", stub]),
-            "gemm_unchecked": compile_program(d / "lib_gemm_unchecked", [gemm, unchecked, stub]),
-            "nccl": compile_program(d / "lib_nccl", [REPO / "emu/tests/lib_nccl.cpp", REPO / "emu/nccl.cpp", stub])}
+    yield {"dir": d, "planted_cudnn_att": planted,
+           "gemm": compile_program(d / "lib_gemm", [gemm, REPO / "emu/cublaslt.cpp", stub]),
+           "gemm_unchecked": compile_program(d / "lib_gemm_unchecked", [gemm, unchecked, stub]),
+           "nccl": compile_program(d / "lib_nccl", [REPO / "emu/tests/lib_nccl.cpp", REPO / "emu/nccl.cpp", stub])}
+    if planted is not None and planted[0].poll() is None:  # its tests were not run
+        planted[0].kill()
+        planted[0].communicate()
 
 
 # ---------------------------------------------------------------------------------------------- GEMMs
@@ -631,13 +635,15 @@ CUDNN_ATT_FAULTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def faulty_sdpa(request, tools, tmp_path_factory):
-    """lib_sdpa on the build/cudnn_att.o of one copy of the sources make needs with every selected fault
-    planted behind its switch, or make's output when that object did not build."""
+def start_planted_cudnn_att(request, copy):
+    """Starts make's build of build/cudnn_att.o (at -O0) in `copy`, a copy of the sources make needs with
+    every selected fault of CUDNN_ATT_FAULTS planted behind its switch; returns (the make process, the
+    object), or None when no such test is selected or cuDNN is missing. Started by the tools fixture, so
+    that it builds while the module's tests, most on one core, run."""
     selected = {item.callspec.params["name"] for item in request.session.items
                 if item.originalname == "test_cudnn_att_planted_fault_is_caught"}
-    copy = tmp_path_factory.mktemp("planted_cudnn_att")
+    if not selected or not CUDNN_ATT_OBJ.exists() or not os.path.exists(f"{CUDA_INCLUDE}/cudnn.h"):
+        return None
     for f in ["Makefile", "scripts/setup.sh", "cuda/cudnn_att.cpp", "cuda/cudnn_att.h", "core/common.h", "core/cuda_check.h"]:
         (copy / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / f, copy / f)
@@ -648,10 +654,20 @@ def faulty_sdpa(request, tools, tmp_path_factory):
     (copy / "cuda/cudnn_att.cpp").write_text(source)
     (copy / "build").mkdir()
     (copy / "build/.setup-done").touch()
-    r = subprocess.run(["make", "-C", str(copy), "CUDNN_ATT_O=-O0", "build/cudnn_att.o"], capture_output=True, text=True)
-    if r.returncode != 0:
-        return (r.stdout + r.stderr)[-3000:]
-    return build_sdpa(tools, name="lib_sdpa_planted", cudnn_att=copy / "build/cudnn_att.o")
+    proc = subprocess.Popen(["nice", "make", "-C", str(copy), "CUDNN_ATT_O=-O0", "build/cudnn_att.o"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, copy / "build/cudnn_att.o"
+
+
+@pytest.fixture(scope="module")
+def faulty_sdpa(tools):
+    """lib_sdpa on the planted copy's build/cudnn_att.o (start_planted_cudnn_att), or make's output when
+    that object did not build."""
+    proc, obj = tools["planted_cudnn_att"]
+    out, _ = proc.communicate()
+    if proc.returncode != 0:
+        return out[-3000:]
+    return build_sdpa(tools, name="lib_sdpa_planted", cudnn_att=obj)
 
 
 @needs_cudnn_att
