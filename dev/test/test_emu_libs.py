@@ -430,6 +430,11 @@ def test_planted_missing_stream_wait_before_nccl_result(tools):
     on the collective's event. Under the late schedule the collective has not run yet, so the value read is
     wrong; with the wait it is right. On a copy of the double that runs collectives at the call instead of on
     their stream (check:nccl_on_stream), the missing wait goes unseen, so this test would fail."""
+    src = (REPO / "emu/nccl.cpp").read_text()
+    line = re.search(r".*/\* check:nccl_on_stream \*/.*", src).group(0)
+    eager = tools["dir"] / "nccl_eager.cpp"
+    eager.write_text(src.replace(line, "    run_ops(sp, ops, seq); (void)stream;"))
+    compile_objects(tools["dir"], [REPO / "emu/runtime.cpp", REPO / "emu/nvtx.cpp", eager])
     exe = build_with_runtime(tools, REPO / "emu/nccl.cpp", "lib_nccl_lazy")
     env = {**MPI_ENV, "LLM8_EMU_SCHEDULE": "late"}
 
@@ -443,11 +448,6 @@ def test_planted_missing_stream_wait_before_nccl_result(tools):
     assert got == expected, "with the wait the result is the all-reduce's"
     got, expected = value(exe, 0)
     assert got != expected, "without the wait the legacy stream must read the buffer before the collective ran"
-
-    src = (REPO / "emu/nccl.cpp").read_text()
-    line = re.search(r".*/\* check:nccl_on_stream \*/.*", src).group(0)
-    eager = tools["dir"] / "nccl_eager.cpp"
-    eager.write_text(src.replace(line, "    run_ops(sp, ops, seq); (void)stream;"))
     got, expected = value(build_with_runtime(tools, eager, "lib_nccl_eager"), 0)
     assert got == expected, "a double that ignores the stream hides the missing wait"
 
@@ -698,6 +698,7 @@ def cudnn_tools(tools):
         pytest.skip("needs cudnn.h (the cuDNN headers of the toolkit)")
     stub, driver = REPO / "emu/tests/lib_stub_runtime.cpp", REPO / "emu/tests/lib_cudnn.cpp"
     unchecked = disable_checks(REPO / "emu/cudnn.cpp", CUDNN_CHECKS, tools["dir"] / "cudnn_unchecked.cpp")
+    compile_objects(tools["dir"], [driver, REPO / "emu/cudnn.cpp", unchecked, stub])
     return {"checked": compile_program(tools["dir"] / "lib_cudnn", [driver, REPO / "emu/cudnn.cpp", stub]),
             "unchecked": compile_program(tools["dir"] / "lib_cudnn_unchecked", [driver, unchecked, stub])}
 
