@@ -182,6 +182,23 @@ def run(cmd, **kw):
     return subprocess.run([str(c) for c in cmd], cwd=REPO, capture_output=True, text=True, **kw)
 
 
+def run_side_by_side(cmds, timeout=600):
+    """Runs independent commands (the CPU trainer's) at once, each on one OpenMP thread, from the repo root;
+    returns their CompletedProcess in order. The CPU build's results do not depend on the thread count, and
+    at the tests' small shapes a run gains little from a second thread: on 2 cores two runs side by side
+    take less wall time than the same runs one after the other on both."""
+    procs = []
+    for cmd in cmds:
+        env = program_env(cmd[0], {**os.environ, "OMP_NUM_THREADS": "1"})
+        procs.append(subprocess.Popen([str(c) for c in cmd], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    results = []
+    for cmd, proc in zip(cmds, procs):
+        out, err = proc.communicate(timeout=timeout)
+        results.append(subprocess.CompletedProcess([str(c) for c in cmd], proc.returncode, out, err))
+    return results
+
+
 # Prepended to a copy of a C++ source whose planted faults sit behind runtime switches (plant_switched):
 # one build of the copy serves every fault in it, the one named by LLM8_PLANTED_FAULT being on.
 PLANTED_SWITCH = """#ifndef LLM8_PLANTED_SWITCH

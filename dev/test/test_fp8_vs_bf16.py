@@ -12,12 +12,10 @@ import shutil
 import subprocess
 import sys
 
-from conftest import REPO, program_env, run
+from conftest import REPO, run, run_side_by_side
 
-# The `tiny` preset with small micro-batches: 100 steps (val rel 4.1e-3). The two runs go side by side on
-# one OpenMP thread each (the CPU build's results do not depend on the thread count): at these shapes a run
-# gains little from a second thread, and on a shared 2-core machine the pair took 0.27x the wall time of
-# the runs one after the other on 2 threads each (medians of 3 pairs at 20 steps).
+# The `tiny` preset with small micro-batches: 100 steps (val rel 4.1e-3), the two runs side by side
+# (conftest.run_side_by_side; on a shared 2-core machine 0.27x the wall time of one after the other).
 FLAGS = ["-b", "4", "-t", "64", "-x", "100", "-v", "50", "-m", "16", "-u", "30", "-l", "2e-3", "--seed", "4242"]
 
 
@@ -28,17 +26,11 @@ def final_val_loss(log):
 
 
 def test_fp8_tracks_bf16(trainer, tmp_path, shakespeare):
-    dirs, procs = {}, {}
-    for precision in ["bf16", "fp8"]:
-        out = tmp_path / precision
-        extra = ["--fp8-stats", "50"] if precision == "fp8" else []
-        procs[precision] = subprocess.Popen([str(c) for c in [trainer, *FLAGS, "-p", precision, "-o", out, *extra]], cwd=REPO,
-                                            env=program_env(trainer, {**os.environ, "OMP_NUM_THREADS": "1"}),
-                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        dirs[precision] = out
-    for precision, proc in procs.items():
-        _, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, f"{precision}: {err}"
+    dirs = {precision: tmp_path / precision for precision in ["bf16", "fp8"]}
+    runs = run_side_by_side([[trainer, *FLAGS, "-p", precision, "-o", out, *(["--fp8-stats", "50"] if precision == "fp8" else [])]
+                             for precision, out in dirs.items()])
+    for precision, r in zip(dirs, runs):
+        assert r.returncode == 0, f"{precision}: {r.stderr}"
     for precision, out in dirs.items():
         first, last = final_val_loss(out / "main.log")
         print(f"{precision}: val loss {first:.4f} -> {last:.4f}")
