@@ -11,6 +11,7 @@ import concurrent.futures
 import contextlib
 import importlib.util
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -181,17 +182,70 @@ def run(cmd, **kw):
     return subprocess.run([str(c) for c in cmd], cwd=REPO, capture_output=True, text=True, **kw)
 
 
+def run_side_by_side(cmds, timeout=600):
+    """Runs independent commands (the CPU trainer's) at once, each on one OpenMP thread, from the repo root;
+    returns their CompletedProcess in order. The CPU build's results do not depend on the thread count, and
+    at the tests' small shapes a run gains little from a second thread: on 2 cores two runs side by side
+    take less wall time than the same runs one after the other on both."""
+    procs = []
+    for cmd in cmds:
+        env = program_env(cmd[0], {**os.environ, "OMP_NUM_THREADS": "1"})
+        procs.append(subprocess.Popen([str(c) for c in cmd], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    results = []
+    for cmd, proc in zip(cmds, procs):
+        out, err = proc.communicate(timeout=timeout)
+        results.append(subprocess.CompletedProcess([str(c) for c in cmd], proc.returncode, out, err))
+    return results
+
+
+# Prepended to a copy of a C++ source whose planted faults sit behind runtime switches (plant_switched):
+# one build of the copy serves every fault in it, the one named by LLM8_PLANTED_FAULT being on.
+PLANTED_SWITCH = """#ifndef LLM8_PLANTED_SWITCH
+#define LLM8_PLANTED_SWITCH
+#include <stdlib.h>
+#include <string.h>
+static inline bool llm8_planted(const char* name) {
+    static const char* on = getenv("LLM8_PLANTED_FAULT");
+    return on != nullptr && strcmp(on, name) == 0;
+}
+#endif
+"""
+
+
+def plant_switched(source, name, old, new):
+    """`source` (a C++ file's text) with fault `name` planted behind its switch: `old`, whole lines found
+    exactly once, and `new` its faulty replacement; the lines after their common leading lines (whole
+    statements, nothing they declare used after them) become
+    `if (llm8_planted("name")) { the new lines } else { the old lines }`, run as the source or as the
+    fault by LLM8_PLANTED_FAULT=name. Prepends PLANTED_SWITCH (once)."""
+    assert source.count(old) == 1, f"{name}: the source no longer has exactly one copy of the text it replaces: {old!r}"
+    a, b = old.splitlines(keepends=True), new.splitlines(keepends=True)
+    assert old.endswith("\n") and new[-1:] in ("", "\n"), f"{name}: old and new must be whole lines"
+    same = 0
+    while same < min(len(a), len(b)) and a[same] == b[same]:
+        same += 1
+    indent = re.match(r"[ \t]*", (a[same:] or b[same:])[0]).group(0)
+    switched = "".join(a[:same]) + f'{indent}if (llm8_planted("{name}")) {{\n' + "".join(b[same:]) + \
+        f"{indent}}} else {{\n" + "".join(a[same:]) + f"{indent}}}\n"
+    source = source.replace(old, switched)
+    return source if source.startswith(PLANTED_SWITCH) else PLANTED_SWITCH + source
+
+
 @contextlib.contextmanager
-def two_at_a_time(request, tests, key, job):
+def two_at_a_time(request, tests, key, job, then=()):
     """For a module-scoped fixture whose tests each wait on one single-threaded run: starts job(*key) for
     the key(params) of every item of this session whose test is named in `tests`, two at a time (CI's
-    two cores), in the order the tests run; yields {key: future of its result}, cancels what is left."""
+    two cores), in the order the tests run, then each (key, callable) of `then` on the same two workers;
+    yields {key: future of its result}, cancels what is left."""
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
     futures = {}
     for item in request.session.items:
         if item.originalname in tests:
             k = key(item.callspec.params)
             futures[k] = pool.submit(job, *k)
+    for k, fn in then:
+        futures[k] = pool.submit(fn)
     try:
         yield futures
     finally:

@@ -15,6 +15,7 @@ build/emu/test_llama and build/emu/train_llama on the CPU, one fiber per GPU thr
   validation, evaluations, samples, the shadow check and checkpoints.
 Skipped, with the reason, when build/emu was not built (`make emu`).
 """
+import functools
 import json
 import math
 import os
@@ -24,7 +25,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO, run, two_at_a_time
+from conftest import REPO, plant_switched, run, two_at_a_time
 from test_evals import eval_files, eval_flags, evals_of  # noqa: F401 (eval_files: a fixture)
 
 EMU = REPO / "build/emu"
@@ -102,11 +103,14 @@ def run_check(check, race):
 
 
 @pytest.fixture(scope="module")
-def check_runs(request):
+def check_runs(request, tmp_path_factory):
     """{(check, race): future of its run} for every kernel and model check this session selected: the
-    emulator runs a check on one thread, so they run two at a time, started when the first is asked for."""
+    emulator runs a check on one thread, so they run two at a time, started when the first is asked for.
+    Then, on the same two workers, the builds of the planted faults' copy ({("build", targets): future},
+    planted_builds): the planted-fault tests come last in this file, so the copy builds while the trainer
+    runs between, most of them on one core, leave the other free."""
     with two_at_a_time(request, ("test_kernel_check", "test_model_check"), lambda p: (p["check"], p.get("race", False)),
-                       run_check) as runs:
+                       run_check, then=planted_builds(request, tmp_path_factory)) as runs:
         yield runs
 
 
@@ -142,7 +146,9 @@ def test_model_check(check_runs, check):
 # ---------------------------------------------------------------- planted faults
 
 # (name, file, the source text, its faulty replacement, binary to build, its arguments, environment,
-#  what the emulator must say). Each replaces one exact line of the real source in a copy.
+#  what the emulator must say). All of them sit in one copy of the real source, each behind its runtime
+# switch (conftest.plant_switched: the lines that differ, whole statements, run as the fault when
+# LLM8_PLANTED_FAULT names it), so that one build of each binary serves every fault.
 FAULTS = [
     ("removed_syncthreads", "fp8/cast_cuda.cuh",
      "            amax_bits = max(amax_bits, __float_as_uint(v) & 0x7fffffffu);\n        }\n    }\n    if (out_t) {\n"
@@ -173,8 +179,10 @@ FAULTS = [
     # a launch above the kernel's __launch_bounds__(CT_THREADS): refused as the CUDA runtime does, and
     # launchCheck stops at the launch with the runtime's message
     ("above_launch_bounds", "fp8/cast_cuda.cuh",
-     "    LAUNCH(cast_transpose_vec_kernel, (unsigned int)tiles, CT_THREADS)(",
-     "    LAUNCH(cast_transpose_vec_kernel, (unsigned int)tiles, 2 * CT_THREADS)(",
+     "    LAUNCH(cast_transpose_vec_kernel, (unsigned int)tiles, CT_THREADS)(out, out_t, x, rows, cols, tiles_x, s, f, pow2, counts,\n"
+     "                                                                   delayed, record);\n",
+     "    LAUNCH(cast_transpose_vec_kernel, (unsigned int)tiles, 2 * CT_THREADS)(out, out_t, x, rows, cols, tiles_x, s, f, pow2, counts,\n"
+     "                                                                   delayed, record);\n",
      "test_llama", ["--only", "kernel_fp8_cast_vec"], {},
      r"emu: launch of cast_transpose_vec_kernel: block \(512, 1, 1\) of 512 threads, above the kernel's "
      r"__launch_bounds__\(256\)(.|\n)*too many resources requested for launch"),
@@ -195,16 +203,17 @@ TRAINER_FAULTS = [
      {"LLM8_EMU_FORBID": f"step loop={NO_ALLOCATION}"}, r'emu: cudaMalloc(Host)? inside NVTX range "step loop"'),
     # the trainer's start-up without the samples' shape (1 x -t): cuDNN would build its graph mid-run
     ("attention_shape_not_prepared", "train/trainer.h",
-     "    op_attention_prepare(shapes, a->sample_every > 0 ? 2 : 1, ", "    op_attention_prepare(shapes, 1, ",
+     "    op_attention_prepare(shapes, a->sample_every > 0 ? 2 : 1, tr->cfg.n_heads, tr->cfg.n_kv_heads, llama_head_dim(&tr->cfg));\n",
+     "    op_attention_prepare(shapes, 1, tr->cfg.n_heads, tr->cfg.n_kv_heads, llama_head_dim(&tr->cfg));\n",
      "train_llama", ["-b", "4", "-t", "32", "-x", "0", "-m", "1", "-s", "1", "-g", "2"], {},
      r"error: attention forward \(B 1, T 32, NH \d+, NKV \d+, HS \d+\): not among the shapes cudnn_att_prepare built at start-up"),
 ]
 
 
-def faulty_copy(root, path, old, new):
-    """A copy of the working tree under `root` with `old` replaced by `new` in `path`, with this tree's
-    objects (the runtime, the library doubles, the CPU reference); returns it and make's arguments to
-    build a target there without rebuilding those objects."""
+def faulty_copy(root, faults):
+    """A copy of the working tree under `root` with every (name, path, old, new, ...) of `faults` planted
+    behind its switch, with this tree's objects (the runtime, the library doubles, the CPU reference);
+    returns it and make's arguments to build a target there without rebuilding those objects."""
     copy = root / "src"
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True,
                            check=True).stdout.split()
@@ -212,12 +221,12 @@ def faulty_copy(root, path, old, new):
         if (REPO / f).is_file():
             (copy / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / f, copy / f)
-    source = (copy / path).read_text()
-    assert source.count(old) == 1, f"{path} no longer has exactly one copy of the text this fault replaces: {old!r}"
-    (copy / path).write_text(source.replace(old, new))
+    for name, path, old, new, *_ in faults:
+        (copy / path).write_text(plant_switched((copy / path).read_text(), name, old, new))
     (copy / "build/emu").mkdir(parents=True)
     (copy / "build/.setup-done").touch()
-    kept = [REPO / "build/cpu_reference.o"] + sorted(EMU.glob("*.o")) + [REPO / "build/cudnn_att.o"] * (path != "cuda/cudnn_att.cpp")
+    planted = {f[1] for f in faults}
+    kept = [REPO / "build/cpu_reference.o"] + sorted(EMU.glob("*.o")) + [REPO / "build/cudnn_att.o"] * ("cuda/cudnn_att.cpp" not in planted)
     kept = [obj for obj in kept if obj.exists()]
     for obj in kept:
         shutil.copy2(obj, copy / obj.relative_to(REPO))
@@ -226,44 +235,36 @@ def faulty_copy(root, path, old, new):
 
 # Faults caught only with the production build's optimization (make emu's -O1): g++ places a template
 # kernel's static __shared__ array right before its marker (the runtime poisons the marker) at -O1, not
-# at -O0. The other copies build at -O0, half the compile time.
+# at -O0. The binary that holds one builds as make emu does; the others at -O0, half the compile time.
 BUILT_AS_MAKE_EMU = {"static_shared_overflow"}
 
 
-@pytest.fixture(scope="module")
-def faulty_builds(request, tmp_path_factory):
-    """Each selected fault's binary, built from its own copy of the source (at -O0 unless BUILT_AS_MAKE_EMU),
-    two builds at a time (CI's 2 cores)."""
+def planted_builds(request, tmp_path_factory):
+    """(("build", targets), job) for the binaries the selected planted faults run, all from one copy that
+    holds every one of them: the binary holding a BUILT_AS_MAKE_EMU fault at make emu's optimization, the
+    others at -O0; each job returns {target: its binary, or make's output when it did not build}."""
     selected = {item.callspec.params["name"] for item in request.session.items
                 if item.originalname in ("test_planted_fault_is_caught", "test_trainer_fault_is_caught")}
-    jobs = []
-    for name, path, old, new, target, *_ in FAULTS + TRAINER_FAULTS:
-        if name not in selected:
-            continue
-        copy, keep = faulty_copy(tmp_path_factory.mktemp(name), path, old, new)
-        jobs.append((name, copy, ["make", "-C", str(copy), *keep, *([] if name in BUILT_AS_MAKE_EMU else ["EMU_O=-O0"]),
-                                  f"build/emu/{target}"], copy / "build/emu" / target))
-    results, running = {}, []
-    for job in jobs + [None, None]:
-        if job is not None:
-            running.append((job, subprocess.Popen(job[2], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
-        while running and (len(running) >= 2 or job is None):
-            (name, _, _, exe), proc = running.pop(0)
-            out, _ = proc.communicate()
-            results[name] = exe if proc.returncode == 0 else out[-3000:]
-            if job is None:
-                break
-    return results
+    faults = [f for f in FAULTS + TRAINER_FAULTS if f[0] in selected]
+    if not faults:
+        return []
+    copy, keep = faulty_copy(tmp_path_factory.mktemp("planted"), faults)
+
+    def build(targets, extra):
+        r = subprocess.run(["make", "-C", str(copy), *keep, *extra, *(f"build/emu/{t}" for t in targets)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return {t: copy / "build/emu" / t if r.returncode == 0 else r.stdout[-3000:] for t in targets}
+
+    as_make_emu = tuple(sorted({f[4] for f in faults if f[0] in BUILT_AS_MAKE_EMU}))
+    at_o0 = tuple(sorted({f[4] for f in faults} - set(as_make_emu)))
+    return [(("build", targets), functools.partial(build, targets, extra))
+            for targets, extra in ((as_make_emu, []), (at_o0, ["EMU_O=-O0"])) if targets]
 
 
-@pytest.mark.parametrize("name, path, old, new, target, args, env, caught", FAULTS, ids=[f[0] for f in FAULTS])
-def test_planted_fault_is_caught(faulty_builds, name, path, old, new, target, args, env, caught):
-    assert_fault_caught(faulty_builds, name, target, args, env, caught)
-
-
-@pytest.mark.parametrize("name, path, old, new, target, args, env, caught", TRAINER_FAULTS, ids=[f[0] for f in TRAINER_FAULTS])
-def test_trainer_fault_is_caught(faulty_builds, shakespeare, name, path, old, new, target, args, env, caught):
-    assert_fault_caught(faulty_builds, name, target, args, env, caught)
+@pytest.fixture(scope="module")
+def faulty_builds(check_runs):
+    """{target: future of {target: its binary from the planted faults' copy, or make's output}}."""
+    return {t: future for key, future in check_runs.items() if key[0] == "build" for t in key[1]}
 
 
 def assert_fault_caught(faulty_builds, name, target, args, env, caught):
@@ -272,9 +273,9 @@ def assert_fault_caught(faulty_builds, name, target, args, env, caught):
     assert clean.returncode == 0 and not re.search(caught, clean.stdout + clean.stderr), clean.stdout[-3000:] + clean.stderr[-3000:]
     if name == "attention_shape_not_prepared" and "attention: cuDNN SDPA" not in clean.stdout:
         pytest.skip("the emulated build has no cuDNN (make USE_CUDNN=0 emu): the fallback attention builds no graphs")
-    exe = faulty_builds[name]
-    assert not isinstance(exe, str), f"{name}: the faulty copy did not build:\n{exe}"
-    r = run([exe, *args], env=emu_env(**env), timeout=600)
+    exe = faulty_builds[target].result()[target]
+    assert not isinstance(exe, str), f"{name}: the faulty copy's {target} did not build:\n{exe}"
+    r = run([exe, *args], env=emu_env(LLM8_PLANTED_FAULT=name, **env), timeout=600)
     out = r.stdout + r.stderr
     assert r.returncode != 0, f"{name}: the faulty source passed:\n{out[-4000:]}"
     assert re.search(caught, out), f"{name}: not caught by the expected check:\n{out[-4000:]}"
@@ -571,3 +572,14 @@ def test_gpu_selection_before_mpi(case):
         assert r.returncode == 0 and not errors and r.stdout.count("1 passed, 0 failed") == 2, r.stdout[-2000:] + r.stderr[-3000:]
         assert [line for line in r.stdout.splitlines() if line.startswith("| GPU selection")] == [expected] or \
             any(line.startswith(expected) for line in r.stdout.splitlines()), r.stdout[-2000:]
+
+
+# The planted faults' tests, last: their copy builds in the background meanwhile (check_runs).
+@pytest.mark.parametrize("name, path, old, new, target, args, env, caught", FAULTS, ids=[f[0] for f in FAULTS])
+def test_planted_fault_is_caught(faulty_builds, name, path, old, new, target, args, env, caught):
+    assert_fault_caught(faulty_builds, name, target, args, env, caught)
+
+
+@pytest.mark.parametrize("name, path, old, new, target, args, env, caught", TRAINER_FAULTS, ids=[f[0] for f in TRAINER_FAULTS])
+def test_trainer_fault_is_caught(faulty_builds, shakespeare, name, path, old, new, target, args, env, caught):
+    assert_fault_caught(faulty_builds, name, target, args, env, caught)

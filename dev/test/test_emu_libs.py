@@ -17,6 +17,7 @@ against the real emulated runtime (emu/runtime.cpp) where CUDA's stream ordering
   send-recv over `mpirun -np 2` (and 3) against numpy. Each planted fault is rerun on a copy of the double
   without its check, where the test must fail.
 """
+import functools
 import os
 import re
 import shutil
@@ -26,7 +27,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, plant_switched
 
 CUDA_INCLUDE = os.environ.get("CUDA_INCLUDE", "/usr/local/cuda/include")
 MPICXX = shutil.which("mpicxx")
@@ -42,6 +43,7 @@ pytestmark = pytest.mark.skipif(not os.path.exists(f"{CUDA_INCLUDE}/cublasLt.h")
                                 reason="needs the CUDA toolkit headers (cublasLt.h, nccl.h) and mpicxx (make setup)")
 
 
+@functools.cache
 def mpi_flags(kind):
     return subprocess.run([MPICXX, f"--showme:{kind}"], capture_output=True, text=True, check=True).stdout.split()
 
@@ -50,18 +52,34 @@ FLAGS = ["-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-fsanitize=address,unde
          "-DOMPI_SKIP_MPICXX=1", f"-I{REPO / 'emu'}", f"-I{CUDA_INCLUDE}"]
 
 
-def compile_program(out, sources, libs=()):
-    """g++ as `make emu` builds the doubles (C++17, MPI's C API, the toolkit headers), with ASan + UBSan.
-    Each source becomes an object beside `out` once (the doubles and the runtime are linked several times)."""
-    objects = []
+def compile_objects(folder, sources):
+    """g++ as `make emu` builds the doubles (C++17, MPI's C API, the toolkit headers), with ASan + UBSan:
+    each source becomes an object in `folder` once (the doubles and the runtime are linked several times),
+    the missing ones two at a time (CI's 2 cores). Returns the objects' paths."""
+    objects, running = [], []
+
+    def finish(proc, cmd):
+        _, err = proc.communicate()
+        assert proc.returncode == 0, f"{' '.join(cmd)}\n{err[-4000:]}"
+
     for src in map(str, sources):
-        obj = out.parent / (src.replace("/", "_").strip("_") + ".o")
-        if not obj.exists():
-            werror = [] if src.endswith("emu/runtime.cpp") else ["-Werror"]  # emu-core's runtime keeps its own warnings
-            cmd = ["nice", "g++", *FLAGS, *werror, *mpi_flags("compile"), "-c", src, "-o", str(obj)]
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr[-4000:]}"
+        obj = folder / (src.replace("/", "_").strip("_") + ".o")
         objects.append(str(obj))
+        if obj.exists() or any(cmd[-1] == str(obj) for _, cmd in running):
+            continue
+        werror = [] if src.endswith("emu/runtime.cpp") else ["-Werror"]  # emu-core's runtime keeps its own warnings
+        cmd = ["nice", "g++", *FLAGS, *werror, *mpi_flags("compile"), "-c", src, "-o", str(obj)]
+        if len(running) == 2:
+            finish(*running.pop(0))
+        running.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), cmd))
+    for proc, cmd in running:
+        finish(proc, cmd)
+    return objects
+
+
+def compile_program(out, sources, libs=()):
+    """`out` linked from the objects of `sources` (compile_objects, beside `out`)."""
+    objects = compile_objects(out.parent, sources)
     cmd = ["nice", "g++", "-fsanitize=address,undefined", *objects, "-o", str(out), *mpi_flags("link"), *libs, "-lpthread"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr[-4000:]}"
@@ -87,15 +105,20 @@ CUBLASLT_CHECKS = sorted(set(re.findall(r"/\* check:(\w+) \*/", (REPO / "emu/cub
 
 
 @pytest.fixture(scope="module")
-def tools(tmp_path_factory):
+def tools(request, tmp_path_factory):
     d = tmp_path_factory.mktemp("emu_libs")
+    planted = start_planted_cudnn_att(request, d / "planted_cudnn_att")  # builds beside the module's tests
     stub = REPO / "emu/tests/lib_stub_runtime.cpp"
     gemm = REPO / "emu/tests/lib_gemm.cpp"
     unchecked = disable_checks(REPO / "emu/cublaslt.cpp", CUBLASLT_CHECKS, d / "cublaslt_unchecked.cpp")
-    return {"dir": d,
-            "gemm": compile_program(d / "lib_gemm", [gemm, REPO / "emu/cublaslt.cpp", stub]),
-            "gemm_unchecked": compile_program(d / "lib_gemm_unchecked", [gemm, unchecked, stub]),
-            "nccl": compile_program(d / "lib_nccl", [REPO / "emu/tests/lib_nccl.cpp", REPO / "emu/nccl.cpp", stub])}
+    compile_objects(d, [gemm, REPO / "emu/cublaslt.cpp", unchecked, stub, REPO / "emu/tests/lib_nccl.cpp", REPO / "emu/nccl.cpp"])
+    yield {"dir": d, "planted_cudnn_att": planted,
+           "gemm": compile_program(d / "lib_gemm", [gemm, REPO / "emu/cublaslt.cpp", stub]),
+           "gemm_unchecked": compile_program(d / "lib_gemm_unchecked", [gemm, unchecked, stub]),
+           "nccl": compile_program(d / "lib_nccl", [REPO / "emu/tests/lib_nccl.cpp", REPO / "emu/nccl.cpp", stub])}
+    if planted is not None and planted[0].poll() is None:  # its tests were not run
+        planted[0].kill()
+        planted[0].communicate()
 
 
 # ---------------------------------------------------------------------------------------------- GEMMs
@@ -407,6 +430,11 @@ def test_planted_missing_stream_wait_before_nccl_result(tools):
     on the collective's event. Under the late schedule the collective has not run yet, so the value read is
     wrong; with the wait it is right. On a copy of the double that runs collectives at the call instead of on
     their stream (check:nccl_on_stream), the missing wait goes unseen, so this test would fail."""
+    src = (REPO / "emu/nccl.cpp").read_text()
+    line = re.search(r".*/\* check:nccl_on_stream \*/.*", src).group(0)
+    eager = tools["dir"] / "nccl_eager.cpp"
+    eager.write_text(src.replace(line, "    run_ops(sp, ops, seq); (void)stream;"))
+    compile_objects(tools["dir"], [REPO / "emu/runtime.cpp", REPO / "emu/nvtx.cpp", eager])
     exe = build_with_runtime(tools, REPO / "emu/nccl.cpp", "lib_nccl_lazy")
     env = {**MPI_ENV, "LLM8_EMU_SCHEDULE": "late"}
 
@@ -420,11 +448,6 @@ def test_planted_missing_stream_wait_before_nccl_result(tools):
     assert got == expected, "with the wait the result is the all-reduce's"
     got, expected = value(exe, 0)
     assert got != expected, "without the wait the legacy stream must read the buffer before the collective ran"
-
-    src = (REPO / "emu/nccl.cpp").read_text()
-    line = re.search(r".*/\* check:nccl_on_stream \*/.*", src).group(0)
-    eager = tools["dir"] / "nccl_eager.cpp"
-    eager.write_text(src.replace(line, "    run_ops(sp, ops, seq); (void)stream;"))
     got, expected = value(build_with_runtime(tools, eager, "lib_nccl_eager"), 0)
     assert got == expected, "a double that ignores the stream hides the missing wait"
 
@@ -593,14 +616,18 @@ def test_sdpa_shape_not_prepared_stops_the_run(tools, tmp_path):
                      r"built at start-up", r.stderr), r.stderr[-3000:]
 
 
-# Planted faults in cuda/cudnn_att.cpp, each in a copy built as make builds build/cudnn_att.o (at -O0) and
-# linked into lib_sdpa: (name, the source text, its faulty replacement, what must catch it).
+# Planted faults in cuda/cudnn_att.cpp, all in one copy, each behind its runtime switch
+# (conftest.plant_switched), built as make builds build/cudnn_att.o (at -O0) and linked into lib_sdpa once:
+# (name, the source text, its faulty replacement, what must catch it).
 CUDNN_ATT_FAULTS = [
     # dK's row stride that of a dq row: dK lands on the next rows' q, its own columns stay NaN
     ("dk_stride", "        set_bhsd(dk, UID_DK, B, NKV, T, HS, QKV);\n", "        set_bhsd(dk, UID_DK, B, NKV, T, HS, C);\n",
      r"d[QKV]: "),
     # the forward's mask one key to the right: each query also sees the next one
-    ("causal_mask_shifted", ".set_causal_mask(true).set_attn_scale(scale);", ".set_diagonal_band_right_bound(1).set_attn_scale(scale);",
+    ("causal_mask_shifted",
+     "        auto opts = fe::graph::SDPA_attributes().set_name(\"sdpa\").set_generate_stats(true).set_causal_mask(true).set_attn_scale(scale);\n",
+     "        auto opts = fe::graph::SDPA_attributes().set_name(\"sdpa\").set_generate_stats(true).set_causal_mask(true).set_attn_scale(scale);\n"
+     "        opts.set_diagonal_band_right_bound(1);\n",
      r"O: "),
     ("workspace_one_byte_short", "    cudaCheck(g_alloc(&g_workspace, (size_t)need));\n",
      "    cudaCheck(g_alloc(&g_workspace, (size_t)need - 1));\n",
@@ -608,50 +635,50 @@ CUDNN_ATT_FAULTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def faulty_cudnn_att(request, tmp_path_factory):
-    """{fault name: its build/cudnn_att.o, or make's output when it did not build}: each selected fault's
-    copy of the sources make needs, built two at a time (CI's 2 cores)."""
+def start_planted_cudnn_att(request, copy):
+    """Starts make's build of build/cudnn_att.o (at -O0) in `copy`, a copy of the sources make needs with
+    every selected fault of CUDNN_ATT_FAULTS planted behind its switch; returns (the make process, the
+    object), or None when no such test is selected or cuDNN is missing. Started by the tools fixture, so
+    that it builds while the module's tests, most on one core, run."""
     selected = {item.callspec.params["name"] for item in request.session.items
                 if item.originalname == "test_cudnn_att_planted_fault_is_caught"}
-    jobs = []
+    if not selected or not CUDNN_ATT_OBJ.exists() or not os.path.exists(f"{CUDA_INCLUDE}/cudnn.h"):
+        return None
+    for f in ["Makefile", "scripts/setup.sh", "cuda/cudnn_att.cpp", "cuda/cudnn_att.h", "core/common.h", "core/cuda_check.h"]:
+        (copy / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / f, copy / f)
+    source = (copy / "cuda/cudnn_att.cpp").read_text()
     for name, old, new, _ in CUDNN_ATT_FAULTS:
-        if name not in selected:
-            continue
-        copy = tmp_path_factory.mktemp(name)
-        for f in ["Makefile", "scripts/setup.sh", "cuda/cudnn_att.cpp", "cuda/cudnn_att.h", "core/common.h", "core/cuda_check.h"]:
-            (copy / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / f, copy / f)
-        source = (copy / "cuda/cudnn_att.cpp").read_text()
-        assert source.count(old) == 1, f"cuda/cudnn_att.cpp no longer has exactly one copy of the text {name} replaces: {old!r}"
-        (copy / "cuda/cudnn_att.cpp").write_text(source.replace(old, new))
-        (copy / "build").mkdir()
-        (copy / "build/.setup-done").touch()
-        jobs.append((name, copy, ["make", "-C", str(copy), "CUDNN_ATT_O=-O0", "build/cudnn_att.o"]))
-    results, running = {}, []
-    for job in jobs + [None, None]:
-        if job is not None:
-            running.append((job, subprocess.Popen(job[2], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
-        while running and (len(running) >= 2 or job is None):
-            (name, copy, _), proc = running.pop(0)
-            out, _ = proc.communicate()
-            results[name] = copy / "build/cudnn_att.o" if proc.returncode == 0 else out[-3000:]
-            if job is None:
-                break
-    return results
+        if name in selected:
+            source = plant_switched(source, name, old, new)
+    (copy / "cuda/cudnn_att.cpp").write_text(source)
+    (copy / "build").mkdir()
+    (copy / "build/.setup-done").touch()
+    proc = subprocess.Popen(["nice", "make", "-C", str(copy), "CUDNN_ATT_O=-O0", "build/cudnn_att.o"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, copy / "build/cudnn_att.o"
+
+
+@pytest.fixture(scope="module")
+def faulty_sdpa(tools):
+    """lib_sdpa on the planted copy's build/cudnn_att.o (start_planted_cudnn_att), or make's output when
+    that object did not build."""
+    proc, obj = tools["planted_cudnn_att"]
+    out, _ = proc.communicate()
+    if proc.returncode != 0:
+        return out[-3000:]
+    return build_sdpa(tools, name="lib_sdpa_planted", cudnn_att=obj)
 
 
 @needs_cudnn_att
 @pytest.mark.parametrize("name, old, new, caught", CUDNN_ATT_FAULTS, ids=[f[0] for f in CUDNN_ATT_FAULTS])
-def test_cudnn_att_planted_fault_is_caught(tools, faulty_cudnn_att, tmp_path, name, old, new, caught):
+def test_cudnn_att_planted_fault_is_caught(faulty_sdpa, tmp_path, name, old, new, caught):
     """A fault planted in cuda/cudnn_att.cpp is caught through the double: a wrong layout or mask by the
     comparison with float64 numpy (test_sdpa_through_cudnn_att_matches_float64 passes the same cases on
     the real source), a workspace one byte short of what the frontend reports by the double at execute."""
-    obj = faulty_cudnn_att[name]
-    assert not isinstance(obj, str), f"{name}: the faulty copy did not build:\n{obj}"
-    exe = build_sdpa(tools, name=f"lib_sdpa_{name}", cudnn_att=obj)
+    assert not isinstance(faulty_sdpa, str), f"the faulty copy did not build:\n{faulty_sdpa}"
     heads, cases = (4, 2, 16), [(2, 64)]
-    r, inputs = run_sdpa(exe, tmp_path, heads, cases)
+    r, inputs = run_sdpa(faulty_sdpa, tmp_path, heads, cases, env={"LLM8_PLANTED_FAULT": name})
     if caught.startswith("emu: "):
         assert r.returncode != 0 and re.search(caught, r.stderr), r.stdout + r.stderr[-3000:]
         return
@@ -671,6 +698,7 @@ def cudnn_tools(tools):
         pytest.skip("needs cudnn.h (the cuDNN headers of the toolkit)")
     stub, driver = REPO / "emu/tests/lib_stub_runtime.cpp", REPO / "emu/tests/lib_cudnn.cpp"
     unchecked = disable_checks(REPO / "emu/cudnn.cpp", CUDNN_CHECKS, tools["dir"] / "cudnn_unchecked.cpp")
+    compile_objects(tools["dir"], [driver, REPO / "emu/cudnn.cpp", unchecked, stub])
     return {"checked": compile_program(tools["dir"] / "lib_cudnn", [driver, REPO / "emu/cudnn.cpp", stub]),
             "unchecked": compile_program(tools["dir"] / "lib_cudnn_unchecked", [driver, unchecked, stub])}
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, load_llm8_data, run
+from conftest import REPO, load_llm8_data, run, run_side_by_side
 from test_trainer import FAST, assert_one_line_error
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -59,8 +59,9 @@ def test_bad_safety_net_flags(trainer, args, needle):
 def test_shadow_check_keeps_the_trajectory(trainer, tmp_path, shakespeare):
     """--shadow-every 5 (with gradients) against no checks: the same main.log and weights, bit for bit."""
     args = ["-x", "10", "-v", "5"]
-    train(trainer, tmp_path / "plain", *args)
-    r = train(trainer, tmp_path / "shadow", *args, "--shadow-every", "5", "--shadow-grad", "1")
+    plain, r = run_side_by_side([[trainer, *FAST, "-o", tmp_path / "plain", *args],
+                                 [trainer, *FAST, "-o", tmp_path / "shadow", *args, "--shadow-every", "5", "--shadow-grad", "1"]])
+    assert plain.returncode == 0 and r.returncode == 0, plain.stderr + r.stderr
     assert (tmp_path / "plain/main.log").read_bytes() == (tmp_path / "shadow/main.log").read_bytes()
     assert (tmp_path / "plain/model_00000010.bin").read_bytes() == (tmp_path / "shadow/model_00000010.bin").read_bytes()
     checks, losses = steps_of(tmp_path / "shadow", "shadow_loss_fp8"), steps_of(tmp_path / "shadow", "loss")

@@ -11,7 +11,7 @@ import struct
 import numpy as np
 import pytest
 
-from conftest import REPO, run
+from conftest import REPO, run, run_side_by_side
 
 REF_MODEL = REPO / "dev/reference/llama_ref_model.bin"
 # A fast configuration of the `tiny` preset for end-to-end runs.
@@ -325,13 +325,12 @@ def test_fp8_accumulation_flags_in_run_identity(trainer, tmp_path, shakespeare, 
 def test_hopper_accumulation_trains(trainer, tmp_path, shakespeare):
     """--fp8-accum hopper runs the model in every FP8 GEMM: the losses differ from exact ones (K of 128
     and 384 already show it) but stay close; --fp8-fast-accum 0 changes fprop's and so the losses."""
+    variants = {"exact": [], "hopper": ["--fp8-accum", "hopper"], "hopper_slow": ["--fp8-accum", "hopper", "--fp8-fast-accum", "0"]}
+    runs = run_side_by_side([[trainer, *FAST, "-o", tmp_path / name, "-x", "3", "-n", "-1", *extra] for name, extra in variants.items()])
     losses = {}
-    for name, extra in [("exact", []), ("hopper", ["--fp8-accum", "hopper"]),
-                        ("hopper_slow", ["--fp8-accum", "hopper", "--fp8-fast-accum", "0"])]:
-        out = tmp_path / name
-        r = run([trainer, *FAST, "-o", out, "-x", "3", "-n", "-1", *extra])
+    for name, r in zip(variants, runs):
         assert r.returncode == 0, r.stderr
-        losses[name] = [float(line.split("trl:")[1]) for line in final_losses(out)]
+        losses[name] = [float(line.split("trl:")[1]) for line in final_losses(tmp_path / name)]
     assert losses["exact"] != losses["hopper"] != losses["hopper_slow"]
     for name in ("hopper", "hopper_slow"):
         assert all(abs(a - b) < 1e-2 * a for a, b in zip(losses["exact"], losses[name])), losses
