@@ -46,7 +46,7 @@ def assert_one_line_error(result, *needles):
     (["-n", "-2"], "-n"),
     (["--ranks", "2"], "--ranks"),
     (["--gpu-mem", "80"], "--gpu-mem"),
-    (["--dry-run", "2"], "--dry-run"),
+    (["--dry-run", "3"], "--dry-run"),
     (["--fp8-accum", "fast"], "--fp8-accum"),
     (["--fp8-fast-accum", "2"], "--fp8-fast-accum"),
     (["-p", "bf16", "--fp8-accum", "hopper"], "--fp8-accum"),
