@@ -26,13 +26,6 @@
 
 static double g_comm_seconds = 0.0; /* time spent in collectives since comm_exposed_ms last read it */
 
-/* Records a collective (core/op_record.h): its elements and the rank count, the bytes of its whole buffer
-   in the wire's types, the wire; in plan-only mode it returns before any communication. */
-#define RECORD_COMM(...)                                \
-    do {                                                \
-        if (op_record((OpRecord){__VA_ARGS__})) return; \
-    } while (0)
-
 /* Bytes n elements of a gradient reduction send on the wire (grad_fp8.h's blocks on the FP8 wire). */
 static inline double comm_wire_bytes(size_t n, CommWire wire) {
     return wire == WIRE_FP8 ? (double)grad_fp8_block_stride(n) : (wire == WIRE_BF16 ? 2.0 : 4.0) * n;
@@ -139,7 +132,7 @@ static inline void comm_all_reduce_fp8(float* buf, size_t n) {
 }
 
 static inline void comm_reduce_scatter(const float* send, float* recv, size_t n, int accumulate, CommWire wire) {
-    RECORD_COMM("reduce_scatter", "collective", {n, (size_t)g_dist.world, (size_t)accumulate},
+    RECORD("reduce_scatter", "collective", {n, (size_t)g_dist.world, (size_t)accumulate},
                 g_dist.world * comm_wire_bytes(n, wire), 0, 0, COMM_WIRE_NAMES[wire]);
     double t0 = wall_seconds();
     int W = g_dist.world;
@@ -175,7 +168,7 @@ static inline void comm_reduce_scatter(const float* send, float* recv, size_t n,
 }
 
 static inline void comm_all_reduce(float* buf, size_t n, CommWire wire) {
-    RECORD_COMM("all_reduce", "collective", {n, (size_t)g_dist.world}, comm_wire_bytes(n, wire), 0, 0, COMM_WIRE_NAMES[wire]);
+    RECORD("all_reduce", "collective", {n, (size_t)g_dist.world}, comm_wire_bytes(n, wire), 0, 0, COMM_WIRE_NAMES[wire]);
     double t0 = wall_seconds();
     int W = g_dist.world;
     if (wire == WIRE_FP8 && W > 1) {
@@ -216,12 +209,12 @@ static inline void comm_sum_f64(double* buf, size_t n) {
 }
 
 static inline void comm_all_reduce_f64(double* buf, size_t n) {
-    RECORD_COMM("all_reduce_f64", "collective", {n, (size_t)g_dist.world}, 8.0 * n, 0, 0, "f64");
+    RECORD("all_reduce_f64", "collective", {n, (size_t)g_dist.world}, 8.0 * n, 0, 0, "f64");
     comm_sum_f64(buf, n);
 }
 
 static inline void comm_all_reduce_max(float* buf, size_t n) {
-    RECORD_COMM("all_reduce_max", "collective", {n, (size_t)g_dist.world}, 4.0 * n, 0, 0, "fp32");
+    RECORD("all_reduce_max", "collective", {n, (size_t)g_dist.world}, 4.0 * n, 0, 0, "fp32");
 #ifdef LLM8_MPI
     if (!mpi_active()) return;
     double t0 = wall_seconds();
@@ -246,7 +239,7 @@ static inline void comm_all_reduce_max(float* buf, size_t n) {
 }
 
 static inline void comm_all_gather(void* buf, size_t bytes) {
-    RECORD_COMM("all_gather", "collective", {bytes, (size_t)g_dist.world}, g_dist.world * op_record_bytes(buf, bytes), 0, 0,
+    RECORD("all_gather", "collective", {bytes, (size_t)g_dist.world}, g_dist.world * op_record_bytes(buf, bytes), 0, 0,
                 "bytes");
 #ifdef LLM8_MPI
     if (!mpi_active()) return;
@@ -288,9 +281,9 @@ static inline int comm_workspaces(int world, int zero_stage, CommWire wire, size
 }
 
 /* Nothing to mark or wait for here (every collective has finished); recorded, as the GPU's stream order. */
-static inline void comm_mark(int slot) { RECORD_COMM("mark", "sync", {(size_t)slot}, 0, 0, 0, ""); }
-static inline void comm_wait(int slot) { RECORD_COMM("wait", "sync", {(size_t)slot}, 0, 0, 0, ""); }
-static inline void comm_wait_all(void) { RECORD_COMM("wait_all", "sync", {0}, 0, 0, 0, ""); }
+static inline void comm_mark(int slot) { RECORD("mark", "sync", {(size_t)slot}, 0, 0, 0, ""); }
+static inline void comm_wait(int slot) { RECORD("wait", "sync", {(size_t)slot}, 0, 0, 0, ""); }
+static inline void comm_wait_all(void) { RECORD("wait_all", "sync", {0}, 0, 0, 0, ""); }
 
 static inline double comm_exposed_ms(void) {
     double ms = g_comm_seconds * 1e3;
@@ -301,12 +294,12 @@ static inline double comm_exposed_ms(void) {
 /* ---------------------------------------------------------------- host values */
 
 static inline void comm_host_sum(double* x, size_t n) {
-    RECORD_COMM("host_sum", "collective", {n, (size_t)g_dist.world}, 8.0 * n, 0, 0, "host f64");
+    RECORD("host_sum", "collective", {n, (size_t)g_dist.world}, 8.0 * n, 0, 0, "host f64");
     comm_sum_f64(x, n);
 }
 
 static inline void comm_host_max(double* x, size_t n) {
-    RECORD_COMM("host_max", "collective", {n, (size_t)g_dist.world}, 8.0 * n, 0, 0, "host f64");
+    RECORD("host_max", "collective", {n, (size_t)g_dist.world}, 8.0 * n, 0, 0, "host f64");
 #ifdef LLM8_MPI
     if (!mpi_active()) return;
     if (n > (size_t)INT_MAX) die("host max over %zu values", n);
@@ -318,7 +311,7 @@ static inline void comm_host_max(double* x, size_t n) {
 }
 
 static inline void comm_host_broadcast(void* x, size_t bytes, int root) {
-    RECORD_COMM("host_broadcast", "collective", {bytes, (size_t)g_dist.world}, bytes, 0, 0, "host bytes");
+    RECORD("host_broadcast", "collective", {bytes, (size_t)g_dist.world}, bytes, 0, 0, "host bytes");
 #ifdef LLM8_MPI
     if (!mpi_active()) return;
     if (bytes > (size_t)INT_MAX) die("broadcast of %zu bytes exceeds MPI's int count", bytes);
@@ -331,7 +324,7 @@ static inline void comm_host_broadcast(void* x, size_t bytes, int root) {
 }
 
 static inline void comm_host_all_gather(const void* mine, void* all, size_t bytes) {
-    RECORD_COMM("host_all_gather", "collective", {bytes, (size_t)g_dist.world}, (double)g_dist.world * bytes, 0, 0,
+    RECORD("host_all_gather", "collective", {bytes, (size_t)g_dist.world}, (double)g_dist.world * bytes, 0, 0,
                 "host bytes");
 #ifdef LLM8_MPI
     if (mpi_active()) {
@@ -344,7 +337,7 @@ static inline void comm_host_all_gather(const void* mine, void* all, size_t byte
 }
 
 static inline void comm_barrier(void) {
-    RECORD_COMM("barrier", "collective", {(size_t)g_dist.world}, 0, 0, 0, "");
+    RECORD("barrier", "collective", {(size_t)g_dist.world}, 0, 0, 0, "");
 #ifdef LLM8_MPI
     if (mpi_active()) mpiCheck(MPI_Barrier(MPI_COMM_WORLD));
 #endif

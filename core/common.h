@@ -49,22 +49,16 @@ static DieHook die_hook = NULL;
 
 /* Prints "error: " + the formatted message on one line to stderr and exits with status 1. */
 LLM8_NORETURN static inline void die(const char* fmt, ...) {
-    va_list ap;
-    if (die_hook != NULL) {
-        char message[DIE_HOOK_MESSAGE_LEN];
-        va_start(ap, fmt);
-        vsnprintf(message, sizeof(message), fmt, ap);
-        va_end(ap);
-        die_hook(message);
-    }
-    /* One write of the whole line: under mpirun, several ranks' lines (and a library's own log lines)
-     * share one stderr, and a line written in pieces can be split by another rank's. */
+    /* Formatted once and written in one write: under mpirun, several ranks' lines (and a library's own log
+     * lines) share one stderr, and a line written in pieces can be split by another rank's. */
     char line[DIE_HOOK_MESSAGE_LEN + 16] = "error: ";
-    size_t at = strlen(line);
+    const size_t prefix = strlen(line);
+    va_list ap;
     va_start(ap, fmt);
-    vsnprintf(line + at, sizeof(line) - at - 1, fmt, ap);
+    vsnprintf(line + prefix, sizeof(line) - prefix - 1, fmt, ap);
     va_end(ap);
-    at = strlen(line);
+    if (die_hook != NULL) die_hook(line + prefix);
+    size_t at = strlen(line);
     line[at++] = '\n';
     fflush(stdout);
     fwrite(line, 1, at, stderr);

@@ -74,6 +74,13 @@ static inline int op_record(OpRecord r) {
     return g_record_mode == RECORD_PLAN;
 }
 
+/* An op's or collective's first statement: records it (OpRecord's fields, in order) and, in plan-only
+   mode, returns before it touches memory or the network. Evaluates nothing when recording is off. */
+#define RECORD(...)                                                                       \
+    do {                                                                                  \
+        if (g_record_mode != RECORD_OFF && op_record((OpRecord){__VA_ARGS__})) return; \
+    } while (0)
+
 /* Sets the phase of the records that follow (the trainer's profile phases; "step" between them). */
 static inline void op_record_phase(const char* phase) { g_record_phase = phase; }
 

@@ -52,13 +52,6 @@ static inline float store_amax(float x, float* amax) {
 /* OpenMP reduction `amax`: fp8.h's amax_combine (NaN wins), so a fused amax equals fp8_amax_cpu's in any order. */
 #pragma omp declare reduction(amax : float : omp_out = amax_combine(omp_out, omp_in)) initializer(omp_priv = 0.0f)
 
-/* Records an op (core/op_record.h: name, kind, shape, bytes read and written on the GPU, FLOPs, detail)
-   and, in plan-only mode, returns from it before it touches memory. */
-#define RECORD(...)                                     \
-    do {                                                \
-        if (op_record((OpRecord){__VA_ARGS__})) return; \
-    } while (0)
-
 /* The GPU's attention statistics (cuda/backend.cuh att_stats_size: a log-sum-exp per row), bytes. */
 #define ATT_STATS_GPU(B, NH, T) (4.0 * (double)(B) * (NH) * (T))
 
@@ -750,7 +743,7 @@ static inline void op_gemm(const GemmCall* g) {
            gemm_dtype_bytes(g->a.dtype) * g->m * g->k + gemm_dtype_bytes(g->b.dtype) * g->k * g->n +
                (g->accumulate ? gemm_dtype_bytes(g->d_type) * g->m * g->n : 0.0),
            gemm_dtype_bytes(g->d_type) * g->m * g->n, 2.0 * g->m * g->n * g->k,
-           g_record_mode != RECORD_OFF ? gemm_record_detail(g) : "");
+           gemm_record_detail(g));
     gemm_cpu(g);
     if (g->d_type == DT_ACT && g_round_bf16) {
         float* d = (float*)g->d;

@@ -184,7 +184,7 @@ def unrecorded(source, names):
     missing = []
     for name in names:
         m = re.search(r"^(?:LLM8_NORETURN )?static inline [\w\s\*]+?\b" + name + r"\([^;{]*\)\s*\{\s*([^\n]*)", source, re.M)
-        if m is None or not re.match(r"(RECORD(_COMM)?\(|if \(op_record\(|if \(g_record_mode != RECORD_OFF && gemm_record)", m.group(1)):
+        if m is None or not re.match(r"(RECORD\(|if \(op_record\()", m.group(1)):
             missing.append(name)
     return missing
 
